@@ -1,0 +1,53 @@
+# rmq-spark: the two commands a new user runs.
+#   make demo   set up, start local brokers, move demo data with spark-submit, verify
+#   make test   set up, lint, type-check, run unit, Spark and integration tests
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+APT_UPDATED := /tmp/.rmq-spark-apt-updated
+
+.PHONY: setup system demo test lint typecheck unit bench clean
+
+setup: system $(INSTALLED)
+
+# Java 17 for Spark and Debian's rabbitmq-server (with its management, shovel and
+# federation plugins) for the local brokers; installed only when missing.
+system:
+	@if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])'; then \
+	  echo "installing Java 17"; \
+	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
+	fi
+	@if [ ! -x /usr/sbin/rabbitmq-server ]; then \
+	  echo "installing rabbitmq-server"; \
+	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server; \
+	fi
+
+$(INSTALLED): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+demo: setup
+	$(BIN)/rmq-spark demo
+
+lint: setup
+	$(BIN)/ruff check rmq_spark jobs tests bench
+	$(BIN)/ruff format --check rmq_spark jobs tests bench
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest tests/unit
+
+test: lint typecheck
+	$(BIN)/pytest tests
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache

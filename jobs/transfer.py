@@ -1,0 +1,10 @@
+"""spark-submit entry point: the transfer job. All logic lives in rmq_spark."""
+
+from __future__ import annotations
+
+import sys
+
+from rmq_spark.cli import transfer_main
+
+if __name__ == "__main__":
+    sys.exit(transfer_main(sys.argv[1:]))

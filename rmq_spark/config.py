@@ -1,0 +1,300 @@
+"""The job's configuration: one YAML file, validated on load.
+
+`${VAR}` and `${VAR:-default}` in the file are replaced from the environment before
+parsing, so ports and hosts can come from the deployment. Passwords never live in
+the file: each cluster names the environment variable that holds its password.
+Unknown keys and bad values raise one ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from rmq_spark.errors import ConfigError
+
+_ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+QUEUE_TYPES = ("classic", "quorum", "stream")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsConfig(_Strict):
+    """TLS for AMQP and management connections (amqps:// and https:// URIs)."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    verify: bool = True
+
+
+class ClusterConfig(_Strict):
+    """One RabbitMQ cluster: where to reach it and who to be."""
+
+    amqp: Annotated[list[str], Field(min_length=1)]
+    management: str
+    username: str = "guest"
+    password_env: str | None = None
+    tls: TlsConfig = TlsConfig()
+    # Resolved from password_env at load time; excluded from dumps and digests.
+    password: SecretStr = Field(default=SecretStr(""), exclude=True)
+
+    @field_validator("amqp")
+    @classmethod
+    def _amqp_uris(cls, uris: list[str]) -> list[str]:
+        for uri in uris:
+            parts = urlsplit(uri)
+            if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+                raise ValueError(
+                    f"expected amqp://host[:port][/vhost] or amqps://..., got {mask_uri(uri)!r}"
+                )
+            if parts.password is not None:
+                raise ValueError(
+                    f"{mask_uri(uri)!r} carries a password; put it in the variable named by "
+                    "password_env so it stays out of config files and logs"
+                )
+        return uris
+
+    @field_validator("management")
+    @classmethod
+    def _management_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"expected http(s)://host:port, got {mask_uri(url)!r}")
+        if parts.password is not None:
+            raise ValueError(f"{mask_uri(url)!r} carries a password; use password_env")
+        return url.rstrip("/")
+
+
+class SourceSelector(_Strict):
+    """Which queues of the source cluster a route moves."""
+
+    cluster: str
+    # Vhost names; "*" selects every vhost the user can see.
+    vhosts: Annotated[list[str], Field(min_length=1)] = ["/"]
+    queue_pattern: str = ".*"
+    policy_pattern: str | None = None
+    queue_types: list[Literal["classic", "quorum", "stream"]] = ["classic", "quorum"]
+    min_messages: int = Field(default=1, ge=0)
+
+    @field_validator("queue_pattern", "policy_pattern")
+    @classmethod
+    def _regex(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {pattern!r} ({exc})") from exc
+        return pattern
+
+
+class DestinationSpec(_Strict):
+    """Where a route's messages go. `queue` is a template over {vhost} and {queue}."""
+
+    cluster: str
+    vhost: str = "{vhost}"
+    queue: str = "{queue}"
+    create_missing: bool = True
+
+    @field_validator("vhost", "queue")
+    @classmethod
+    def _template(cls, template: str) -> str:
+        try:
+            template.format(vhost="v", queue="q")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"template {template!r} may only use {{vhost}} and {{queue}} ({exc})"
+            ) from exc
+        return template
+
+
+class RouteConfig(_Strict):
+    """Queues selected on a source cluster, and where each one goes."""
+
+    name: str
+    source: SourceSelector
+    destination: DestinationSpec
+
+
+class WindowConfig(_Strict):
+    """In-flight limits per queue transfer: unacked deliveries and their bytes."""
+
+    messages: int = Field(default=1000, ge=1, le=65535)
+    bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+
+
+class LedgerConfig(_Strict):
+    """Where the Delta ledger tables (runs, queues, messages) live."""
+
+    path: str
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, path: str) -> str:
+        if not path.strip():
+            raise ValueError("must not be empty")
+        return path
+
+
+class JobConfig(_Strict):
+    """The whole job."""
+
+    clusters: Annotated[dict[str, ClusterConfig], Field(min_length=1)]
+    routes: Annotated[list[RouteConfig], Field(min_length=1)]
+    window: WindowConfig = WindowConfig()
+    max_active: int = Field(default=4, ge=1)
+    ledger: LedgerConfig
+    management_timeout_seconds: float = Field(default=10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _routes_name_known_clusters(self) -> JobConfig:
+        for index, route in enumerate(self.routes):
+            for role, name in (
+                ("source", route.source.cluster),
+                ("destination", route.destination.cluster),
+            ):
+                if name not in self.clusters:
+                    raise ValueError(
+                        f"routes[{index}] ({route.name}): {role}.cluster {name!r} is not one of "
+                        f"the clusters {sorted(self.clusters)}"
+                    )
+        names = [route.name for route in self.routes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"route names must be unique, got {names}")
+        return self
+
+    def digest(self) -> str:
+        """sha256 of the validated config; passwords are excluded by the model."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def load_config(path: str | Path, environ: dict[str, str] | None = None) -> JobConfig:
+    """Read, interpolate, validate; resolve each cluster's password from its variable.
+
+    >>> cfg = load_config("conf/demo.yaml")  # doctest: +SKIP
+    """
+    env = dict(os.environ if environ is None else environ)
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {source}: cannot read it ({exc.strerror})") from exc
+    return parse_config(text, env, origin=str(source))
+
+
+def parse_config(text: str, environ: dict[str, str], *, origin: str = "<config>") -> JobConfig:
+    """Validate config text; `origin` names the file in error messages."""
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {origin}: not valid YAML: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"config file {origin}: expected a mapping at the top level")
+    missing: set[str] = set()
+    raw = _interpolate(parsed, environ, missing)
+    if missing:
+        raise ConfigError(
+            f"config file {origin}: environment variable(s) {', '.join(sorted(missing))} "
+            "are referenced but not set"
+        )
+    try:
+        config = JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"config file {origin}: {_describe(exc)}") from None
+    return _with_passwords(config, environ, origin)
+
+
+def _interpolate(value: Any, environ: dict[str, str], missing: set[str]) -> Any:
+    """Replace ${VAR} / ${VAR:-default} in string values (never in keys or comments)."""
+    if isinstance(value, dict):
+        return {key: _interpolate(item, environ, missing) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(item, environ, missing) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group("name"), match.group("default")
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        missing.add(name)
+        return ""
+
+    return _ENV_REF.sub(replace, value)
+
+
+def _with_passwords(config: JobConfig, environ: dict[str, str], origin: str) -> JobConfig:
+    clusters: dict[str, ClusterConfig] = {}
+    for name, cluster in config.clusters.items():
+        password = ""
+        if cluster.password_env is not None:
+            if cluster.password_env not in environ:
+                raise ConfigError(
+                    f"config file {origin}: clusters.{name}.password_env names "
+                    f"{cluster.password_env}, which is not set in the environment"
+                )
+            password = environ[cluster.password_env]
+        elif cluster.username == "guest":
+            password = "guest"
+        clusters[name] = cluster.model_copy(update={"password": SecretStr(password)})
+    return config.model_copy(update={"clusters": clusters})
+
+
+def _describe(exc: ValidationError) -> str:
+    """One line per problem, each naming the dotted key."""
+    problems = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif error["type"] == "missing":
+            message = "required key is missing"
+        problems.append(f"{key}: {message}")
+    return "; ".join(problems)
+
+
+def mask_uri(uri: str) -> str:
+    """The URI with any password replaced by ***, for logs and errors."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def validate_run_id(run_id: str) -> str:
+    """Run ids name Delta partitions and files, so they are kept to safe characters."""
+    if not _RUN_ID.match(run_id):
+        raise ConfigError(
+            f"run id {run_id!r}: expected 1-128 of letters, digits, '_', '.', '-' "
+            "starting with a letter or digit"
+        )
+    return run_id
+
+
+def dump_public(config: JobConfig) -> dict[str, Any]:
+    """The config as plain data with no secrets, for reports."""
+    return config.model_dump(mode="json")

@@ -1,0 +1,43 @@
+"""The exception hierarchy: one root, one class per failure a user can act on.
+
+Every message names the cluster, vhost and queue (or the config key) it is about,
+and says what was expected versus what was found. Secrets never appear in them.
+"""
+
+from __future__ import annotations
+
+
+class RmqSparkError(Exception):
+    """Root of every error rmq-spark raises on purpose."""
+
+
+class ConfigError(RmqSparkError):
+    """The config file is missing, unreadable, or has a bad or unknown key."""
+
+
+class BrokerUnreachableError(RmqSparkError):
+    """A broker's AMQP or management endpoint could not be reached."""
+
+
+class AccessRefusedError(RmqSparkError):
+    """The broker refused the credentials or the permissions for a vhost."""
+
+
+class DiscoveryError(RmqSparkError):
+    """Discovery could not build a plan (missing vhost or source queue, bad reply)."""
+
+
+class DestinationIncompatibleError(RmqSparkError):
+    """A destination queue is missing or its type/arguments do not fit the source."""
+
+
+class TransferError(RmqSparkError):
+    """A queue transfer stopped: the destination refused or returned a message."""
+
+
+class LedgerError(RmqSparkError):
+    """The ledger could not be written or read."""
+
+
+class VerificationFailedError(RmqSparkError):
+    """Verification found lost, unexpected or unconfirmed messages."""

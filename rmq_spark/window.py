@@ -1,0 +1,255 @@
+"""The mover's bookkeeping: which source deliveries may be acked, and when.
+
+Pure logic, no pika and no Spark, so every rule is unit-tested on its own.
+
+A delivery moves through these states:
+
+    PUBLISHED ──confirm──► CONFIRMED ──ledger write──► DURABLE ──ack──► (forgotten)
+        └──nack / basic.return──► REFUSED   (never acked; requeued when the channel closes)
+
+The source is acked with `multiple=True` up to the highest delivery tag below
+which every delivery is DURABLE. A REFUSED delivery stops that prefix: a multiple
+ack past it would ack it too. Deliveries after a refused one are acked one by one
+once durable, so they are not redelivered and published twice.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+# Flush the ledger when this share of the window is confirmed but not yet durable:
+# half a window keeps the consumer fed while the other half waits for its write.
+FLUSH_FRACTION = 2
+# ...or when the oldest confirmed-but-unwritten delivery has waited this long.
+MAX_FLUSH_DELAY_SECONDS = 0.25
+
+
+class DeliveryState(enum.Enum):
+    PUBLISHED = "published"
+    CONFIRMED = "confirmed"
+    DURABLE = "durable"
+    REFUSED = "refused"
+
+
+@dataclass
+class Delivery:
+    """One source delivery in flight, and what the ledger will say about it."""
+
+    tag: int
+    seq: int
+    position: int
+    redelivered: bool
+    body_size: int
+    body_sha256: str
+    properties_sha256: str
+    message_id: str | None
+    consumed_at: datetime
+    confirmed_at: datetime | None = None
+    state: DeliveryState = DeliveryState.PUBLISHED
+    refusal: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A basic.ack to send to the source."""
+
+    tag: int
+    multiple: bool
+
+
+def prefetch_for(window_messages: int, window_bytes: int, average_message_bytes: float) -> int:
+    """Consumer prefetch that keeps in-flight bytes near the byte window.
+
+    AMQP 0-9-1 prefetch counts messages only (RabbitMQ ignores prefetch_size), so the
+    byte window becomes a message count from the queue's average message size. A
+    message larger than the whole byte window still moves, alone (prefetch 1).
+    """
+    if average_message_bytes <= 0:
+        return window_messages
+    by_bytes = int(window_bytes // average_message_bytes)
+    return max(1, min(window_messages, by_bytes))
+
+
+class TransferWindow:
+    """In-flight deliveries of one queue transfer, keyed by source tag and publish seq.
+
+    Publish sequence numbers are assigned here, in publish order starting at 1, the
+    way RabbitMQ numbers them after confirm.select on a fresh channel.
+    """
+
+    def __init__(
+        self, window_messages: int, *, first_position: int = 0, clock: Callable[[], datetime]
+    ) -> None:
+        if window_messages < 1:
+            raise ValueError(f"window_messages must be >= 1, got {window_messages}")
+        self._flush_at = max(1, window_messages // FLUSH_FRACTION)
+        self._clock = clock
+        self._by_tag: OrderedDict[int, Delivery] = OrderedDict()
+        self._unconfirmed: OrderedDict[int, Delivery] = OrderedDict()
+        self._unwritten: list[Delivery] = []
+        self._next_seq = 1
+        self._next_position = first_position
+        self.in_flight_bytes = 0
+
+    # -- events -------------------------------------------------------------------
+
+    def on_publish(
+        self,
+        tag: int,
+        *,
+        redelivered: bool,
+        body_size: int,
+        body_sha256: str,
+        properties_sha256: str,
+        message_id: str | None,
+    ) -> Delivery:
+        """Called right after a delivery was published to the destination."""
+        if self._by_tag and tag <= next(reversed(self._by_tag)):
+            raise ValueError(f"delivery tag {tag} is not above the last one seen")
+        delivery = Delivery(
+            tag=tag,
+            seq=self._next_seq,
+            position=self._next_position,
+            redelivered=redelivered,
+            body_size=body_size,
+            body_sha256=body_sha256,
+            properties_sha256=properties_sha256,
+            message_id=message_id,
+            consumed_at=self._clock(),
+        )
+        self._next_seq += 1
+        self._next_position += 1
+        self._by_tag[tag] = delivery
+        self._unconfirmed[delivery.seq] = delivery
+        self.in_flight_bytes += body_size
+        return delivery
+
+    def on_confirm(self, seq: int, *, multiple: bool) -> list[Delivery]:
+        """A basic.ack from the destination. Returns the deliveries it confirmed."""
+        confirmed = []
+        now = self._clock()
+        for delivery in self._settle(seq, multiple):
+            if delivery.state is DeliveryState.REFUSED:
+                continue  # returned before its ack: routed nowhere, so not confirmed
+            delivery.state = DeliveryState.CONFIRMED
+            delivery.confirmed_at = now
+            self._unwritten.append(delivery)
+            confirmed.append(delivery)
+        return confirmed
+
+    def on_nack(self, seq: int, *, multiple: bool) -> list[Delivery]:
+        """A basic.nack from the destination. Returns the deliveries it refused."""
+        refused = []
+        for delivery in self._settle(seq, multiple):
+            if delivery.state is not DeliveryState.REFUSED:
+                self._refuse(delivery, "nacked by the destination")
+                refused.append(delivery)
+        return refused
+
+    def on_return(self, body_sha256: str, properties_sha256: str, reason: str) -> Delivery | None:
+        """A basic.return (mandatory publish routed nowhere).
+
+        RabbitMQ sends the return before the confirm of the same message, and returns
+        come in publish order, so the returned message is the earliest unconfirmed
+        delivery with the same content. Returns None if none matches.
+        """
+        for delivery in self._unconfirmed.values():
+            if (
+                delivery.state is DeliveryState.PUBLISHED
+                and delivery.body_sha256 == body_sha256
+                and delivery.properties_sha256 == properties_sha256
+            ):
+                self._refuse(delivery, reason)
+                return delivery
+        return None
+
+    # -- what to do next ------------------------------------------------------------
+
+    def should_flush(self, *, draining: bool = False) -> bool:
+        """Whether the confirmed-but-unwritten deliveries should be written now."""
+        if not self._unwritten:
+            return False
+        if draining or len(self._unwritten) >= self._flush_at or not self._unconfirmed:
+            return True
+        waited = self._clock() - self._unwritten[0].confirmed_at  # type: ignore[operator]
+        return waited.total_seconds() >= MAX_FLUSH_DELAY_SECONDS
+
+    def rows_to_write(self) -> list[Delivery]:
+        """Confirmed deliveries whose ledger rows are not yet durable, in position order."""
+        return sorted(self._unwritten, key=lambda delivery: delivery.position)
+
+    def mark_durable(self, deliveries: list[Delivery]) -> None:
+        """The ledger rows of these deliveries are durable: they may now be acked."""
+        written = {id(delivery) for delivery in deliveries}
+        for delivery in deliveries:
+            if delivery.state is not DeliveryState.CONFIRMED:
+                raise ValueError(f"delivery tag {delivery.tag} is {delivery.state.value}")
+            delivery.state = DeliveryState.DURABLE
+        self._unwritten = [d for d in self._unwritten if id(d) not in written]
+
+    def take_acks(self) -> list[Ack]:
+        """The source acks that are safe now; acked deliveries are forgotten."""
+        acks: list[Ack] = []
+        prefix_end: int | None = None
+        for tag, delivery in self._by_tag.items():
+            if delivery.state is not DeliveryState.DURABLE:
+                break
+            prefix_end = tag
+        if prefix_end is not None:
+            acks.append(Ack(prefix_end, multiple=True))
+            while self._by_tag and next(iter(self._by_tag)) <= prefix_end:
+                self._forget(next(iter(self._by_tag)))
+        if self.refused():
+            # Past a refused delivery only single acks are safe.
+            singles = [t for t, d in self._by_tag.items() if d.state is DeliveryState.DURABLE]
+            for tag in singles:
+                acks.append(Ack(tag, multiple=False))
+                self._forget(tag)
+        return acks
+
+    # -- state ----------------------------------------------------------------------
+
+    def refused(self) -> list[Delivery]:
+        return [d for d in self._by_tag.values() if d.state is DeliveryState.REFUSED]
+
+    @property
+    def in_flight(self) -> int:
+        """Deliveries not yet acked at the source (refused ones included)."""
+        return len(self._by_tag)
+
+    @property
+    def unconfirmed(self) -> int:
+        """Publishes still waiting for the destination's confirm."""
+        return len(self._unconfirmed)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing waits for a confirm, a ledger write or an ack (refused ones aside)."""
+        return all(d.state is DeliveryState.REFUSED for d in self._by_tag.values())
+
+    @property
+    def next_position(self) -> int:
+        return self._next_position
+
+    # -- internals ------------------------------------------------------------------
+
+    def _settle(self, seq: int, multiple: bool) -> list[Delivery]:
+        if multiple:
+            settled = []
+            while self._unconfirmed and next(iter(self._unconfirmed)) <= seq:
+                settled.append(self._unconfirmed.popitem(last=False)[1])
+            return settled
+        delivery = self._unconfirmed.pop(seq, None)
+        return [] if delivery is None else [delivery]
+
+    def _refuse(self, delivery: Delivery, reason: str) -> None:
+        delivery.state = DeliveryState.REFUSED
+        delivery.refusal = reason
+
+    def _forget(self, tag: int) -> None:
+        delivery = self._by_tag.pop(tag)
+        self.in_flight_bytes -= delivery.body_size

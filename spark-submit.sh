@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Submit an rmq-spark job with spark-submit.
+#
+#   ./spark-submit.sh [spark-submit options...] --config FILE [job options...]
+#
+# Everything before --config goes to spark-submit, everything from --config on goes
+# to the job. Without --master the job runs on local[*]; any --master passes through:
+#
+#   ./spark-submit.sh --config conf/prod.yaml                       # local[*]
+#   ./spark-submit.sh --master spark://host:7077 --config conf/prod.yaml
+#   ./spark-submit.sh --master yarn --deploy-mode client --config conf/prod.yaml
+#   ./spark-submit.sh --master k8s://https://api:6443 --deploy-mode client \
+#       --conf spark.kubernetes.container.image=IMAGE --config conf/prod.yaml
+#
+# The rmq_spark package is zipped and shipped with --py-files, so executors import
+# the same code as the driver; their Python needs the dependencies in pyproject.toml.
+# The job defaults to jobs/transfer.py; RMQ_SPARK_JOB=jobs/other.py picks another.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+job="${RMQ_SPARK_JOB:-$here/jobs/transfer.py}"
+
+spark_args=()
+job_args=()
+has_master=0
+in_job_args=0
+for arg in "$@"; do
+  if [ "$in_job_args" = 0 ] && [ "$arg" = "--config" ]; then
+    in_job_args=1
+  fi
+  if [ "$in_job_args" = 1 ]; then
+    job_args+=("$arg")
+  else
+    case "$arg" in --master|--master=*) has_master=1 ;; esac
+    spark_args+=("$arg")
+  fi
+done
+if [ "${#job_args[@]}" = 0 ]; then
+  echo "usage: $0 [spark-submit options...] --config FILE [job options...]" >&2
+  exit 2
+fi
+if [ "$has_master" = 0 ]; then
+  spark_args=(--master 'local[*]' "${spark_args[@]}")
+fi
+
+# Prefer the project's virtual environment (made by `make`), then what is on PATH.
+venv="$here/.venv"
+if [ -x "$venv/bin/python" ]; then
+  export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$venv/bin/python}"
+  export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$venv/bin/python}"
+  submit="${SPARK_HOME:+$SPARK_HOME/bin/spark-submit}"
+  submit="${submit:-$venv/bin/spark-submit}"
+else
+  submit="${SPARK_HOME:+$SPARK_HOME/bin/spark-submit}"
+  submit="${submit:-spark-submit}"
+fi
+
+package_zip="$(mktemp -d)/rmq_spark.zip"
+trap 'rm -rf "$(dirname "$package_zip")"' EXIT
+(cd "$here" && "${PYSPARK_DRIVER_PYTHON:-python3}" -m zipfile -c "$package_zip" rmq_spark)
+
+"$submit" \
+  --name "rmq-spark $(basename "$job" .py)" \
+  --py-files "$package_zip" \
+  --conf spark.speculation=false \
+  --conf spark.ui.showConsoleProgress=false \
+  "${spark_args[@]}" \
+  "$job" "${job_args[@]}"

@@ -1,0 +1,73 @@
+"""The planner's bin packing (pure); the DataFrame placement is in tests/spark."""
+
+from __future__ import annotations
+
+import pytest
+
+from rmq_spark.discovery import QueueTransfer
+from rmq_spark.plan import assign_partitions
+
+
+def transfer(name: str, messages: int, message_bytes: int | None = None) -> QueueTransfer:
+    return QueueTransfer(
+        route="r",
+        source_cluster="dr",
+        source_vhost="/",
+        source_queue=name,
+        source_type="classic",
+        source_node="rabbit@dr",
+        destination_cluster="main",
+        destination_vhost="/",
+        destination_queue=name,
+        messages=messages,
+        message_bytes=messages * 1024 if message_bytes is None else message_bytes,
+        destination_messages=0,
+    )
+
+
+def loads(transfers: list[QueueTransfer], assignment: list[int]) -> dict[int, int]:
+    result: dict[int, int] = {}
+    for t, partition in zip(transfers, assignment, strict=True):
+        result[partition] = result.get(partition, 0) + t.messages
+    return result
+
+
+def test_never_more_partitions_than_max_active() -> None:
+    transfers = [transfer(f"q{i}", 100) for i in range(10)]
+    assignment = assign_partitions(transfers, 3)
+    assert set(assignment) == {0, 1, 2}
+
+
+def test_fewer_queues_than_max_active_gives_one_partition_each() -> None:
+    transfers = [transfer("a", 5), transfer("b", 7)]
+    assert sorted(assign_partitions(transfers, 8)) == [0, 1]
+
+
+def test_largest_first_onto_least_loaded_balances_load() -> None:
+    sizes = [900, 500, 400, 300, 300, 100]
+    transfers = [transfer(f"q{i}", n) for i, n in enumerate(sizes)]
+    assignment = assign_partitions(transfers, 2)
+    assert sorted(loads(transfers, assignment).values()) == [1200, 1300]
+    # The biggest queue starts first, alone on its partition until smaller ones fill the other.
+    assert assignment[0] != assignment[1]
+
+
+def test_bytes_count_as_well_as_messages() -> None:
+    few_huge = transfer("huge", 10, message_bytes=10 * (16 << 20))
+    many_small = [transfer(f"s{i}", 1000) for i in range(3)]
+    assignment = assign_partitions([few_huge, *many_small], 2)
+    assert assignment.count(assignment[0]) == 1  # the 160 MiB queue gets a partition alone
+
+
+def test_assignment_is_deterministic() -> None:
+    transfers = [transfer(f"q{i}", 100) for i in range(7)]
+    assert assign_partitions(transfers, 3) == assign_partitions(transfers, 3)
+
+
+def test_empty_plan() -> None:
+    assert assign_partitions([], 4) == []
+
+
+def test_max_active_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_active"):
+        assign_partitions([transfer("a", 1)], 0)

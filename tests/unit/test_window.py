@@ -1,0 +1,214 @@
+"""The mover's ack/confirm bookkeeping, without a broker."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from rmq_spark.window import (
+    MAX_FLUSH_DELAY_SECONDS,
+    Ack,
+    DeliveryState,
+    TransferWindow,
+    prefetch_for,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def publish(window: TransferWindow, tag: int, body: str = "b", props: str = "p") -> None:
+    window.on_publish(
+        tag,
+        redelivered=False,
+        body_size=10,
+        body_sha256=body,
+        properties_sha256=props,
+        message_id=f"m{tag}",
+    )
+
+
+def write_all(window: TransferWindow) -> list[int]:
+    rows = window.rows_to_write()
+    window.mark_durable(rows)
+    return [row.tag for row in rows]
+
+
+def test_seq_and_position_follow_publish_order(clock: FakeClock) -> None:
+    window = TransferWindow(10, first_position=100, clock=clock)
+    for tag in (1, 2, 3):
+        publish(window, tag)
+    rows = window.on_confirm(3, multiple=True)
+    assert [(d.tag, d.seq, d.position) for d in rows] == [(1, 1, 100), (2, 2, 101), (3, 3, 102)]
+    assert window.next_position == 103
+
+
+def test_confirmed_but_not_durable_is_never_acked(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    publish(window, 1)
+    window.on_confirm(1, multiple=False)
+    assert window.take_acks() == []
+    assert window.in_flight == 1
+
+
+def test_durable_but_unconfirmed_is_impossible(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    publish(window, 1)
+    delivery = window._by_tag[1]
+    with pytest.raises(ValueError, match="published"):
+        window.mark_durable([delivery])
+
+
+def test_multiple_confirm_then_durable_acks_prefix_once(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    for tag in range(1, 6):
+        publish(window, tag)
+    window.on_confirm(5, multiple=True)
+    assert write_all(window) == [1, 2, 3, 4, 5]
+    assert window.take_acks() == [Ack(5, multiple=True)]
+    assert window.in_flight == 0
+    assert window.in_flight_bytes == 0
+    assert window.settled
+
+
+def test_out_of_order_confirms_ack_only_the_contiguous_prefix(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    for tag in range(1, 5):
+        publish(window, tag)
+    window.on_confirm(3, multiple=False)
+    window.on_confirm(1, multiple=False)
+    write_all(window)
+    assert window.take_acks() == [Ack(1, multiple=True)]
+    window.on_confirm(2, multiple=False)
+    write_all(window)
+    assert window.take_acks() == [Ack(3, multiple=True)]
+    assert window.in_flight == 1  # tag 4 still waits for its confirm
+
+
+def test_multiple_confirm_only_covers_lower_or_equal_seqs(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    for tag in range(1, 5):
+        publish(window, tag)
+    confirmed = window.on_confirm(2, multiple=True)
+    assert [d.seq for d in confirmed] == [1, 2]
+    assert window.unconfirmed == 2
+
+
+def test_nacked_message_is_never_acked_and_blocks_multiple_ack(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    for tag in range(1, 5):
+        publish(window, tag)
+    refused = window.on_nack(2, multiple=False)
+    assert [d.tag for d in refused] == [2]
+    window.on_confirm(4, multiple=True)
+    write_all(window)
+    acks = window.take_acks()
+    # 1 by prefix; 3 and 4 singly; 2 never.
+    assert acks == [Ack(1, multiple=True), Ack(3, multiple=False), Ack(4, multiple=False)]
+    assert [d.tag for d in window.refused()] == [2]
+    assert window.in_flight == 1
+    assert window.settled  # only the refused one remains
+
+
+def test_multiple_nack_refuses_every_lower_unconfirmed(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    for tag in range(1, 4):
+        publish(window, tag)
+    window.on_confirm(1, multiple=False)
+    refused = window.on_nack(3, multiple=True)
+    assert [d.tag for d in refused] == [2, 3]
+
+
+def test_returned_message_is_not_confirmed_by_its_later_ack(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    publish(window, 1, body="a")
+    publish(window, 2, body="x")
+    publish(window, 3, body="x")
+    returned = window.on_return("x", "p", "312 NO_ROUTE")
+    assert returned is not None
+    assert returned.tag == 2  # the earliest unconfirmed delivery with that content
+    assert returned.refusal == "312 NO_ROUTE"
+    confirmed = window.on_confirm(3, multiple=True)
+    assert [d.tag for d in confirmed] == [1, 3]
+    assert returned.state is DeliveryState.REFUSED
+
+
+def test_return_for_unknown_content_matches_nothing(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    publish(window, 1, body="a")
+    assert window.on_return("zzz", "p", "312 NO_ROUTE") is None
+    assert window.refused() == []
+
+
+def test_flush_waits_for_half_a_window_while_confirms_are_pending(clock: FakeClock) -> None:
+    window = TransferWindow(4, clock=clock)
+    for tag in range(1, 5):
+        publish(window, tag)
+    window.on_confirm(1, multiple=False)
+    assert not window.should_flush()
+    window.on_confirm(2, multiple=False)
+    assert window.should_flush()
+
+
+def test_flush_when_nothing_is_pending_or_after_a_delay(clock: FakeClock) -> None:
+    window = TransferWindow(100, clock=clock)
+    publish(window, 1)
+    publish(window, 2)
+    window.on_confirm(1, multiple=False)
+    assert not window.should_flush()
+    clock.advance(MAX_FLUSH_DELAY_SECONDS)
+    assert window.should_flush()
+    window.on_confirm(2, multiple=False)
+    assert window.should_flush()  # nothing left unconfirmed
+
+
+def test_nothing_to_flush_when_nothing_is_confirmed(clock: FakeClock) -> None:
+    window = TransferWindow(1, clock=clock)
+    assert not window.should_flush(draining=True)
+
+
+def test_tags_must_increase(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    publish(window, 5)
+    with pytest.raises(ValueError, match="not above"):
+        publish(window, 5)
+
+
+def test_confirm_timestamp_comes_from_the_clock(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    publish(window, 1)
+    clock.advance(2)
+    (delivery,) = window.on_confirm(1, multiple=False)
+    assert delivery.consumed_at == T0
+    assert delivery.confirmed_at == T0 + timedelta(seconds=2)
+
+
+@pytest.mark.parametrize(
+    ("messages", "window_bytes", "average", "expected"),
+    [
+        (1000, 64 << 20, 1024, 1000),  # small messages: the message window binds
+        (1000, 64 << 20, 1 << 20, 64),  # 1 MiB messages: 64 fit in 64 MiB
+        (1000, 64 << 20, 100 << 20, 1),  # larger than the byte window: still moves, alone
+        (1000, 64 << 20, 0, 1000),  # empty queue / unknown size
+    ],
+)
+def test_prefetch_follows_average_message_size(
+    messages: int, window_bytes: int, average: float, expected: int
+) -> None:
+    assert prefetch_for(messages, window_bytes, average) == expected
