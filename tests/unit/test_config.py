@@ -73,18 +73,33 @@ def test_shipped_example_and_demo_configs_are_valid() -> None:
 @pytest.mark.parametrize(
     ("mutation", "expected"),
     [
-        (lambda t: t.replace("max_active", "max_activ") + "\nmax_activ: 3\n", r"max_activ: unknown key"),
-        (lambda t: t + "\nwindow: {messages: 0}\n", r"window\.messages: .*greater than or equal to 1"),
+        (
+            lambda t: t.replace("max_active", "max_activ") + "\nmax_activ: 3\n",
+            r"max_activ: unknown key",
+        ),
+        (
+            lambda t: t + "\nwindow: {messages: 0}\n",
+            r"window\.messages: .*greater than or equal to 1",
+        ),
         (lambda t: t + "\nwindow: {mesages: 10}\n", r"window\.mesages: unknown key"),
-        (lambda t: t.replace("amqp://dr-host", "http://dr-host"), r"clusters\.dr\.amqp: .*expected amqp://"),
+        (
+            lambda t: t.replace("amqp://dr-host", "http://dr-host"),
+            r"clusters\.dr\.amqp: .*expected amqp://",
+        ),
         (
             lambda t: t.replace("amqp://dr-host", "amqp://u:hunter2@dr-host"),
             r"carries a password",
         ),
         (lambda t: t.replace("cluster: main", "cluster: mian"), r"destination\.cluster 'mian'"),
-        (lambda t: t.replace('"orders\\\\..*"', '"orders[("'), r"queue_pattern: .*regular expression"),
+        (
+            lambda t: t.replace('"orders\\\\..*"', '"orders[("'),
+            r"queue_pattern: .*regular expression",
+        ),
         (lambda t: t.replace("{queue}-moved", "{name}"), r"may only use \{vhost\} and \{queue\}"),
-        (lambda t: t.replace("ledger: {path: /tmp/ledger}", ""), r"ledger: required key is missing"),
+        (
+            lambda t: t.replace("ledger: {path: /tmp/ledger}", ""),
+            r"ledger: required key is missing",
+        ),
         (lambda t: t + "\n  - oops", r"not valid YAML"),
         (lambda t: "- just\n- a list\n", r"expected a mapping"),
     ],

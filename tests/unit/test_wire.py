@@ -19,15 +19,24 @@ def short_str(text: str) -> bytes:
 
 
 def raw_properties() -> bytes:
-    """headers {'n': short-int 7, 'f': float 1.5} and delivery-mode 2, as a Java client writes them."""
-    table = short_str("n") + b"s" + struct.pack(">h", 7) + short_str("f") + b"f" + struct.pack(">f", 1.5)
+    """headers {'n': short-int 7, 'f': float 1.5}, delivery-mode 2, as a Java client sends them."""
+    table = (
+        short_str("n")
+        + b"s"
+        + struct.pack(">h", 7)
+        + short_str("f")
+        + b"f"
+        + struct.pack(">f", 1.5)
+    )
     flags = _HEADERS_FLAG | _DELIVERY_MODE_FLAG
     return struct.pack(">H", flags) + struct.pack(">I", len(table)) + table + struct.pack(">B", 2)
 
 
 def header_frame(properties: bytes, body_size: int = 3) -> bytes:
     payload = struct.pack(">HHQ", spec.BasicProperties.INDEX, 0, body_size) + properties
-    return struct.pack(">BHI", spec.FRAME_HEADER, 1, len(payload)) + payload + bytes([spec.FRAME_END])
+    return (
+        struct.pack(">BHI", spec.FRAME_HEADER, 1, len(payload)) + payload + bytes([spec.FRAME_END])
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,145 @@
+"""`rmq-spark` command line: parse arguments, load config, call one stage function.
+
+Exit codes: 0 verified, 1 verification failed, 2 the job could not run (bad config,
+broker unreachable, refused pre-flight...); the error line names what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from rmq_spark.config import JobConfig, load_config, validate_run_id
+from rmq_spark.errors import RmqSparkError
+
+log = logging.getLogger("rmq_spark")
+
+EXIT_VERIFIED, EXIT_UNVERIFIED, EXIT_ERROR = 0, 1, 2
+_QUIET_LOGGERS = ("pika", "py4j", "great_expectations", "urllib3")
+
+
+class SecretMaskingFilter(logging.Filter):
+    """Defence in depth: replaces any configured password that reaches a log line."""
+
+    def __init__(self, secrets_to_mask: Sequence[str]) -> None:
+        super().__init__()
+        self._secrets = [s for s in secrets_to_mask if s]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._secrets:
+            message = record.getMessage()
+            if any(secret in message for secret in self._secrets):
+                for secret in self._secrets:
+                    message = message.replace(secret, "***")
+                record.msg, record.args = message, None
+        return True
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def mask_secrets_in_logs(config: JobConfig) -> None:
+    masking = SecretMaskingFilter(
+        [cluster.password.get_secret_value() for cluster in config.clusters.values()]
+    )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(masking)
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def default_master() -> str | None:
+    """local[*] unless spark-submit or Databricks already chose a master."""
+    launched = "PYSPARK_GATEWAY_PORT" in os.environ or "DATABRICKS_RUNTIME_VERSION" in os.environ
+    return None if launched else "local[*]"
+
+
+# -- transfer ------------------------------------------------------------------------
+
+
+def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="YAML config file (see conf/example.yaml)")
+    parser.add_argument("--run-id", help="run identifier (default: timestamp + random suffix)")
+    parser.add_argument("--master", help="Spark master when not launched by spark-submit")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def transfer_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of jobs/transfer.py and `rmq-spark transfer`."""
+    parser = argparse.ArgumentParser(prog="rmq-spark transfer", description=__doc__)
+    add_transfer_arguments(parser)
+    return run_transfer_command(parser.parse_args(argv))
+
+
+def run_transfer_command(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    try:
+        config = load_config(args.config)
+        mask_secrets_in_logs(config)
+        run_id = validate_run_id(args.run_id or new_run_id())
+    except RmqSparkError as exc:
+        print(f"rmq-spark: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+    from rmq_spark.pipeline import run_transfer
+    from rmq_spark.report import print_queue_table, result_line, result_summary
+    from rmq_spark.spark_session import build_session
+
+    spark = build_session(f"rmq-spark transfer {run_id}", master=args.master or default_master())
+    try:
+        result = run_transfer(spark, config, run_id=run_id)
+    except RmqSparkError as exc:
+        print(f"rmq-spark: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        spark.stop()
+    print_queue_table(result)
+    print(result_line(result_summary(result, config.ledger.path)), flush=True)
+    return EXIT_VERIFIED if result.verification.verified else EXIT_UNVERIFIED
+
+
+# -- main ----------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rmq-spark", description="Move RabbitMQ messages, verifiably."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_transfer_arguments(commands.add_parser("transfer", help="run the transfer job in-process"))
+    demo = commands.add_parser(
+        "demo", help="local brokers + demo data + spark-submit + verification"
+    )
+    demo.add_argument("--messages-per-queue", type=int, default=3000)
+    demo.add_argument("--base-dir", default=".demo")
+    demo.add_argument("--keep-brokers", action="store_true", help="leave the demo nodes running")
+    args = parser.parse_args(argv)
+    if args.command == "transfer":
+        return run_transfer_command(args)
+    from rmq_spark.demo import run_demo
+
+    setup_logging()
+    return run_demo(
+        base_dir=args.base_dir,
+        messages_per_queue=args.messages_per_queue,
+        keep_brokers=args.keep_brokers,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

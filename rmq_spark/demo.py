@@ -1,0 +1,200 @@
+"""Demo data shaped like the DR fail-back case, and the embedded default setup.
+
+Two local nodes stand for a DR cluster ("dr", holding orphaned messages) and the
+main cluster ("main", where they must go). Each of two vhosts has ten queues of
+1 KiB persistent messages with varied properties and headers. Generation is
+deterministic (seeded), so a test can rebuild exactly what was published.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pika
+
+from rmq_spark.errors import RmqSparkError
+from rmq_spark.local_brokers import LocalNode, save_nodes, start_nodes, stop_nodes
+
+log = logging.getLogger(__name__)
+
+DEMO_VHOSTS = ("orders", "billing")
+QUEUES_PER_VHOST = 10
+BODY_BYTES = 1024
+_CONTENT_TYPES = ("application/json", "application/octet-stream", "text/plain")
+_SEED_TIMEOUT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class DemoMessage:
+    body: bytes
+    properties: pika.BasicProperties
+
+
+def demo_queue_names(
+    vhosts: Sequence[str] = DEMO_VHOSTS, per_vhost: int = QUEUES_PER_VHOST
+) -> list[tuple[str, str]]:
+    return [(vhost, f"{vhost}.q{index:02d}") for vhost in vhosts for index in range(per_vhost)]
+
+
+def demo_messages(
+    vhost: str, queue: str, count: int, *, body_bytes: int = BODY_BYTES
+) -> Iterator[DemoMessage]:
+    """Deterministic messages for one queue: same arguments, same messages."""
+    rng = random.Random(f"{vhost}/{queue}")
+    base_ms = 1_790_000_000_000
+    for index in range(count):
+        body = rng.randbytes(body_bytes)
+        headers: dict[str, object] = {
+            "sequence": index,
+            "source-dc": "ltm",
+            "retry-count": rng.randrange(0, 5),
+            "tenant": f"tenant-{rng.randrange(0, 50):02d}",
+            "is-replay": rng.random() < 0.1,
+            "amount": Decimal(rng.randrange(0, 100_000)) / 100,  # AMQP decimal
+            "tags": ["demo", vhost],
+            "trace": {"span": rng.randrange(1 << 30), "sampled": rng.random() < 0.5},
+        }
+        properties = pika.BasicProperties(
+            content_type=_CONTENT_TYPES[index % len(_CONTENT_TYPES)],
+            delivery_mode=pika.DeliveryMode.Persistent,
+            message_id=f"{vhost}/{queue}/{index}",
+            correlation_id=f"corr-{rng.randrange(1 << 20):05x}",
+            timestamp=(base_ms + index * 1000) // 1000,
+            priority=rng.randrange(0, 10),
+            app_id="rmq-spark-demo",
+            type=("order.created", "order.paid", "invoice.sent")[index % 3],
+            headers=headers,
+        )
+        yield DemoMessage(body, properties)
+
+
+def seed_queue(
+    channel: pika.adapters.blocking_connection.BlockingChannel, vhost: str, queue: str, count: int
+) -> None:
+    """Declare a durable classic queue and publish `count` demo messages into it."""
+    channel.queue_declare(queue, durable=True)
+    for message in demo_messages(vhost, queue, count):
+        channel.basic_publish("", queue, message.body, message.properties)
+
+
+def wait_for_depth(
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    queue: str,
+    expected: int,
+    *,
+    timeout: float = _SEED_TIMEOUT_SECONDS,
+) -> None:
+    """Wait until the queue holds `expected` ready messages (publishes are asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        depth = channel.queue_declare(queue, passive=True).method.message_count
+        if depth == expected:
+            return
+        if depth > expected or time.monotonic() > deadline:
+            raise RmqSparkError(
+                f"demo queue {queue!r}: expected {expected} messages, found {depth}"
+            )
+        channel.connection.process_data_events(time_limit=0.05)
+
+
+def seed_demo(
+    connect: Callable[[str], pika.BlockingConnection],
+    *,
+    vhosts: Sequence[str] = DEMO_VHOSTS,
+    per_vhost: int = QUEUES_PER_VHOST,
+    messages_per_queue: int,
+) -> int:
+    """Fill every demo queue on the DR node; returns the number of messages published."""
+    total = 0
+    for vhost in vhosts:
+        connection = connect(vhost)
+        try:
+            channel = connection.channel()
+            names = [queue for v, queue in demo_queue_names([vhost], per_vhost)]
+            for queue in names:
+                channel.queue_declare(queue, durable=True)
+                channel.queue_purge(queue)
+                seed_queue(channel, vhost, queue, messages_per_queue)
+            for queue in names:
+                wait_for_depth(channel, queue, messages_per_queue)
+                total += messages_per_queue
+        finally:
+            connection.close()
+    log.info("seeded %d demo messages at %s", total, datetime.now(UTC).isoformat())
+    return total
+
+
+# -- the embedded default: `rmq-spark demo` / `make demo` ------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO_ROOT / "conf" / "demo.yaml"
+SPARK_SUBMIT = REPO_ROOT / "spark-submit.sh"
+
+
+def demo_environment(dr: LocalNode, main: LocalNode, ledger: Path) -> dict[str, str]:
+    """The variables conf/demo.yaml refers to."""
+    return {
+        "RMQ_SPARK_DEMO_DR_AMQP_PORT": str(dr.amqp_port),
+        "RMQ_SPARK_DEMO_DR_HTTP_PORT": str(dr.management_port),
+        "RMQ_SPARK_DEMO_MAIN_AMQP_PORT": str(main.amqp_port),
+        "RMQ_SPARK_DEMO_MAIN_HTTP_PORT": str(main.management_port),
+        "RMQ_SPARK_DEMO_USER": dr.username,
+        "RMQ_SPARK_DEMO_PASSWORD": dr.password,
+        "RMQ_SPARK_DEMO_LEDGER": str(ledger),
+    }
+
+
+def node_connector(node: LocalNode) -> Callable[[str], pika.BlockingConnection]:
+    def connect(vhost: str) -> pika.BlockingConnection:
+        return pika.BlockingConnection(
+            pika.ConnectionParameters(
+                host="127.0.0.1",
+                port=node.amqp_port,
+                virtual_host=vhost,
+                credentials=pika.PlainCredentials(node.username, node.password),
+            )
+        )
+
+    return connect
+
+
+def run_demo(*, base_dir: str, messages_per_queue: int, keep_brokers: bool) -> int:
+    """Start a DR and a main node, fill DR, spark-submit the job, return its exit code."""
+    if not SPARK_SUBMIT.exists():
+        raise RmqSparkError(f"the demo runs from a checkout; {SPARK_SUBMIT} is missing")
+    base = Path(base_dir).resolve()
+    ledger = base / "ledger"
+    nodes = start_nodes(["dr", "main"], base / "brokers", password=secrets.token_urlsafe(16))
+    if keep_brokers:
+        save_nodes(nodes, base / "brokers")  # what `local_brokers stop` reads
+    try:
+        dr, main = nodes
+        for node in nodes:
+            for vhost in DEMO_VHOSTS:
+                node.add_vhost(vhost)
+        started = time.monotonic()
+        total = seed_demo(node_connector(dr), messages_per_queue=messages_per_queue)
+        log.info("demo: %d messages on the DR node in %.1fs", total, time.monotonic() - started)
+        env = {**os.environ, **demo_environment(dr, main, ledger)}
+        command = [str(SPARK_SUBMIT), "--config", str(DEMO_CONFIG)]
+        log.info("demo: %s", " ".join(command))
+        return subprocess.run(command, env=env, check=False).returncode
+    finally:
+        if keep_brokers:
+            log.info(
+                "demo: nodes left running; stop them with "
+                "python -m rmq_spark.local_brokers stop --base-dir %s",
+                base / "brokers",
+            )
+        else:
+            stop_nodes(nodes, remove_data=True)

@@ -1,0 +1,95 @@
+"""The mapPartitions adapter: run the mover for each plan row of a partition.
+
+Thin on purpose: it builds the mover's collaborators from the broadcast settings
+and the task's identity, and yields one MoveOutcome per queue. A lost connection
+raises, so Spark retries the task; the retried attempt numbers its deliveries
+after the highest ledger position already durable for the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rmq_spark.amqp import connection_parameters
+from rmq_spark.config import ClusterConfig
+from rmq_spark.ledger.writer import MessageLedgerWriter, TransferKey, next_position
+from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover
+from rmq_spark.window import prefetch_for
+
+if TYPE_CHECKING:
+    from pyspark import Broadcast
+    from pyspark.sql import Row
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """What every mover task needs. Broadcast, so passwords stay out of Spark's conf.
+
+    Cluster passwords are pydantic SecretStr: they print as '**********'.
+    """
+
+    run_id: str
+    ledger_path: str
+    clusters: dict[str, ClusterConfig]
+    window_messages: int
+    window_bytes: int
+
+
+def move_partition(
+    rows: Iterable[Row], settings: Broadcast[ExecutorSettings]
+) -> Iterator[MoveOutcome]:
+    """mapPartitions function: move each queue of this partition, one after another."""
+    resolved = settings.value
+    attempt = task_attempt()
+    for row in rows:
+        yield move_queue(row.asDict(), resolved, attempt)
+
+
+def move_queue(row: dict[str, object], settings: ExecutorSettings, attempt: str) -> MoveOutcome:
+    """Move one plan row's queue; usable without Spark (tests, benchmarks)."""
+    key = TransferKey(
+        source_cluster=str(row["source_cluster"]),
+        source_vhost=str(row["source_vhost"]),
+        source_queue=str(row["source_queue"]),
+        destination_cluster=str(row["destination_cluster"]),
+        destination_vhost=str(row["destination_vhost"]),
+        destination_queue=str(row["destination_queue"]),
+    )
+    messages = int(str(row["messages"]))
+    average = int(str(row["message_bytes"])) / messages if messages else 0.0
+    ledger = MessageLedgerWriter(settings.ledger_path, settings.run_id, key, attempt)
+    return QueueMover(
+        key,
+        _endpoint(settings, key.source_cluster, key.source_vhost, key.source_queue, "consumer"),
+        _endpoint(
+            settings,
+            key.destination_cluster,
+            key.destination_vhost,
+            key.destination_queue,
+            "publisher",
+        ),
+        ledger,
+        prefetch=prefetch_for(settings.window_messages, settings.window_bytes, average),
+        first_position=next_position(settings.ledger_path, settings.run_id, key),
+    ).run()
+
+
+def _endpoint(
+    settings: ExecutorSettings, cluster: str, vhost: str, queue: str, role: str
+) -> Endpoint:
+    params = connection_parameters(
+        cluster, settings.clusters[cluster], vhost, purpose=f"{settings.run_id} {role} {queue}"
+    )
+    return Endpoint(cluster, vhost, queue, tuple(params))
+
+
+def task_attempt() -> str:
+    """'stage.partition.attempt' of the running Spark task, 'local' outside Spark."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return "local"
+    return f"{context.stageId()}.{context.partitionId()}.{context.attemptNumber()}"

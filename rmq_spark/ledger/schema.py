@@ -1,0 +1,138 @@
+"""The ledger's tables, defined once.
+
+Each table is a tuple of `Column`s; the Arrow schema (executor writes through
+deltalake) and the Spark schema (driver reads) are both derived from it, so the
+two can never drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql import types as T
+
+# Arrow type → Spark type name; the only types the ledger uses.
+_STRING, _INT64, _BOOL, _TIMESTAMP, _DOUBLE = "string", "int64", "bool", "timestamp", "double"
+
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    _STRING: pa.string(),
+    _INT64: pa.int64(),
+    _BOOL: pa.bool_(),
+    _TIMESTAMP: pa.timestamp("us", tz="UTC"),
+    _DOUBLE: pa.float64(),
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    kind: str
+    nullable: bool
+    doc: str
+
+
+def _c(name: str, kind: str, doc: str, *, nullable: bool = False) -> Column:
+    return Column(name, kind, nullable, doc)
+
+
+_TRANSFER_KEY = (
+    _c("run_id", _STRING, "The run this row belongs to (partition column of messages)."),
+    _c("source_cluster", _STRING, "Config name of the source cluster."),
+    _c("source_vhost", _STRING, "Source vhost."),
+    _c("source_queue", _STRING, "Source queue."),
+    _c("destination_cluster", _STRING, "Config name of the destination cluster."),
+    _c("destination_vhost", _STRING, "Destination vhost."),
+    _c("destination_queue", _STRING, "Destination queue."),
+)
+
+# Columns that identify one queue transfer inside a run.
+TRANSFER_KEY: tuple[str, ...] = tuple(c.name for c in _TRANSFER_KEY)
+
+MESSAGES: tuple[Column, ...] = (
+    *_TRANSFER_KEY,
+    _c(
+        "position",
+        _INT64,
+        "0-based place of the delivery in this run's drain order of the source queue. "
+        "A retried task continues after the highest position already in the ledger.",
+    ),
+    _c("publish_seq", _INT64, "Publisher-confirm sequence number on the destination channel."),
+    _c("redelivered", _BOOL, "The broker's redelivered flag on the consumed delivery."),
+    _c("body_size", _INT64, "Body length in bytes."),
+    _c("body_sha256", _STRING, "Hex sha256 of the exact body bytes."),
+    _c(
+        "properties_sha256",
+        _STRING,
+        "Hex sha256 of the content-header property bytes exactly as received.",
+    ),
+    _c("message_id", _STRING, "The message-id property, if set.", nullable=True),
+    _c("consumed_at", _TIMESTAMP, "When the delivery reached the mover (UTC)."),
+    _c("confirmed_at", _TIMESTAMP, "When the destination confirmed it (UTC)."),
+    _c(
+        "task_attempt",
+        _STRING,
+        "Spark stage.partition.attempt that moved it ('local' outside Spark).",
+    ),
+)
+
+QUEUES: tuple[Column, ...] = (
+    *_TRANSFER_KEY,
+    _c("partition", _INT64, "Spark partition the planner assigned the queue to."),
+    _c("status", _STRING, "moved | failed | skipped."),
+    _c("error", _STRING, "Why the transfer failed, when it did.", nullable=True),
+    _c("source_depth_before", _INT64, "Ready messages in the source before the run."),
+    _c("source_depth_after", _INT64, "Ready messages in the source after the run."),
+    _c("destination_depth_before", _INT64, "Ready messages in the destination before the run."),
+    _c("destination_depth_after", _INT64, "Ready messages in the destination after the run."),
+    _c("ledger_rows", _INT64, "Rows of this queue in the messages table."),
+    _c("duplicates", _INT64, "Rows that repeat an earlier row (redelivered, same checksums)."),
+    _c("lost", _INT64, "Source drop not accounted for by ledger rows."),
+    _c("unexpected", _INT64, "Destination rise not accounted for by ledger rows."),
+)
+
+RUNS: tuple[Column, ...] = (
+    _c("run_id", _STRING, "Run identifier."),
+    _c("started_at", _TIMESTAMP, "Driver start (UTC)."),
+    _c("finished_at", _TIMESTAMP, "Driver end (UTC)."),
+    _c("config_digest", _STRING, "sha256 of the validated config, secrets excluded."),
+    _c("spark_app_id", _STRING, "Spark application id."),
+    _c("queues", _INT64, "Queue transfers in the plan."),
+    _c("messages", _INT64, "Distinct messages moved."),
+    _c("bytes", _INT64, "Body bytes moved."),
+    _c("lost", _INT64, "Messages that left a source without a ledger row."),
+    _c("duplicates", _INT64, "Messages published more than once (named in messages)."),
+    _c("unexpected", _INT64, "Destination messages without a ledger row."),
+    _c("verified", _BOOL, "Every expectation passed."),
+    _c("seconds", _DOUBLE, "Wall time of the run."),
+    _c("verification_path", _STRING, "Where the verification JSON and Data Docs are."),
+)
+
+TABLES: dict[str, tuple[Column, ...]] = {"runs": RUNS, "queues": QUEUES, "messages": MESSAGES}
+
+# Only the messages table is partitioned: analysts and the commit step look at one run.
+PARTITION_BY: dict[str, list[str]] = {"messages": ["run_id"], "queues": [], "runs": []}
+
+
+def arrow_schema(columns: tuple[Column, ...]) -> pa.Schema:
+    """The Arrow schema of a table, as the executor writes it."""
+    return pa.schema([pa.field(c.name, _ARROW_TYPES[c.kind], nullable=c.nullable) for c in columns])
+
+
+def spark_schema(columns: tuple[Column, ...]) -> T.StructType:
+    """The Spark schema of a table, as the driver reads it."""
+    from pyspark.sql import types as T
+
+    spark_types: dict[str, T.DataType] = {
+        _STRING: T.StringType(),
+        _INT64: T.LongType(),
+        _BOOL: T.BooleanType(),
+        _TIMESTAMP: T.TimestampType(),
+        _DOUBLE: T.DoubleType(),
+    }
+    return T.StructType(
+        [T.StructField(c.name, spark_types[c.kind], nullable=c.nullable) for c in columns]
+    )

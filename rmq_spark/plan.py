@@ -1,0 +1,78 @@
+"""The plan: a DataFrame of queue transfers, one row per source queue.
+
+Queues are bin-packed into at most `max_active` partitions (largest first onto the
+least loaded), and the DataFrame is built so that row i lands in the partition the
+planner chose, with no shuffle. Spark then runs at most `max_active` mover tasks,
+so at most that many queue transfers are active at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from rmq_spark.discovery import QueueTransfer
+
+PLAN_SCHEMA = T.StructType(
+    [
+        T.StructField("partition", T.IntegerType(), False),
+        T.StructField("route", T.StringType(), False),
+        T.StructField("source_cluster", T.StringType(), False),
+        T.StructField("source_vhost", T.StringType(), False),
+        T.StructField("source_queue", T.StringType(), False),
+        T.StructField("source_type", T.StringType(), False),
+        T.StructField("source_node", T.StringType(), False),
+        T.StructField("destination_cluster", T.StringType(), False),
+        T.StructField("destination_vhost", T.StringType(), False),
+        T.StructField("destination_queue", T.StringType(), False),
+        T.StructField("messages", T.LongType(), False),
+        T.StructField("message_bytes", T.LongType(), False),
+        T.StructField("destination_messages", T.LongType(), False),
+    ]
+)
+
+
+def assign_partitions(transfers: Sequence[QueueTransfer], max_active: int) -> list[int]:
+    """Partition index per transfer: largest first onto the least loaded partition.
+
+    A queue's weight is its bytes plus a per-message cost, so many small messages
+    count as well as few large ones. Ties keep the input order (deterministic).
+    """
+    if max_active < 1:
+        raise ValueError(f"max_active must be >= 1, got {max_active}")
+    partitions = min(max_active, len(transfers))
+    assignment = [0] * len(transfers)
+    if partitions == 0:
+        return assignment
+    load: list[tuple[int, int]] = [(0, index) for index in range(partitions)]
+    order = sorted(range(len(transfers)), key=lambda i: (-_weight(transfers[i]), i))
+    for i in order:
+        current, partition = heapq.heappop(load)
+        assignment[i] = partition
+        heapq.heappush(load, (current + _weight(transfers[i]), partition))
+    return assignment
+
+
+def _weight(transfer: QueueTransfer) -> int:
+    per_message_cost = 1024  # a message costs about as much as a KiB of body
+    return transfer.message_bytes + transfer.messages * per_message_cost
+
+
+def plan_dataframe(
+    spark: SparkSession, transfers: Sequence[QueueTransfer], assignment: Sequence[int]
+) -> DataFrame:
+    """The plan as a DataFrame whose partition i holds exactly the rows assigned to i."""
+    partitions = max(assignment, default=-1) + 1
+    groups: list[list[tuple[object, ...]]] = [[] for _ in range(partitions)]
+    for transfer, partition in zip(transfers, assignment, strict=True):
+        row = {"partition": partition, **asdict(transfer)}
+        groups[partition].append(tuple(row[field.name] for field in PLAN_SCHEMA.fields))
+    if not groups:
+        return spark.createDataFrame([], PLAN_SCHEMA)
+    # parallelize() with as many slices as elements puts one group in each slice.
+    rows = spark.sparkContext.parallelize(groups, len(groups)).flatMap(lambda group: group)
+    return spark.createDataFrame(rows, PLAN_SCHEMA)

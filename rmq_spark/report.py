@@ -1,0 +1,74 @@
+"""What a run tells the person who ran it: a per-queue table and one RESULT line.
+
+The RESULT line is the machine-readable summary (`RESULT {json}`), the last line the
+job prints; scripts and CI parse it. Nothing here holds a secret: it is built from
+the plan, the outcomes and the verification, none of which carry credentials.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rmq_spark.pipeline import RunResult
+
+RESULT_PREFIX = "RESULT "
+
+
+def result_summary(result: RunResult, ledger_path: str) -> dict[str, Any]:
+    verification = result.verification
+    return {
+        "run_id": result.run_id,
+        "queues": len(result.transfers),
+        "failed_queues": sum(1 for o in result.outcomes if o.status != "moved"),
+        "messages": verification.messages,
+        "bytes": verification.bytes,
+        "lost": verification.lost,
+        "duplicates": verification.duplicates,
+        "unexpected": verification.unexpected,
+        "verified": verification.verified,
+        "seconds": round(result.seconds, 2),
+        "ledger": ledger_path,
+        "verification": verification.results_path,
+        "data_docs": verification.data_docs_path,
+    }
+
+
+def result_line(summary: dict[str, Any]) -> str:
+    return RESULT_PREFIX + json.dumps(summary, sort_keys=True)
+
+
+def print_queue_table(result: RunResult, file: IO[str] | None = None) -> None:
+    """A short table: one row per queue with its counts and verdict."""
+    table = Table(title=f"run {result.run_id}", show_lines=False)
+    for header in ("source", "destination", "part", "moved", "dups", "lost", "unexp.", "verdict"):
+        table.add_column(
+            header,
+            justify="right" if header in {"part", "moved", "dups", "lost", "unexp."} else "left",
+        )
+    partition_of = {
+        t.describe(): p for t, p in zip(result.transfers, result.partitions, strict=True)
+    }
+    for verdict in result.verification.queues:
+        source = f"{verdict.source_cluster}/{verdict.source_vhost}/{verdict.source_queue}"
+        destination = (
+            f"{verdict.destination_cluster}/{verdict.destination_vhost}/{verdict.destination_queue}"
+        )
+        partition = partition_of.get(f"{source} -> {destination}", "")
+        outcome = "ok" if verdict.passed else (verdict.error or "FAILED")
+        table.add_row(
+            source,
+            destination,
+            str(partition),
+            str(verdict.distinct_messages),
+            str(verdict.duplicates),
+            str(verdict.lost),
+            str(verdict.unexpected),
+            outcome,
+        )
+    Console(file=file, width=160).print(table)
+    for failure in result.verification.failed_expectations:
+        Console(file=file, width=160).print(f"[red]failed:[/red] {failure}")

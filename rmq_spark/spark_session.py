@@ -1,0 +1,85 @@
+"""Building the SparkSession the job runs in, with the settings it relies on."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+# A speculative copy of a mover task would consume the same queue twice at once:
+# duplicates with no crash to explain them. Retries are fine: a retried task resumes.
+ENFORCED_CONF: Mapping[str, str] = {
+    "spark.speculation": "false",
+    "spark.task.maxFailures": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+# Set unconditionally: when the Delta jars are absent Spark logs that it cannot load
+# the extension and carries on; when present (Databricks, --packages) Delta is on.
+DELTA_CONF: Mapping[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+_DELTA_CLASS = "io.delta.tables.DeltaTable"
+
+
+def build_session(
+    app_name: str,
+    *,
+    master: str | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Get or create the session, forcing the settings in ENFORCED_CONF.
+
+    `master` is only used when nothing (spark-submit, Databricks) has set one.
+    """
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    conf = {**DELTA_CONF, **(extra_conf or {}), **ENFORCED_CONF}
+    if not delta_jars_on_classpath_hint(conf):
+        # Without the jars, the catalog class would make every table lookup fail.
+        conf.pop("spark.sql.catalog.spark_catalog", None)
+        conf.pop("spark.sql.extensions", None)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    for key, value in ENFORCED_CONF.items():
+        if key.startswith("spark.sql."):
+            spark.conf.set(key, value)
+    return spark
+
+
+def delta_jars_on_classpath_hint(conf: Mapping[str, str]) -> bool:
+    """Whether the Delta jars are probably present before the JVM starts.
+
+    True on Databricks and when --packages/--jars name delta; the running session
+    is asked for certain by `spark_has_delta`.
+    """
+    import os
+
+    if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        return True
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    joined = " ".join(
+        [submit_args, conf.get("spark.jars.packages", ""), conf.get("spark.jars", "")]
+    )
+    return "delta" in joined.lower()
+
+
+def spark_has_delta(spark: SparkSession) -> bool:
+    """Whether Spark's own Delta reader/writer can be used in this session."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        return False
+    try:
+        jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(_DELTA_CLASS)
+    except Exception:  # py4j wraps ClassNotFoundException in a generic error
+        return False
+    return True

@@ -1,0 +1,600 @@
+"""Verification of one run: does every message that left a source have a ledger row,
+and does every ledger row account for a message that reached its destination?
+
+Two halves, as in chispa's `row_comparer`: `summarize` is the only Spark part (one
+aggregation over the run's ledger rows joined to the driver's queue counters, collected
+once: it has one row per queue transfer); everything after the collect works on plain
+dicts. Great Expectations then validates the collected summary and the messages
+DataFrame, and renders its Data Docs next to `verification.json`.
+
+Example:
+    verification = verify_run(run_id, messages, counters, "/tmp/run-42/verification")
+    if not verification.verified:
+        print("\\n".join(verification.failed_expectations))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from rmq_spark.ledger.schema import MESSAGES, TRANSFER_KEY
+
+if TYPE_CHECKING:
+    from great_expectations.expectations.expectation import Expectation
+
+log = logging.getLogger(__name__)
+
+# Transfer statuses. A ledger row whose transfer is missing from the counters was moved
+# by something the plan does not know about; it gets its own status so it fails.
+STATUS_MOVED = "moved"
+STATUS_UNPLANNED = "unplanned"
+
+# The driver's broker readings, per queue transfer, besides TRANSFER_KEY.
+DEPTH_COLUMNS: tuple[str, ...] = (
+    "source_depth_before",
+    "source_depth_after",
+    "destination_depth_before",
+    "destination_depth_after",
+)
+COUNTER_COLUMNS: tuple[str, ...] = (*TRANSFER_KEY, *DEPTH_COLUMNS, "status", "error")
+MESSAGE_COLUMNS: tuple[str, ...] = tuple(c.name for c in MESSAGES)
+
+# Per-queue counts of message-level problems, kept in the summary so a failed
+# message-level expectation can name the queues it is about.
+NULL_BODY_SHA256 = "null_body_sha256"
+NULL_PROPERTIES_SHA256 = "null_properties_sha256"
+UNCONFIRMED = "unconfirmed"
+CONFIRMED_BEFORE_CONSUMED = "confirmed_before_consumed"
+PROBLEM_COUNTS: tuple[str, ...] = (
+    NULL_BODY_SHA256,
+    NULL_PROPERTIES_SHA256,
+    UNCONFIRMED,
+    CONFIRMED_BEFORE_CONSUMED,
+)
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    *TRANSFER_KEY,
+    "status",
+    "error",
+    *DEPTH_COLUMNS,
+    "ledger_rows",
+    "duplicates",
+    "distinct_messages",
+    "bytes",
+    "source_drop",
+    "destination_rise",
+    "lost",
+    "unexpected",
+    "min_position",
+    "max_position",
+    "distinct_positions",
+    "positions_contiguous",
+    *PROBLEM_COUNTS,
+)
+
+RESULTS_FILE = "verification.json"
+DATA_DOCS_DIR = "data_docs"
+DATA_DOCS_SITE = "rmq_spark"
+GX_DATASOURCE = "ledger"
+SUMMARY_ASSET = "queue_summary"
+MESSAGES_ASSET = "messages"
+WHOLE_DATAFRAME = "whole_dataframe"
+# BASIC keeps the unexpected samples to a few values; COMPLETE would collect up to
+# GE's MAX_RESULT_RECORDS rows of a multi-million-row table to the driver.
+RESULT_FORMAT: dict[str, Any] = {"result_format": "BASIC", "partial_unexpected_count": 5}
+# How many offending queues one failure line names before it says "and N more".
+MAX_QUEUES_NAMED = 10
+
+_GX_LOGGER = "great_expectations"
+
+# Expectation type → the summary count naming the queues a message-level failure is about.
+_NOT_NULL = "expect_column_values_to_not_be_null"
+_IN_SET = "expect_column_values_to_be_in_set"
+_PAIR_EQUAL = "expect_column_pair_values_to_be_equal"
+_A_GREATER_THAN_B = "expect_column_pair_values_a_to_be_greater_than_b"
+_MESSAGE_PROBLEM_COUNT: dict[tuple[str, str], str] = {
+    (_NOT_NULL, "body_sha256"): NULL_BODY_SHA256,
+    (_NOT_NULL, "properties_sha256"): NULL_PROPERTIES_SHA256,
+    (_NOT_NULL, "confirmed_at"): UNCONFIRMED,
+    (_A_GREATER_THAN_B, "confirmed_at"): CONFIRMED_BEFORE_CONSUMED,
+}
+
+
+@dataclass(frozen=True)
+class QueueVerdict:
+    """One queue transfer of the run, as the ledger and the broker counters saw it."""
+
+    source_cluster: str
+    source_vhost: str
+    source_queue: str
+    destination_cluster: str
+    destination_vhost: str
+    destination_queue: str
+    status: str
+    error: str | None
+    ledger_rows: int
+    distinct_messages: int
+    duplicates: int
+    bytes: int
+    source_drop: int
+    destination_rise: int
+    lost: int
+    unexpected: int
+    positions_contiguous: bool
+    passed: bool
+
+    @property
+    def label(self) -> str:
+        return transfer_label(asdict(self))
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of `verify_run`; the caller decides what a failure means for the exit code."""
+
+    run_id: str
+    queues: tuple[QueueVerdict, ...]
+    messages: int  # sum of distinct_messages
+    bytes: int
+    lost: int
+    duplicates: int
+    unexpected: int
+    verified: bool  # every GE expectation passed
+    failed_expectations: tuple[str, ...]  # expectation type + column(s) + observed
+    results_path: str  # verification.json
+    data_docs_path: str | None  # index.html
+
+
+# --- Spark part -------------------------------------------------------------------------
+
+
+def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
+    """One row per queue transfer: ledger counts joined to the driver's broker counters.
+
+    Transfers without ledger rows appear with zero counts; ledger rows whose transfer is
+    not in `counters` appear with status "unplanned" and null depths. Columns are
+    SUMMARY_COLUMNS, rows ordered by TRANSFER_KEY.
+    """
+    _require_columns("messages", messages, MESSAGE_COLUMNS)
+    _require_columns("counters", counters, COUNTER_COLUMNS)
+    key = list(TRANSFER_KEY)
+
+    # A crash between the durable ledger row and the source ack makes the broker redeliver
+    # the message and the mover publish it again: a later, redelivered row with the same
+    # checksums. publish_seq only breaks ties so the choice of "first" is deterministic.
+    same_message = Window.partitionBy(*key, "body_sha256", "properties_sha256").orderBy(
+        "position", "publish_seq"
+    )
+    is_duplicate = (F.row_number().over(same_message) > 1) & F.coalesce(
+        F.col("redelivered"), F.lit(False)
+    )
+    flagged = messages.withColumn("_duplicate", is_duplicate)
+
+    def count_where(condition: Any) -> Any:
+        return F.coalesce(F.sum(F.when(condition, 1).otherwise(0)), F.lit(0)).cast(T.LongType())
+
+    ledger = flagged.groupBy(*key).agg(
+        F.count(F.lit(1)).alias("ledger_rows"),
+        count_where(F.col("_duplicate")).alias("duplicates"),
+        F.sum(F.when(~F.col("_duplicate"), F.col("body_size"))).alias("bytes"),
+        F.min("position").alias("min_position"),
+        F.max("position").alias("max_position"),
+        F.countDistinct("position").alias("distinct_positions"),
+        count_where(F.col("body_sha256").isNull()).alias(NULL_BODY_SHA256),
+        count_where(F.col("properties_sha256").isNull()).alias(NULL_PROPERTIES_SHA256),
+        count_where(F.col("confirmed_at").isNull()).alias(UNCONFIRMED),
+        count_where(F.col("confirmed_at") < F.col("consumed_at")).alias(CONFIRMED_BEFORE_CONSUMED),
+    )
+    planned = counters.select(*COUNTER_COLUMNS)
+    # Full outer: a planned transfer with no rows must still be checked, and a row of an
+    # unplanned transfer must not vanish from the verification.
+    joined = planned.join(ledger, on=key, how="full_outer")
+
+    zero = F.lit(0).cast(T.LongType())
+    ledger_rows = F.coalesce(F.col("ledger_rows"), zero)
+    duplicates = F.coalesce(F.col("duplicates"), zero)
+    distinct_messages = ledger_rows - duplicates
+    source_drop = F.col("source_depth_before") - F.col("source_depth_after")
+    destination_rise = F.col("destination_depth_after") - F.col("destination_depth_before")
+    contiguous = (ledger_rows == 0) | (
+        (F.col("min_position") == 0) & (F.col("distinct_positions") == F.col("max_position") + 1)
+    )
+    return joined.select(
+        *key,
+        F.coalesce(F.col("status"), F.lit(STATUS_UNPLANNED)).alias("status"),
+        F.col("error"),
+        *DEPTH_COLUMNS,
+        ledger_rows.alias("ledger_rows"),
+        duplicates.alias("duplicates"),
+        distinct_messages.alias("distinct_messages"),
+        F.coalesce(F.col("bytes"), zero).alias("bytes"),
+        source_drop.alias("source_drop"),
+        destination_rise.alias("destination_rise"),
+        # greatest() skips nulls: an unknown depth counts as nothing lost here, and is
+        # caught by the pair-equality expectations, which treat null as a mismatch.
+        F.greatest(source_drop - distinct_messages, zero).alias("lost"),
+        F.greatest(destination_rise - ledger_rows, zero).alias("unexpected"),
+        F.col("min_position"),
+        F.col("max_position"),
+        F.coalesce(F.col("distinct_positions"), zero).alias("distinct_positions"),
+        F.coalesce(contiguous, F.lit(False)).alias("positions_contiguous"),
+        *(F.coalesce(F.col(name), zero).alias(name) for name in PROBLEM_COUNTS),
+    ).orderBy(*key)
+
+
+def _require_columns(name: str, df: DataFrame, required: Sequence[str]) -> None:
+    missing = [column for column in required if column not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{name} DataFrame lacks column(s) {', '.join(missing)}; "
+            f"required: {', '.join(required)}; found: {', '.join(df.columns)}"
+        )
+
+
+# --- Spark-free part: verdicts and failure descriptions ---------------------------------
+
+
+def transfer_label(row: Mapping[str, Any]) -> str:
+    """`cluster:vhost:queue -> cluster:vhost:queue`, how failure lines name a transfer.
+
+    Colons, not slashes: the default vhost is "/".
+    """
+    return (
+        f"{row['source_cluster']}:{row['source_vhost']}:{row['source_queue']} -> "
+        f"{row['destination_cluster']}:{row['destination_vhost']}:{row['destination_queue']}"
+    )
+
+
+def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:
+    """The verdict on one summary row (a plain dict, as collected from `summarize`).
+
+    A null depth (not measured, or an unplanned transfer) fails the queue and shows as 0.
+    """
+    source_drop = row["source_drop"]
+    destination_rise = row["destination_rise"]
+    passed = (
+        row["status"] == STATUS_MOVED
+        and source_drop is not None
+        and destination_rise is not None
+        and row["distinct_messages"] == source_drop
+        and row["ledger_rows"] == destination_rise
+        and bool(row["positions_contiguous"])
+        and all(row[name] == 0 for name in PROBLEM_COUNTS)
+    )
+    return QueueVerdict(
+        source_cluster=row["source_cluster"],
+        source_vhost=row["source_vhost"],
+        source_queue=row["source_queue"],
+        destination_cluster=row["destination_cluster"],
+        destination_vhost=row["destination_vhost"],
+        destination_queue=row["destination_queue"],
+        status=row["status"],
+        error=row["error"],
+        ledger_rows=row["ledger_rows"],
+        distinct_messages=row["distinct_messages"],
+        duplicates=row["duplicates"],
+        bytes=row["bytes"],
+        source_drop=source_drop or 0,
+        destination_rise=destination_rise or 0,
+        lost=row["lost"] or 0,
+        unexpected=row["unexpected"] or 0,
+        positions_contiguous=bool(row["positions_contiguous"]),
+        passed=passed,
+    )
+
+
+def describe_failures(
+    validation_results: Sequence[Mapping[str, Any]],
+    summary_rows: Sequence[Mapping[str, Any]],
+) -> tuple[str, ...]:
+    """One line per failed expectation: type, column(s), what GE observed, and the queues.
+
+    `validation_results` are GE suite results as JSON dicts; the queues are found in
+    `summary_rows`, since GE's samples of unexpected values do not say which queue they
+    came from.
+    """
+    lines: list[str] = []
+    for suite_result in validation_results:
+        for result in suite_result["results"]:
+            if result["success"]:
+                continue
+            config = result["expectation_config"]
+            kind, kwargs = config["type"], config["kwargs"]
+            columns = [kwargs[k] for k in ("column", "column_A", "column_B") if k in kwargs]
+            line = f"{suite_result['suite_name']}: {kind}({', '.join(columns)})"
+            observed = result.get("result") or {}
+            if "unexpected_count" in observed:
+                line += (
+                    f": {observed['unexpected_count']} of {observed['element_count']} "
+                    f"unexpected, e.g. {observed.get('partial_unexpected_list')}"
+                )
+            elif "observed_value" in observed:
+                line += f": observed {observed['observed_value']}"
+            exception = result.get("exception_info") or {}
+            if exception.get("raised_exception"):
+                line += f": raised {exception.get('exception_message')}"
+            queues = _offending_queues(kind, kwargs, summary_rows)
+            if queues:
+                line += "; " + _name_queues(queues)
+            lines.append(line)
+    return tuple(lines)
+
+
+def _offending_queues(
+    kind: str, kwargs: Mapping[str, Any], summary_rows: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    if kind == _PAIR_EQUAL:
+        a, b = kwargs["column_A"], kwargs["column_B"]
+        return [
+            f"{transfer_label(row)} ({a}={row[a]}, {b}={row[b]})"
+            for row in summary_rows
+            if row[a] is None or row[b] is None or row[a] != row[b]
+        ]
+    if kind == _IN_SET and "column" in kwargs and kwargs["column"] in SUMMARY_COLUMNS:
+        column, allowed = kwargs["column"], kwargs["value_set"]
+        return [
+            f"{transfer_label(row)} ({column}={row[column]}"
+            + (f", error: {row['error']}" if column == "status" and row["error"] else "")
+            + ")"
+            for row in summary_rows
+            if row[column] not in allowed
+        ]
+    count = _MESSAGE_PROBLEM_COUNT.get((kind, kwargs.get("column", kwargs.get("column_A", ""))))
+    if count is None:
+        return []
+    return [f"{transfer_label(row)} ({count}={row[count]})" for row in summary_rows if row[count]]
+
+
+def _name_queues(queues: list[str]) -> str:
+    named = "; ".join(queues[:MAX_QUEUES_NAMED])
+    rest = len(queues) - MAX_QUEUES_NAMED
+    return named + (f"; and {rest} more" if rest > 0 else "")
+
+
+# --- Great Expectations -----------------------------------------------------------------
+
+
+def verify_run(
+    run_id: str, messages: DataFrame, counters: DataFrame, out_dir: str | Path
+) -> Verification:
+    """Verify one run and write `verification.json` and Data Docs under `out_dir`.
+
+    `messages` holds the run's ledger rows (MESSAGES columns); `counters` one row per
+    queue transfer with TRANSFER_KEY, DEPTH_COLUMNS, status and error. Returns the
+    Verification; raises only for malformed input.
+    """
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    # The summary and each GE metric pass read `messages` again; cache it unless the
+    # caller already did (and then leave their cache alone).
+    cached_here = messages.storageLevel == StorageLevel.NONE
+    if cached_here:
+        messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        summary = summarize(messages, counters)
+        collected = summary.collect()
+        summary_rows = [row.asDict() for row in collected]
+        # GE validates the collected rows, not the summary plan, so the joins and windows
+        # behind it run once however many metrics GE computes.
+        summary_frame = messages.sparkSession.createDataFrame(collected, schema=summary.schema)
+        with _quiet_gx():
+            results, index_html = _validate_with_gx(
+                run_id, summary_frame, messages, out / DATA_DOCS_DIR
+            )
+    finally:
+        if cached_here:
+            messages.unpersist()
+
+    verdicts = tuple(queue_verdict(row) for row in summary_rows)
+    verification = Verification(
+        run_id=run_id,
+        queues=verdicts,
+        messages=sum(v.distinct_messages for v in verdicts),
+        bytes=sum(v.bytes for v in verdicts),
+        lost=sum(v.lost for v in verdicts),
+        duplicates=sum(v.duplicates for v in verdicts),
+        unexpected=sum(v.unexpected for v in verdicts),
+        verified=all(result["success"] for result in results),
+        failed_expectations=describe_failures(results, summary_rows),
+        results_path=str(out / RESULTS_FILE),
+        data_docs_path=index_html,
+    )
+    _write_results(verification, summary_rows, results)
+    log.info(
+        "run %s verified=%s: %d queues, %d messages, %d bytes, lost %d, duplicates %d, "
+        "unexpected %d (%.1fs); results in %s",
+        run_id,
+        verification.verified,
+        len(verdicts),
+        verification.messages,
+        verification.bytes,
+        verification.lost,
+        verification.duplicates,
+        verification.unexpected,
+        time.monotonic() - started,
+        verification.results_path,
+    )
+    for line in verification.failed_expectations:
+        log.warning("run %s failed expectation %s", run_id, line)
+    return verification
+
+
+def _summary_expectations() -> list[Expectation]:
+    # Imported from their modules: `great_expectations.expectations` re-exports them
+    # implicitly, which mypy --strict does not accept.
+    from great_expectations.expectations.core.expect_column_pair_values_to_be_equal import (
+        ExpectColumnPairValuesToBeEqual,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_be_in_set import (
+        ExpectColumnValuesToBeInSet,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_not_be_null import (
+        ExpectColumnValuesToNotBeNull,
+    )
+
+    # "neither": a null depth is a mismatch, not a row to skip.
+    return [
+        ExpectColumnPairValuesToBeEqual(
+            column_A="distinct_messages", column_B="source_drop", ignore_row_if="neither"
+        ),
+        ExpectColumnPairValuesToBeEqual(
+            column_A="ledger_rows", column_B="destination_rise", ignore_row_if="neither"
+        ),
+        ExpectColumnValuesToBeInSet(column="status", value_set=[STATUS_MOVED]),
+        ExpectColumnValuesToBeInSet(column="positions_contiguous", value_set=[True]),
+        # In-set skips nulls as "missing"; a null here must fail too.
+        ExpectColumnValuesToNotBeNull(column="positions_contiguous"),
+    ]
+
+
+def _message_expectations(run_id: str) -> list[Expectation]:
+    from great_expectations.expectations.core.expect_column_pair_values_a_to_be_greater_than_b import (  # noqa: E501
+        ExpectColumnPairValuesAToBeGreaterThanB,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_be_in_set import (
+        ExpectColumnValuesToBeInSet,
+    )
+    from great_expectations.expectations.core.expect_column_values_to_not_be_null import (
+        ExpectColumnValuesToNotBeNull,
+    )
+
+    # All of these are map expectations: on Spark their counts are one bundled df.agg and
+    # their samples a filter().limit(n).collect(); nothing converts the table to pandas.
+    return [
+        ExpectColumnValuesToBeInSet(column="run_id", value_set=[run_id]),
+        ExpectColumnValuesToNotBeNull(column="body_sha256"),
+        ExpectColumnValuesToNotBeNull(column="properties_sha256"),
+        ExpectColumnValuesToNotBeNull(column="confirmed_at"),
+        ExpectColumnPairValuesAToBeGreaterThanB(
+            column_A="confirmed_at", column_B="consumed_at", or_equal=True
+        ),
+    ]
+
+
+def _validate_with_gx(
+    run_id: str, summary: DataFrame, messages: DataFrame, docs_dir: Path
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Run both suites in a fresh ephemeral context; return their JSON and the index.html."""
+    import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    started = time.monotonic()
+    config = DataContextConfig(
+        # Without init_temp_docs_sites=False the ephemeral context adds a second docs
+        # site in a fresh temp directory and builds it too.
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        data_docs_sites={
+            DATA_DOCS_SITE: {
+                "class_name": "SiteBuilder",
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+                "store_backend": {
+                    "class_name": "TupleFilesystemStoreBackend",
+                    "base_directory": str(docs_dir),
+                },
+            }
+        },
+        # Metric calculation shows tqdm bars unless the context turns them off.
+        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
+        analytics_enabled=False,
+    )
+    context = gx.get_context(project_config=config, mode="ephemeral")
+    # persist=False: verify_run caches `messages` itself and releases the cache after;
+    # GE's own persist() would never be undone.
+    source = context.data_sources.add_spark(name=GX_DATASOURCE, persist=False)
+    # Both suites share one run identifier, so Data Docs lists them under the run's name.
+    gx_run = RunIdentifier(run_name=run_id, run_time=dt.datetime.now(dt.UTC))
+
+    results: list[dict[str, Any]] = []
+    for asset_name, frame, expectations in (
+        (SUMMARY_ASSET, summary, _summary_expectations()),
+        (MESSAGES_ASSET, messages, _message_expectations(run_id)),
+    ):
+        batch_definition = source.add_dataframe_asset(
+            name=asset_name
+        ).add_batch_definition_whole_dataframe(WHOLE_DATAFRAME)
+        suite = context.suites.add(gx.ExpectationSuite(name=asset_name))
+        for expectation in expectations:
+            suite.add_expectation(expectation)
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=asset_name, data=batch_definition, suite=suite)
+        )
+        result = definition.run(
+            batch_parameters={"dataframe": frame}, result_format=RESULT_FORMAT, run_id=gx_run
+        )
+        results.append(result.to_json_dict())
+    validated = time.monotonic()
+
+    # build_data_docs renders every suite and validation result in the (in-memory)
+    # stores, which hold exactly this run's.
+    sites = context.build_data_docs(site_names=[DATA_DOCS_SITE])
+    index_html = docs_dir / "index.html"
+    log.debug(
+        "GE validated run %s in %.1fs, rendered Data Docs %s in %.1fs",
+        run_id,
+        validated - started,
+        sites.get(DATA_DOCS_SITE),
+        time.monotonic() - validated,
+    )
+    return results, str(index_html) if index_html.is_file() else None
+
+
+@contextlib.contextmanager
+def _quiet_gx() -> Iterator[None]:
+    """Hold GE's loggers at WARNING while it runs, whatever the application's root level."""
+    logger = logging.getLogger(_GX_LOGGER)
+    previous = logger.level
+    if logger.getEffectiveLevel() < logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def _write_results(
+    verification: Verification,
+    summary_rows: Sequence[Mapping[str, Any]],
+    gx_results: Sequence[Mapping[str, Any]],
+) -> None:
+    document = {
+        "run_id": verification.run_id,
+        "verified": verification.verified,
+        "totals": {
+            "queues": len(verification.queues),
+            "messages": verification.messages,
+            "bytes": verification.bytes,
+            "lost": verification.lost,
+            "duplicates": verification.duplicates,
+            "unexpected": verification.unexpected,
+        },
+        "failed_expectations": list(verification.failed_expectations),
+        "queues": [
+            {**asdict(verdict), "summary": dict(row)}
+            for verdict, row in zip(verification.queues, summary_rows, strict=True)
+        ],
+        "data_docs_path": verification.data_docs_path,
+        "great_expectations": list(gx_results),
+    }
+    Path(verification.results_path).write_text(
+        json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8"
+    )

@@ -1,0 +1,121 @@
+"""Helpers shared by the integration tests: broker access, configs, independent consumers."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pika
+import yaml
+
+from rmq_spark import wire
+from rmq_spark.demo import node_connector
+from rmq_spark.local_brokers import LocalNode
+
+PASSWORD_ENV = "RMQ_SPARK_TEST_PASSWORD"
+
+
+@dataclass(frozen=True)
+class Brokers:
+    dr: LocalNode
+    main: LocalNode
+
+    def connect(self, node: LocalNode, vhost: str = "/") -> pika.BlockingConnection:
+        return node_connector(node)(vhost)
+
+
+def cluster_block(node: LocalNode) -> dict[str, object]:
+    return {
+        "amqp": [node.amqp_uri],
+        "management": node.management_url,
+        "username": node.username,
+        "password_env": PASSWORD_ENV,
+    }
+
+
+def write_config(
+    path: Path,
+    brokers: Brokers,
+    *,
+    vhosts: list[str],
+    queue_pattern: str = ".*",
+    ledger: Path,
+    destination: dict[str, object] | None = None,
+    **top_level: object,
+) -> Path:
+    config = {
+        "clusters": {"dr": cluster_block(brokers.dr), "main": cluster_block(brokers.main)},
+        "routes": [
+            {
+                "name": "test-route",
+                "source": {"cluster": "dr", "vhosts": vhosts, "queue_pattern": queue_pattern},
+                "destination": {"cluster": "main", **(destination or {})},
+            }
+        ],
+        "ledger": {"path": str(ledger)},
+        **top_level,
+    }
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def fresh_vhost(brokers: Brokers, name: str) -> str:
+    """A vhost on both nodes, emptied of queues, so each test starts clean."""
+    for node in (brokers.dr, brokers.main):
+        node.add_vhost(name)
+        connection = brokers.connect(node, name)
+        try:
+            channel = connection.channel()
+            for queue in _queues(node, name):
+                channel.queue_delete(queue)
+        finally:
+            connection.close()
+    return name
+
+
+def _queues(node: LocalNode, vhost: str) -> list[str]:
+    import requests
+
+    response = requests.get(
+        f"{node.management_url}/api/queues/{requests.utils.quote(vhost, safe='')}?columns=name",
+        auth=(node.username, node.password),
+        timeout=10,
+    )
+    response.raise_for_status()
+    return [row["name"] for row in response.json()]
+
+
+def drain_fingerprints(
+    connect: Callable[[], pika.BlockingConnection], queue: str
+) -> Counter[tuple[str, str]]:
+    """Independent consumer: read a whole queue (acking), return the multiset of
+    (sha256(body), sha256(exact property bytes)) it held, in any order."""
+    wire.install()
+    found: Counter[tuple[str, str]] = Counter()
+    connection = connect()
+    try:
+        channel = connection.channel()
+        while True:
+            method, properties, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            found[
+                (
+                    hashlib.sha256(body).hexdigest(),
+                    hashlib.sha256(wire.wire_bytes(properties)).hexdigest(),
+                )
+            ] += 1
+    finally:
+        connection.close()
+    return found
+
+
+def queue_depth(connection: pika.BlockingConnection, queue: str) -> int:
+    channel = connection.channel()
+    try:
+        return int(channel.queue_declare(queue, passive=True).method.message_count)
+    finally:
+        channel.close()

@@ -1,0 +1,179 @@
+"""Integration tests for the local RabbitMQ harness (needs Debian's rabbitmq-server).
+
+Two real nodes are started once for the module in pytest's tmp dir; on most systems
+that dir (``/tmp/pytest-of-<user>``, mode 0700) is not traversable by the ``rabbitmq``
+user, so the temp-dir fallback is exercised too. The last test stops the nodes and
+checks that nothing keeps listening; the fixture's own stop is then a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+import requests
+
+from rmq_spark import local_brokers
+from rmq_spark.local_brokers import (
+    LocalNode,
+    load_nodes,
+    save_nodes,
+    start_nodes,
+    stop_nodes,
+)
+
+_BIN_DIR = Path(
+    os.environ.get(local_brokers.RABBITMQ_BIN_DIR_ENV, local_brokers.DEFAULT_RABBITMQ_BIN_DIR)
+)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not (_BIN_DIR / "rabbitmq-server").exists(), reason="rabbitmq-server is not installed"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def nodes_and_base(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[list[LocalNode], Path]]:
+    """Two nodes, "dr" and "main", stopped and deleted after the module."""
+    base = tmp_path_factory.mktemp("brokers")
+    nodes = start_nodes(["dr", "main"], base, timeout=180)
+    try:
+        yield nodes, base
+    finally:
+        stop_nodes(nodes, remove_data=True)
+
+
+@pytest.fixture
+def nodes(nodes_and_base: tuple[list[LocalNode], Path]) -> list[LocalNode]:
+    return nodes_and_base[0]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _amqp_params(
+    node: LocalNode, *, vhost: str = "/", password: str | None = None
+) -> pika.ConnectionParameters:
+    return pika.ConnectionParameters(
+        host="127.0.0.1",
+        port=node.amqp_port,
+        virtual_host=vhost,
+        credentials=pika.PlainCredentials(node.username, password or node.password),
+        connection_attempts=1,
+        socket_timeout=10,
+    )
+
+
+def test_nodes_are_distinct_and_avoid_default_ports(nodes: list[LocalNode]) -> None:
+    dr, main = nodes
+    assert (dr.label, main.label) == ("dr", "main")
+    assert dr.node_name != main.node_name
+    ports = [p for n in nodes for p in (n.amqp_port, n.management_port, n.dist_port)]
+    assert len(set(ports)) == len(ports)
+    assert not {5672, 15672, 25672} & set(ports)
+    assert "password" not in repr(dr)
+    assert dr.password not in repr(dr)
+    assert dr.amqp_uri == f"amqp://127.0.0.1:{dr.amqp_port}"
+
+
+def test_management_api_shows_cluster_names_and_plugins(nodes: list[LocalNode]) -> None:
+    names = []
+    for node in nodes:
+        resp = requests.get(
+            f"{node.management_url}/api/overview",
+            auth=(node.username, node.password),
+            timeout=10,
+        )
+        assert resp.status_code == 200
+        overview = resp.json()
+        assert overview["node"] == node.node_name
+        names.append(overview["cluster_name"])
+        # shovel and federation management extensions are loaded
+        ext = requests.get(
+            f"{node.management_url}/api/extensions",
+            auth=(node.username, node.password),
+            timeout=10,
+        ).json()
+        js = {e.get("javascript") for e in ext}
+        assert {"shovel.js", "federation.js"} <= js
+        # wrong password is refused: the admin user is real, not a default
+        bad = requests.get(
+            f"{node.management_url}/api/overview",
+            auth=(node.username, "nope"),
+            timeout=10,
+        )
+        assert bad.status_code == 401
+    assert names == ["dr", "main"]
+
+
+def test_amqp_round_trip_with_admin_user(nodes: list[LocalNode]) -> None:
+    for node in nodes:
+        conn = pika.BlockingConnection(_amqp_params(node))
+        try:
+            ch = conn.channel()
+            ch.queue_declare(queue="harness-test", durable=False, auto_delete=False)
+            ch.basic_publish(exchange="", routing_key="harness-test", body=node.label.encode())
+            method, _props, body = None, None, None
+            for _ in range(20):
+                method, _props, body = ch.basic_get("harness-test", auto_ack=True)
+                if method is not None:
+                    break
+            assert body == node.label.encode()
+            ch.queue_delete("harness-test")
+        finally:
+            conn.close()
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(_amqp_params(nodes[0], password="wrong"))
+
+
+def test_add_vhost_is_idempotent_and_usable(nodes: list[LocalNode]) -> None:
+    node = nodes[1]
+    node.add_vhost("team/a")
+    node.add_vhost("team/a")
+    assert "team/a" in node.rabbitmqctl("list_vhosts", "--silent").split()
+    conn = pika.BlockingConnection(_amqp_params(node, vhost="team/a"))
+    try:
+        conn.channel().queue_declare(queue="in-vhost", auto_delete=True)
+    finally:
+        conn.close()
+    # the other cluster is independent
+    assert "team/a" not in nodes[0].rabbitmqctl("list_vhosts", "--silent").split()
+
+
+def test_rabbitmqctl_errors_are_reported(nodes: list[LocalNode]) -> None:
+    with pytest.raises(local_brokers.LocalBrokerError, match="delete_vhost"):
+        nodes[0].rabbitmqctl("delete_vhost", "does-not-exist")
+
+
+def test_nodes_json_round_trip_is_private(nodes: list[LocalNode], tmp_path: Path) -> None:
+    path = save_nodes(nodes, tmp_path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_nodes(tmp_path) == nodes
+
+
+def test_stop_nodes_closes_ports_and_leaves_no_process(
+    nodes_and_base: tuple[list[LocalNode], Path],
+) -> None:
+    """Runs last in this module: stops the shared nodes."""
+    nodes, base = nodes_and_base
+    ports = [p for n in nodes for p in (n.amqp_port, n.management_port, n.dist_port)]
+    assert all(_listening(p) for p in ports)
+    stop_nodes(nodes, remove_data=True)
+    assert not any(_listening(p) for p in ports)
+    for node in nodes:
+        assert local_brokers._node_pids(node.node_name) == []
+        assert not node.base_dir.exists()
+    assert not [p for p in base.iterdir() if p.is_symlink()]
+    stop_nodes(nodes)  # stopping again is harmless

@@ -1,0 +1,130 @@
+"""The whole job, as a user runs it: spark-submit on local[*] against two real nodes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from rmq_spark.demo import demo_messages, demo_queue_names, node_connector, seed_demo
+from rmq_spark.report import RESULT_PREFIX
+from tests.integration.support import (
+    Brokers,
+    drain_fingerprints,
+    fresh_vhost,
+    write_config,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+VHOSTS = ["e2e-orders", "e2e-billing"]
+QUEUES_PER_VHOST = 10
+MESSAGES_PER_QUEUE = 5000  # 20 queues x 5000 = 100,000 messages
+
+
+def spark_submit(
+    config: Path, run_id: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    bin_dir = Path(sys.executable).parent
+    return subprocess.run(
+        [str(REPO / "spark-submit.sh"), "--config", str(config), "--run-id", run_id],
+        env={
+            **env,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
+def result_of(stdout: str) -> dict[str, object]:
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    assert len(lines) == 1, f"expected one RESULT line, got {lines!r}\n{stdout[-3000:]}"
+    result: dict[str, object] = json.loads(lines[0][len(RESULT_PREFIX) :])
+    return result
+
+
+def expected_fingerprints(vhost: str, queue: str, count: int) -> Counter[tuple[str, str]]:
+    return Counter(
+        (
+            hashlib.sha256(message.body).hexdigest(),
+            hashlib.sha256(b"".join(message.properties.encode())).hexdigest(),
+        )
+        for message in demo_messages(vhost, queue, count)
+    )
+
+
+def test_spark_submit_moves_100k_messages_exactly_and_verifies(
+    brokers: Brokers, password_env: str, tmp_path: Path
+) -> None:
+    for vhost in VHOSTS:
+        fresh_vhost(brokers, vhost)
+    seeded = seed_demo(
+        node_connector(brokers.dr),
+        vhosts=VHOSTS,
+        per_vhost=QUEUES_PER_VHOST,
+        messages_per_queue=MESSAGES_PER_QUEUE,
+    )
+    assert seeded == 100_000
+    ledger = tmp_path / "ledger"
+    config = write_config(
+        tmp_path / "job.yaml", brokers, vhosts=VHOSTS, ledger=ledger, max_active=2
+    )
+
+    completed = spark_submit(config, "e2e-1", dict(os.environ))
+
+    assert completed.returncode == 0, completed.stderr[-5000:]
+    result = result_of(completed.stdout)
+    assert result["queues"] == 20
+    assert result["messages"] == 100_000
+    assert result["bytes"] == 100_000 * 1024
+    assert (result["lost"], result["duplicates"], result["unexpected"]) == (0, 0, 0)
+    assert result["verified"] is True
+
+    # An independent consumer finds exactly what was published, queue by queue.
+    ledger_rows = DeltaTable(str(ledger / "messages")).to_pyarrow_table(
+        filters=[("run_id", "=", "e2e-1")]
+    )
+    assert ledger_rows.num_rows == 100_000
+    for vhost, queue in demo_queue_names(VHOSTS, QUEUES_PER_VHOST):
+        expected = expected_fingerprints(vhost, queue, MESSAGES_PER_QUEUE)
+        found = drain_fingerprints(lambda v=vhost: brokers.connect(brokers.main, v), queue)
+        assert found == expected, f"{vhost}/{queue}: destination differs from what was published"
+        rows = ledger_rows.filter(
+            pc.and_(
+                pc.equal(ledger_rows["source_vhost"], vhost),
+                pc.equal(ledger_rows["source_queue"], queue),
+            )
+        )
+        in_ledger = Counter(
+            zip(rows["body_sha256"].to_pylist(), rows["properties_sha256"].to_pylist(), strict=True)
+        )
+        assert in_ledger == expected, f"{vhost}/{queue}: ledger checksums differ from the messages"
+        assert sorted(rows["position"].to_pylist()) == list(range(MESSAGES_PER_QUEUE))
+        source_left = drain_fingerprints(lambda v=vhost: brokers.connect(brokers.dr, v), queue)
+        assert not source_left, f"{vhost}/{queue}: source not drained"
+
+    # Verification and run records sit beside the ledger.
+    verification = json.loads(Path(str(result["verification"])).read_text())
+    assert verification["totals"]["lost"] == 0
+    assert Path(str(result["data_docs"])).is_file()
+    runs = DeltaTable(str(ledger / "runs")).to_pyarrow_table().to_pylist()
+    assert [(r["run_id"], r["messages"], r["verified"]) for r in runs] == [("e2e-1", 100_000, True)]
+
+    # No secret anywhere a user or analyst can see.
+    assert password_env not in completed.stdout
+    assert password_env not in completed.stderr
+    secret = password_env.encode()
+    for path in ledger.rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_bytes(), f"password found in {path}"

@@ -1,0 +1,35 @@
+"""The plan DataFrame puts each queue in the partition the planner chose, with no shuffle."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from rmq_spark.plan import PLAN_SCHEMA, assign_partitions, plan_dataframe
+from tests.unit.test_plan import transfer
+
+
+def test_rows_land_in_their_assigned_partitions(spark: SparkSession) -> None:
+    transfers = [transfer(f"q{i}", n) for i, n in enumerate([50, 400, 10, 300, 200, 30, 5])]
+    assignment = assign_partitions(transfers, 3)
+
+    plan = plan_dataframe(spark, transfers, assignment)
+
+    assert plan.schema == PLAN_SCHEMA
+    assert plan.rdd.getNumPartitions() == 3
+    placed = plan.rdd.glom().map(lambda rows: sorted(r.source_queue for r in rows)).collect()
+    expected = [
+        sorted(t.source_queue for t, p in zip(transfers, assignment, strict=True) if p == partition)
+        for partition in range(3)
+    ]
+    assert placed == expected
+    assert all(
+        row.partition == index
+        for index, rows in enumerate(plan.rdd.glom().collect())
+        for row in rows
+    )
+
+
+def test_empty_plan_is_an_empty_dataframe(spark: SparkSession) -> None:
+    plan = plan_dataframe(spark, [], [])
+    assert plan.count() == 0
+    assert plan.schema == PLAN_SCHEMA

@@ -1,0 +1,374 @@
+"""verify: the per-queue summary and the Great Expectations verdict of a run.
+
+GE costs a few seconds per verify_run, so the runs are module-scoped: one run whose
+transfers all pass, one with one transfer per kind of failure (each failure must name
+its own queue and no other), and one with no ledger rows at all.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from rmq_spark.ledger.schema import MESSAGES, spark_schema
+from rmq_spark.verify import (
+    SUMMARY_COLUMNS,
+    QueueVerdict,
+    Verification,
+    summarize,
+    transfer_label,
+    verify_run,
+)
+
+RUN_ID = "run-2024-01-01"
+T0 = dt.datetime(2024, 1, 1, 12, 0, 0)
+BODY_A, BODY_B, BODY_C = "a" * 64, "b" * 64, "c" * 64
+PROPS = "p" * 64
+
+COUNTER_SCHEMA = T.StructType(
+    [
+        *(
+            T.StructField(name, T.StringType(), False)
+            for name in (
+                "run_id",
+                "source_cluster",
+                "source_vhost",
+                "source_queue",
+                "destination_cluster",
+                "destination_vhost",
+                "destination_queue",
+            )
+        ),
+        T.StructField("source_depth_before", T.LongType(), False),
+        T.StructField("source_depth_after", T.LongType(), False),
+        T.StructField("destination_depth_before", T.LongType(), False),
+        T.StructField("destination_depth_after", T.LongType(), False),
+        T.StructField("status", T.StringType(), False),
+        T.StructField("error", T.StringType(), True),
+    ]
+)
+
+
+def key(queue: str) -> dict[str, str]:
+    return {
+        "run_id": RUN_ID,
+        "source_cluster": "old",
+        "source_vhost": "/",
+        "source_queue": queue,
+        "destination_cluster": "new",
+        "destination_vhost": "/",
+        "destination_queue": queue,
+    }
+
+
+def label(queue: str) -> str:
+    return transfer_label(key(queue))
+
+
+def message(
+    queue: str,
+    position: int,
+    body_sha256: str | None = BODY_A,
+    *,
+    redelivered: bool = False,
+    body_size: int = 10,
+) -> dict[str, Any]:
+    return {
+        **key(queue),
+        "position": position,
+        "publish_seq": position + 1,
+        "redelivered": redelivered,
+        "body_size": body_size,
+        "body_sha256": body_sha256,
+        "properties_sha256": PROPS,
+        "message_id": None,
+        "consumed_at": T0 + dt.timedelta(seconds=position),
+        "confirmed_at": T0 + dt.timedelta(seconds=position, milliseconds=5),
+        "task_attempt": "1.0.0",
+    }
+
+
+def counter(
+    queue: str,
+    *,
+    source: tuple[int, int],
+    destination: tuple[int, int],
+    status: str = "moved",
+    error: str | None = None,
+) -> dict[str, Any]:
+    return {
+        **key(queue),
+        "source_depth_before": source[0],
+        "source_depth_after": source[1],
+        "destination_depth_before": destination[0],
+        "destination_depth_after": destination[1],
+        "status": status,
+        "error": error,
+    }
+
+
+def messages_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    # Nullable copy of the ledger schema: the bad-data cases need rows the writer's
+    # schema would refuse.
+    schema = T.StructType(
+        [T.StructField(f.name, f.dataType, True) for f in spark_schema(MESSAGES).fields]
+    )
+    names = schema.fieldNames()
+    return spark.createDataFrame([tuple(row[n] for n in names) for row in rows], schema)
+
+
+def counters_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    names = COUNTER_SCHEMA.fieldNames()
+    return spark.createDataFrame([tuple(row[n] for n in names) for row in rows], COUNTER_SCHEMA)
+
+
+def verdict(verification: Verification, queue: str) -> QueueVerdict:
+    (found,) = [v for v in verification.queues if v.source_queue == queue]
+    return found
+
+
+def failures_naming(verification: Verification, queue: str) -> list[str]:
+    return [line for line in verification.failed_expectations if label(queue) in line]
+
+
+# --- a run whose transfers all pass ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def passing_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Verification:
+    messages = [
+        *(message("clean", p, body_size=100 + p) for p in range(3)),
+        # The third row is the broker's redelivery of the first, published again.
+        message("dup", 0, BODY_A, body_size=7),
+        message("dup", 1, BODY_B, body_size=11),
+        message("dup", 2, BODY_A, redelivered=True, body_size=7),
+    ]
+    counters = [
+        counter("clean", source=(3, 0), destination=(5, 8)),
+        counter("dup", source=(2, 0), destination=(0, 3)),
+        counter("empty", source=(0, 0), destination=(4, 4)),
+    ]
+    return verify_run(
+        RUN_ID,
+        messages_df(spark, messages),
+        counters_df(spark, counters),
+        tmp_path_factory.mktemp("passing") / "verification",
+    )
+
+
+def test_clean_transfer_passes(passing_run: Verification) -> None:
+    clean = verdict(passing_run, "clean")
+    assert clean.passed
+    assert (clean.ledger_rows, clean.distinct_messages, clean.duplicates) == (3, 3, 0)
+    assert (clean.lost, clean.unexpected, clean.bytes) == (0, 0, 100 + 101 + 102)
+    assert clean.positions_contiguous
+
+
+def test_redelivered_republished_row_is_one_duplicate_and_passes(
+    passing_run: Verification,
+) -> None:
+    dup = verdict(passing_run, "dup")
+    assert (dup.ledger_rows, dup.duplicates, dup.distinct_messages) == (3, 1, 2)
+    assert (dup.source_drop, dup.destination_rise) == (2, 3)
+    assert (dup.lost, dup.unexpected) == (0, 0)
+    assert dup.bytes == 7 + 11
+    assert dup.passed
+
+
+def test_transfer_without_rows_appears_with_zeros_and_passes(passing_run: Verification) -> None:
+    empty = verdict(passing_run, "empty")
+    assert empty == QueueVerdict(
+        **{k: v for k, v in key("empty").items() if k != "run_id"},
+        status="moved",
+        error=None,
+        ledger_rows=0,
+        distinct_messages=0,
+        duplicates=0,
+        bytes=0,
+        source_drop=0,
+        destination_rise=0,
+        lost=0,
+        unexpected=0,
+        positions_contiguous=True,
+        passed=True,
+    )
+
+
+def test_passing_run_is_verified_with_totals(passing_run: Verification) -> None:
+    assert passing_run.verified
+    assert passing_run.failed_expectations == ()
+    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (5, 1, 0)
+    assert passing_run.bytes == 303 + 18
+    assert passing_run.unexpected == 0
+
+
+def test_results_json_and_data_docs_are_written(passing_run: Verification) -> None:
+    document = json.loads(Path(passing_run.results_path).read_text(encoding="utf-8"))
+    assert document["run_id"] == RUN_ID
+    assert document["verified"] is True
+    assert document["totals"]["messages"] == 5
+    assert [q["source_queue"] for q in document["queues"]] == ["clean", "dup", "empty"]
+    assert {r["suite_name"] for r in document["great_expectations"]} == {
+        "queue_summary",
+        "messages",
+    }
+    assert passing_run.data_docs_path is not None
+    index = Path(passing_run.data_docs_path)
+    assert index.name == "index.html"
+    assert index.parent.parent == Path(passing_run.results_path).parent
+    assert RUN_ID in index.read_text(encoding="utf-8")
+    assert list(index.parent.glob(f"validations/*/{RUN_ID}/*/*.html"))
+
+
+# --- a run with one failing transfer per kind of failure --------------------------------
+
+
+@pytest.fixture(scope="module")
+def failing_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Verification:
+    messages = [
+        message("ok", 0),
+        # The source dropped 3 but only 2 rows made it to the ledger.
+        message("missing", 0, BODY_A),
+        message("missing", 1, BODY_B),
+        message("gap", 0, BODY_A),
+        message("gap", 1, BODY_B),
+        message("gap", 3, BODY_C),
+        message("failed", 0),
+        message("nullsum", 0, None),
+    ]
+    counters = [
+        counter("ok", source=(1, 0), destination=(0, 1)),
+        counter("missing", source=(3, 0), destination=(0, 2)),
+        counter("gap", source=(3, 0), destination=(0, 3)),
+        counter("failed", source=(5, 4), destination=(0, 1), status="failed", error="nack"),
+        counter("nullsum", source=(1, 0), destination=(0, 1)),
+    ]
+    return verify_run(
+        RUN_ID,
+        messages_df(spark, messages),
+        counters_df(spark, counters),
+        tmp_path_factory.mktemp("failing") / "verification",
+    )
+
+
+def test_failing_run_is_not_verified(failing_run: Verification) -> None:
+    assert not failing_run.verified
+    assert verdict(failing_run, "ok").passed
+    assert failures_naming(failing_run, "ok") == []
+    assert json.loads(Path(failing_run.results_path).read_text("utf-8"))["verified"] is False
+
+
+def test_missing_ledger_row_is_lost_and_named(failing_run: Verification) -> None:
+    missing = verdict(failing_run, "missing")
+    assert not missing.passed
+    assert (missing.source_drop, missing.distinct_messages, missing.lost) == (3, 2, 1)
+    assert missing.unexpected == 0
+    (line,) = failures_naming(failing_run, "missing")
+    assert "expect_column_pair_values_to_be_equal(distinct_messages, source_drop)" in line
+    assert "distinct_messages=2, source_drop=3" in line
+    assert failing_run.lost == 1
+
+
+def test_gap_in_positions_fails(failing_run: Verification) -> None:
+    gap = verdict(failing_run, "gap")
+    assert not gap.passed
+    assert not gap.positions_contiguous
+    assert (gap.lost, gap.unexpected) == (0, 0)
+    (line,) = failures_naming(failing_run, "gap")
+    assert "expect_column_values_to_be_in_set(positions_contiguous)" in line
+
+
+def test_failed_status_fails(failing_run: Verification) -> None:
+    failed = verdict(failing_run, "failed")
+    assert not failed.passed
+    assert (failed.lost, failed.unexpected) == (0, 0)
+    (line,) = failures_naming(failing_run, "failed")
+    assert "expect_column_values_to_be_in_set(status)" in line
+    assert "status=failed, error: nack" in line
+
+
+def test_null_checksum_fails(failing_run: Verification) -> None:
+    nullsum = verdict(failing_run, "nullsum")
+    assert not nullsum.passed
+    (line,) = failures_naming(failing_run, "nullsum")
+    assert line.startswith("messages: expect_column_values_to_not_be_null(body_sha256): 1 of 8")
+
+
+# --- no ledger rows at all ---------------------------------------------------------------
+
+
+def test_run_without_rows_or_depth_changes_passes(spark: SparkSession, tmp_path: Path) -> None:
+    verification = verify_run(
+        RUN_ID,
+        messages_df(spark, []),
+        counters_df(spark, [counter("idle", source=(0, 0), destination=(2, 2))]),
+        tmp_path,
+    )
+    assert verification.verified
+    assert verification.failed_expectations == ()
+    assert verdict(verification, "idle").passed
+    assert (verification.messages, verification.bytes, verification.lost) == (0, 0, 0)
+    assert verification.data_docs_path == str(tmp_path / "data_docs" / "index.html")
+
+
+# --- summarize alone ------------------------------------------------------------------
+
+
+def test_summarize_counts_rows_duplicates_and_depths(spark: SparkSession) -> None:
+    messages = messages_df(
+        spark,
+        [
+            message("q", 0, BODY_A, body_size=5),
+            message("q", 1, BODY_A, redelivered=True, body_size=5),
+            # Same body, not redelivered: a second message the producer sent, not a copy.
+            message("q", 2, BODY_A, body_size=5),
+            message("stray", 0, BODY_B),
+        ],
+    )
+    counters = counters_df(
+        spark,
+        [
+            counter("q", source=(4, 1), destination=(0, 3)),
+            counter("none", source=(0, 0), destination=(0, 1)),
+        ],
+    )
+    columns = [
+        "source_queue",
+        "status",
+        "ledger_rows",
+        "duplicates",
+        "distinct_messages",
+        "bytes",
+        "source_drop",
+        "destination_rise",
+        "lost",
+        "unexpected",
+        "positions_contiguous",
+    ]
+    expected = spark.createDataFrame(
+        [
+            ("none", "moved", 0, 0, 0, 0, 0, 1, 0, 1, True),
+            ("q", "moved", 3, 1, 2, 10, 3, 3, 1, 0, True),
+            # Rows of a transfer the counters do not know: unplanned, depths unknown.
+            ("stray", "unplanned", 1, 0, 1, 10, None, None, 0, 0, True),
+        ],
+        "source_queue string, status string, ledger_rows long, duplicates long, "
+        "distinct_messages long, bytes long, source_drop long, destination_rise long, "
+        "lost long, unexpected long, positions_contiguous boolean",
+    )
+    summary = summarize(messages, counters)
+    assert tuple(summary.columns) == SUMMARY_COLUMNS
+    assert_df_equality(summary.select(*columns), expected, ignore_nullable=True)
+
+
+def test_summarize_names_missing_input_columns(spark: SparkSession) -> None:
+    counters = counters_df(spark, []).drop("status")
+    with pytest.raises(ValueError, match="counters DataFrame lacks column"):
+        summarize(messages_df(spark, []), counters)
