@@ -37,8 +37,8 @@ demo: setup
 	$(BIN)/rmq-spark demo
 
 lint: setup
-	$(BIN)/ruff check rmq_spark jobs tests bench
-	$(BIN)/ruff format --check rmq_spark jobs tests bench
+	$(BIN)/ruff check rmq_spark jobs tests
+	$(BIN)/ruff format --check rmq_spark jobs tests
 
 typecheck: setup
 	$(BIN)/mypy
