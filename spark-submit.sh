@@ -64,5 +64,6 @@ trap 'rm -rf "$(dirname "$package_zip")"' EXIT
   --py-files "$package_zip" \
   --conf spark.speculation=false \
   --conf spark.ui.showConsoleProgress=false \
+  --conf "spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties" \
   "${spark_args[@]}" \
   "$job" "${job_args[@]}"

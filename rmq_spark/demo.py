@@ -24,6 +24,7 @@ import pika
 
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.local_brokers import LocalNode, save_nodes, start_nodes, stop_nodes
+from rmq_spark.report import RESULT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ def run_demo(*, base_dir: str, messages_per_queue: int, keep_brokers: bool) -> i
         env = {**os.environ, **demo_environment(dr, main, ledger)}
         command = [str(SPARK_SUBMIT), "--config", str(DEMO_CONFIG)]
         log.info("demo: %s", " ".join(command))
-        return subprocess.run(command, env=env, check=False).returncode
+        exit_code, result = _run_holding_result(command, env)
     finally:
         if keep_brokers:
             log.info(
@@ -198,3 +199,19 @@ def run_demo(*, base_dir: str, messages_per_queue: int, keep_brokers: bool) -> i
             )
         else:
             stop_nodes(nodes, remove_data=True)
+    if result is not None:
+        print(result, flush=True)  # the demo's last line, after the nodes are stopped
+    return exit_code
+
+
+def _run_holding_result(command: list[str], env: dict[str, str]) -> tuple[int, str | None]:
+    """Run the job, echoing its output but keeping its RESULT line for the very end."""
+    result = None
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as job:
+        assert job.stdout is not None
+        for line in job.stdout:
+            if line.startswith(RESULT_PREFIX):
+                result = line.rstrip("\n")
+            else:
+                print(line, end="", flush=True)
+    return job.returncode, result

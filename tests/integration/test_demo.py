@@ -1,0 +1,49 @@
+"""The README's first command, small: `rmq-spark demo` ends with a verified RESULT line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rmq_spark.report import RESULT_PREFIX
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_demo_moves_and_verifies_and_ends_with_the_result_line(tmp_path: Path) -> None:
+    bin_dir = Path(sys.executable).parent
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rmq_spark.cli",
+            "demo",
+            "--messages-per-queue",
+            "50",
+            "--base-dir",
+            str(tmp_path / "demo"),
+        ],
+        cwd=REPO,
+        env={
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    last_line = completed.stdout.rstrip("\n").splitlines()[-1]
+    assert last_line.startswith(RESULT_PREFIX)
+    result = json.loads(last_line[len(RESULT_PREFIX) :])
+    assert result["queues"] == 20
+    assert result["messages"] == 20 * 50
+    assert (result["lost"], result["duplicates"], result["verified"]) == (0, 0, True)
+    assert " INFO " not in completed.stderr.replace("INFO rmq_spark", "")  # Spark stays quiet
