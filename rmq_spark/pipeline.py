@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
+from rmq_spark import verify
 from rmq_spark.config import JobConfig, validate_run_id
 from rmq_spark.discovery import QueueTransfer, discover, measure_depths
 from rmq_spark.executor import ExecutorSettings, move_partition
@@ -30,9 +31,11 @@ from rmq_spark.verify import Verification, verify_run
 
 log = logging.getLogger(__name__)
 
-_LEDGER_FIGURES = ("ledger_rows", "duplicates", "lost", "unexpected")
-# The queues-table columns known before verification: what the brokers and movers said.
-COUNTER_COLUMNS = tuple(c for c in schema.QUEUES if c.name not in _LEDGER_FIGURES)
+# The queues-table columns known before verification (what the brokers and movers
+# said), plus the planner's partition.
+_COUNTERS_SCHEMA = tuple(
+    c for c in schema.QUEUES if c.name in verify.COUNTER_COLUMNS or c.name == "partition"
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def run_transfer(
     verification = verify_run(
         run_id,
         tables.read_run_messages(spark, ledger_path, run_id),
-        spark.createDataFrame(counters, schema.spark_schema(COUNTER_COLUMNS)),
+        spark.createDataFrame(counters, schema.spark_schema(_COUNTERS_SCHEMA)),
         Path(ledger_path) / "verification" / f"run_id={run_id}",
     )
     seconds = time.monotonic() - started
@@ -135,7 +138,7 @@ def counters_rows(
     outcomes: Sequence[MoveOutcome],
     after: dict[QueueTransfer, tuple[int, int]],
 ) -> list[dict[str, object]]:
-    """Broker counters before/after and the outcome, per transfer (COUNTER_COLUMNS).
+    """Broker counters before/after and the outcome, per transfer (_COUNTERS_SCHEMA).
 
     The queues table's ledger columns (rows, duplicates, lost, unexpected) are added
     from the verification.

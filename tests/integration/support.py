@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,3 +121,15 @@ def queue_depth(connection: pika.BlockingConnection, queue: str) -> int:
         return int(channel.queue_declare(queue, passive=True).method.message_count)
     finally:
         channel.close()
+
+
+def job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a spark-submit child: this interpreter on both sides, our bin first."""
+    bin_dir = Path(sys.executable).parent
+    return {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        **(extra or {}),
+    }

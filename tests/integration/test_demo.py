@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from rmq_spark.report import RESULT_PREFIX
+from tests.integration.support import job_environment
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_moves_and_verifies_and_ends_with_the_result_line(tmp_path: Path) -> None:
-    bin_dir = Path(sys.executable).parent
     completed = subprocess.run(
         [
             sys.executable,
@@ -27,12 +26,7 @@ def test_demo_moves_and_verifies_and_ends_with_the_result_line(tmp_path: Path) -
             str(tmp_path / "demo"),
         ],
         cwd=REPO,
-        env={
-            **os.environ,
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        },
+        env=job_environment(),
         capture_output=True,
         text=True,
         timeout=600,

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from tests.integration.support import (
     Brokers,
     drain_fingerprints,
     fresh_vhost,
+    job_environment,
     write_config,
 )
 
@@ -28,18 +27,10 @@ QUEUES_PER_VHOST = 10
 MESSAGES_PER_QUEUE = 5000  # 20 queues x 5000 = 100,000 messages
 
 
-def spark_submit(
-    config: Path, run_id: str, env: dict[str, str]
-) -> subprocess.CompletedProcess[str]:
-    bin_dir = Path(sys.executable).parent
+def spark_submit(config: Path, run_id: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(REPO / "spark-submit.sh"), "--config", str(config), "--run-id", run_id],
-        env={
-            **env,
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}",
-        },
+        env=job_environment(),
         capture_output=True,
         text=True,
         timeout=900,
@@ -81,7 +72,7 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
         tmp_path / "job.yaml", brokers, vhosts=VHOSTS, ledger=ledger, max_active=2
     )
 
-    completed = spark_submit(config, "e2e-1", dict(os.environ))
+    completed = spark_submit(config, "e2e-1")
 
     assert completed.returncode == 0, completed.stderr[-5000:]
     result = result_of(completed.stdout)
