@@ -142,6 +142,22 @@ class WindowConfig(_Strict):
     bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
 
 
+class MoverConfig(_Strict):
+    """How a queue transfer rides out refusals, alarms and lost connections."""
+
+    # A nacked publish is sent again after a backoff, at most this many times.
+    nack_retries: int = Field(default=5, ge=0)
+    # First backoff; doubled on each retry up to max_backoff_seconds.
+    backoff_seconds: float = Field(default=0.5, gt=0)
+    max_backoff_seconds: float = Field(default=30.0, gt=0)
+    # A lost connection is reopened this many times before the task gives up (Spark
+    # then retries the whole task).
+    reconnect_attempts: int = Field(default=5, ge=0)
+    # How long a connection may stay blocked (memory or disk alarm) before it counts
+    # as lost.
+    blocked_timeout_seconds: float = Field(default=300.0, gt=0)
+
+
 class LedgerConfig(_Strict):
     """Where the Delta ledger tables (runs, queues, messages) live."""
 
@@ -161,6 +177,7 @@ class JobConfig(_Strict):
     clusters: Annotated[dict[str, ClusterConfig], Field(min_length=1)]
     routes: Annotated[list[RouteConfig], Field(min_length=1)]
     window: WindowConfig = WindowConfig()
+    mover: MoverConfig = MoverConfig()
     max_active: int = Field(default=4, ge=1)
     ledger: LedgerConfig
     management_timeout_seconds: float = Field(default=10.0, gt=0)
