@@ -1,8 +1,11 @@
 """Keeping message properties as the exact bytes they arrived in.
 
 pika decodes a content header into `BasicProperties` and re-encodes it on publish.
-Values survive that, AMQP field-table wire types do not: a short-int header comes
-back as a long-int, a float as a double. The Shovel keeps the bytes; so do we.
+AMQP field-table wire types do not survive that: every integer comes back as a
+32-bit 'I' or a 64-bit 'l' (a Java client's short 's' or unsigned byte 'B' is
+gone), a 32-bit float 'f' or a double 'd' is truncated to an integer, a decimal is
+renormalised, a non-UTF-8 long string 'S' becomes a byte array 'x', and a table that
+repeats a name keeps only its last entry. The Shovel keeps the bytes; so do we.
 
 The hook is one small, documented place in pika: `pika.frame.decode_frame` builds
 the properties object with `pika.spec.props[class_id]()` and calls its `decode`
@@ -11,25 +14,84 @@ object it is given. `install()` swaps the registered class for a subclass that
 also keeps the raw bytes; `ForwardedProperties` hands those bytes back unchanged.
 Decoding still happens (we need message_id, and users may log properties), but
 nothing is ever re-encoded.
+
+Decoding must never stop a transfer: pika raises on some blocks RabbitMQ accepts
+(a timestamp 'T' past the year 9999, tables nested about a thousand deep), and an
+exception in `decode_frame` kills the connection. `WireBasicProperties` then reads
+every property except the headers itself (`headers` stays None, `decode_error`
+says why) and the bytes are forwarded as they are.
 """
 
 from __future__ import annotations
 
+import logging
+import struct
 from typing import Any
 
-from pika import spec
+from pika import exceptions, spec
+
+log = logging.getLogger(__name__)
 
 _BASIC_CLASS_ID = spec.BasicProperties.INDEX
 
+# What pika's decoder raises on blocks it cannot read: struct.error (truncated),
+# ValueError/OverflowError/OSError (datetime.fromtimestamp past its range),
+# ArithmeticError (decimal), RecursionError (deep nesting), unknown type tags.
+_DECODE_ERRORS: tuple[type[BaseException], ...] = (
+    struct.error,
+    ValueError,
+    ArithmeticError,
+    OSError,
+    RecursionError,
+    exceptions.ProtocolSyntaxError,
+)
+
+_SHORT_STRING, _OCTET, _TIMESTAMP, _TABLE = "shortstr", "octet", "timestamp", "table"
+
+# The basic class's properties in wire order: (attribute, flag bit, kind).
+_LAYOUT: tuple[tuple[str, int, str], ...] = (
+    ("content_type", spec.BasicProperties.FLAG_CONTENT_TYPE, _SHORT_STRING),
+    ("content_encoding", spec.BasicProperties.FLAG_CONTENT_ENCODING, _SHORT_STRING),
+    ("headers", spec.BasicProperties.FLAG_HEADERS, _TABLE),
+    ("delivery_mode", spec.BasicProperties.FLAG_DELIVERY_MODE, _OCTET),
+    ("priority", spec.BasicProperties.FLAG_PRIORITY, _OCTET),
+    ("correlation_id", spec.BasicProperties.FLAG_CORRELATION_ID, _SHORT_STRING),
+    ("reply_to", spec.BasicProperties.FLAG_REPLY_TO, _SHORT_STRING),
+    ("expiration", spec.BasicProperties.FLAG_EXPIRATION, _SHORT_STRING),
+    ("message_id", spec.BasicProperties.FLAG_MESSAGE_ID, _SHORT_STRING),
+    ("timestamp", spec.BasicProperties.FLAG_TIMESTAMP, _TIMESTAMP),
+    ("type", spec.BasicProperties.FLAG_TYPE, _SHORT_STRING),
+    ("user_id", spec.BasicProperties.FLAG_USER_ID, _SHORT_STRING),
+    ("app_id", spec.BasicProperties.FLAG_APP_ID, _SHORT_STRING),
+    ("cluster_id", spec.BasicProperties.FLAG_CLUSTER_ID, _SHORT_STRING),
+)
+
 
 class WireBasicProperties(spec.BasicProperties):  # type: ignore[misc]
-    """BasicProperties that remember the property bytes they were decoded from."""
+    """BasicProperties that remember the property bytes they were decoded from.
+
+    The decoded attributes are for reading only (re-encoding them is what loses the
+    wire types). `message_id` is always text, because the ledger stores it as a
+    string: a non-UTF-8 id is shown with backslash escapes. `decode_error` is None
+    unless pika could not decode the block; then `headers` is None and the other
+    properties were read by `_decode_without_headers`.
+    """
 
     wire: bytes = b""
+    decode_error: str | None = None
 
     def decode(self, encoded: bytes, offset: int = 0) -> Any:
         self.wire = bytes(encoded[offset:])
-        return super().decode(encoded, offset)
+        try:
+            super().decode(encoded, offset)
+        except _DECODE_ERRORS as exc:
+            self.decode_error = f"pika could not decode the properties: {exc!r}"
+            log.debug("%s; headers left undecoded, bytes forwarded as received", self.decode_error)
+            _decode_without_headers(self, self.wire)
+        message_id = getattr(self, "message_id", None)
+        if isinstance(message_id, bytes):
+            self.message_id = message_id.decode("utf-8", "backslashreplace")
+        return self
 
 
 class ForwardedProperties(spec.BasicProperties):  # type: ignore[misc]
@@ -65,3 +127,61 @@ def wire_bytes(properties: spec.BasicProperties) -> bytes:
 def forward(properties: spec.BasicProperties) -> ForwardedProperties:
     """Properties to publish that encode to the delivery's original bytes."""
     return ForwardedProperties(wire_bytes(properties))
+
+
+def _decode_without_headers(properties: WireBasicProperties, raw: bytes) -> None:
+    """Set every property but `headers` from `raw`; the headers table is skipped.
+
+    Used only when pika's decoder raised, which it does inside field tables: the
+    other properties are fixed-width octets, a 64-bit timestamp or short strings.
+    A block too short for what its flags announce keeps the properties read so far
+    and says so in `decode_error`.
+    """
+    for name, _, _ in _LAYOUT:
+        setattr(properties, name, None)
+    try:
+        flags, offset = _property_flags(raw)
+        for name, flag, kind in _LAYOUT:
+            if not flags & flag:
+                continue
+            if kind == _SHORT_STRING:
+                (length,) = struct.unpack_from(">B", raw, offset)
+                value = _short_string(raw, offset + 1, length)
+                offset += 1 + length
+                setattr(properties, name, value)
+            elif kind == _OCTET:
+                (octet,) = struct.unpack_from(">B", raw, offset)
+                offset += 1
+                setattr(properties, name, octet)
+            elif kind == _TIMESTAMP:
+                (seconds,) = struct.unpack_from(">Q", raw, offset)
+                offset += 8
+                setattr(properties, name, seconds)
+            else:
+                (length,) = struct.unpack_from(">I", raw, offset)
+                offset += 4 + length
+    except struct.error as exc:
+        properties.decode_error = f"{properties.decode_error}; the block is truncated: {exc}"
+
+
+def _property_flags(raw: bytes) -> tuple[int, int]:
+    """The property flag words (bit 0 of each says another follows) and the next offset."""
+    flags, offset, word_index = 0, 0, 0
+    while True:
+        (word,) = struct.unpack_from(">H", raw, offset)
+        offset += 2
+        flags |= word << (16 * word_index)
+        if not word & 1:
+            return flags, offset
+        word_index += 1
+
+
+def _short_string(raw: bytes, start: int, length: int) -> str | bytes:
+    """Text when it is UTF-8, else the bytes (what pika's decoder returns)."""
+    value = raw[start : start + length]
+    if len(value) != length:
+        raise struct.error(f"short string of {length} bytes at offset {start} runs past the end")
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value
