@@ -1,8 +1,22 @@
-"""Driver side: find the queues each route moves, and check their destinations.
+"""Driver side: find the queues each route moves, and check the whole plan first.
 
 Queue lists come from the management API; the depths a transfer is proven against
-come from AMQP (exact, not sampled). Pre-flight problems are collected for the
-whole plan and raised as one error before anything moves.
+come from AMQP (exact, not sampled). Pre-flight runs before anything moves:
+
+1. every cluster of the plan answers its management API and accepts the login;
+2. every source vhost exists, every queue named in `source.queues` exists and can
+   be consumed, and each source vhost opens over AMQP (exact depths);
+3. the plan is consistent: no queue onto itself, no queue selected twice, no two
+   sources into one destination, no destination that is also a source;
+4. every destination vhost exists and opens over AMQP; every destination queue
+   exists or may be created, and one that exists fits its source (type, priorities,
+   durability, room under a length limit);
+5. where the API shows them (administrators), the user's permissions allow reading
+   each source queue, publishing through the default exchange, and declaring each
+   destination to be created.
+
+Every problem is collected and raised as one error, one line each, naming the
+cluster, vhost and queue. Only when there is none are missing destinations created.
 """
 
 from __future__ import annotations
@@ -10,19 +24,31 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rmq_spark.amqp import queue_depths
+from rmq_spark.amqp import amqp_username, probe_vhost, queue_depths
 from rmq_spark.config import JobConfig, RouteConfig
-from rmq_spark.errors import DestinationIncompatibleError, DiscoveryError, RmqSparkError
-from rmq_spark.management import ManagementClient
+from rmq_spark.errors import (
+    AccessRefusedError,
+    BrokerUnreachableError,
+    DestinationIncompatibleError,
+    DiscoveryError,
+    PreflightError,
+    RmqSparkError,
+)
+from rmq_spark.management import ManagementClient, Permissions
 
 log = logging.getLogger(__name__)
 
 # Queue arguments a destination created by rmq-spark inherits from its source.
 _INHERITED_ARGUMENTS = ("x-queue-type", "x-max-priority", "x-queue-mode", "x-message-ttl")
+# Arguments a quorum queue refuses (RabbitMQ answers 406 PRECONDITION_FAILED).
+_NOT_FOR_QUORUM = ("x-max-priority", "x-queue-mode")
+# Publishing to a queue goes through the default exchange, which permissions call this.
+_DEFAULT_EXCHANGE = "amq.default"
+_REFUSING_OVERFLOW = ("reject-publish", "reject-publish-dlx")
 
 
 @dataclass(frozen=True)
@@ -54,123 +80,631 @@ class QueueTransfer:
 
 
 def discover(config: JobConfig, clients: Mapping[str, ManagementClient]) -> list[QueueTransfer]:
-    """Every queue transfer of every route, with destinations checked and exact depths."""
-    candidates: list[tuple[QueueTransfer, dict[str, Any]]] = []
-    for route in config.routes:
-        candidates.extend(_route_candidates(route, clients[route.source.cluster]))
-    _reject_loops_and_overlaps([c for c, _ in candidates])
-    _prepare_destinations(config, clients, candidates)
-    transfers = _with_exact_depths(config, [c for c, _ in candidates])
-    selected = [t for t in transfers if t.messages >= _route(config, t.route).source.min_messages]
-    log.info("discovered %d queue transfers (%d selected)", len(transfers), len(selected))
-    return selected
+    """Every queue transfer of every route, pre-flight checked, with exact depths.
+
+    Raises one RmqSparkError listing every problem (see the module docstring) before
+    anything is created or moved.
+    """
+    preflight = _Preflight(config, clients)
+    preflight.check_clusters()
+    candidates = preflight.source_candidates()
+    selected = preflight.select(candidates)
+    preflight.check_plan(selected)
+    destinations = preflight.check_destinations(selected)
+    preflight.check_permissions(selected, destinations)
+    preflight.raise_problems()
+    preflight.create_missing(destinations)
+    preflight.raise_problems()
+    transfers = _with_exact_depths(config, [c.transfer for c in selected])
+    log.info("discovered %d queue transfers (%d selected)", len(candidates), len(transfers))
+    return transfers
 
 
-def _route(config: JobConfig, name: str) -> RouteConfig:
-    return next(route for route in config.routes if route.name == name)
+@dataclass
+class _Candidate:
+    """A selected source queue, with what the management API said about it."""
+
+    transfer: QueueTransfer
+    source: dict[str, Any]
 
 
-def _route_candidates(
-    route: RouteConfig, client: ManagementClient
-) -> list[tuple[QueueTransfer, dict[str, Any]]]:
+@dataclass
+class _Destination:
+    """A destination queue: what exists, and how to declare it when it does not."""
+
+    candidate: _Candidate
+    existing: dict[str, Any] | None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    create: bool = False
+
+
+class _Preflight:
+    """Collects every problem of the plan; `raise_problems` raises them as one error."""
+
+    def __init__(self, config: JobConfig, clients: Mapping[str, ManagementClient]) -> None:
+        self._config = config
+        self._clients = clients
+        self._problems: list[RmqSparkError] = []
+        self._vhosts: dict[str, list[str] | None] = {}
+        self._administrator: dict[str, bool] = {}
+        # (cluster, vhost) -> exact depths, for the vhosts that opened over AMQP.
+        self._opened: dict[tuple[str, str], dict[str, int]] = {}
+        self._unreachable: set[str] = set()
+        self._permission_cache: dict[tuple[str, str], Permissions | None] = {}
+
+    # -- collecting -----------------------------------------------------------------
+
+    def problem(self, error: RmqSparkError) -> None:
+        log.debug("pre-flight problem: %s", error)
+        self._problems.append(error)
+
+    def raise_problems(self) -> None:
+        """One error for everything found so far: its kind, or PreflightError if mixed."""
+        if not self._problems:
+            return
+        problems = tuple(self._problems)
+        kinds = {type(p) for p in problems}
+        kind = kinds.pop() if len(kinds) == 1 else PreflightError
+        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        lines = "\n  ".join(str(p) for p in problems)
+        error = kind(f"pre-flight found {count}; nothing was moved:\n  {lines}")
+        error.problems = problems
+        raise error from problems[0]
+
+    # -- 1. clusters ----------------------------------------------------------------
+
+    def check_clusters(self) -> None:
+        """Each cluster of the plan answers and accepts the login; stops here if not."""
+        for name in self._clusters_in_plan():
+            client = self._clients[name]
+            try:
+                self._administrator[name] = client.whoami().is_administrator
+            except RmqSparkError as exc:
+                self.problem(exc)
+                continue
+            if not self._administrator[name]:
+                log.info(
+                    "cluster %s: user %r is not an administrator, so the API does not show "
+                    "permissions; a missing one stops its queue when the job runs",
+                    name,
+                    client.username,
+                )
+        self.raise_problems()  # without the management API there is nothing to plan
+
+    def _clusters_in_plan(self) -> list[str]:
+        names: dict[str, None] = {}
+        for route in self._config.routes:
+            names[route.source.cluster] = None
+            names[route.destination.cluster] = None
+        return list(names)
+
+    def _visible_vhosts(self, cluster: str) -> list[str] | None:
+        if cluster not in self._vhosts:
+            try:
+                self._vhosts[cluster] = self._clients[cluster].vhosts()
+            except RmqSparkError as exc:
+                self.problem(exc)
+                self._vhosts[cluster] = None
+        return self._vhosts[cluster]
+
+    # -- 2. sources -----------------------------------------------------------------
+
+    def source_candidates(self) -> list[_Candidate]:
+        """The queues each route selects, with exact depths where the vhost opened."""
+        candidates: list[_Candidate] = []
+        for route in self._config.routes:
+            candidates.extend(self._route_candidates(route))
+        by_vhost: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for c in candidates:
+            by_vhost[(c.transfer.source_cluster, c.transfer.source_vhost)].append(
+                c.transfer.source_queue
+            )
+        self._probe(by_vhost, role="source")
+        result = []
+        for c in candidates:
+            t = c.transfer
+            depths = self._opened.get((t.source_cluster, t.source_vhost))
+            if depths is None:
+                result.append(c)  # the vhost did not open (reported): sampled depth
+            elif t.source_queue in depths:
+                result.append(_Candidate(replace(t, messages=depths[t.source_queue]), c.source))
+            # else: reported by the probe (gone since the API listed it)
+        return result
+
+    def _route_candidates(self, route: RouteConfig) -> list[_Candidate]:
+        selector = route.source
+        client = self._clients[selector.cluster]
+        visible = self._visible_vhosts(selector.cluster)
+        if visible is None:
+            return []
+        if "*" in selector.vhosts:
+            vhosts = visible
+        else:
+            vhosts = []
+            for vhost in selector.vhosts:
+                if vhost in visible:
+                    vhosts.append(vhost)
+                else:
+                    self.problem(
+                        DiscoveryError(
+                            f"cluster {selector.cluster} vhost {vhost!r}: source vhost not "
+                            f"found (it does not exist or user {client.username!r} cannot "
+                            f"see it); route {route.name!r} source.vhosts names it"
+                        )
+                    )
+        result: list[_Candidate] = []
+        for vhost in vhosts:
+            try:
+                queues = client.queues(vhost)
+            except RmqSparkError as exc:
+                self.problem(exc)
+                continue
+            chosen = (
+                self._named_queues(route, vhost, queues)
+                if selector.queues is not None
+                else _matching_queues(route, queues)
+            )
+            result.extend(_Candidate(_transfer(route, vhost, q), q) for q in chosen)
+        return result
+
+    def _named_queues(
+        self, route: RouteConfig, vhost: str, queues: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """source.queues: each named queue must exist and be one the mover can consume."""
+        selector = route.source
+        by_name = {q["name"]: q for q in queues}
+        chosen = []
+        for name in selector.queues or []:
+            where = f"cluster {selector.cluster} vhost {vhost!r} queue {name!r}"
+            queue = by_name.get(name)
+            if queue is None:
+                self.problem(
+                    DiscoveryError(
+                        f"{where}: source queue not found; route {route.name!r} "
+                        "source.queues names it"
+                    )
+                )
+            elif _queue_type(queue) not in selector.queue_types:
+                self.problem(
+                    DiscoveryError(
+                        f"{where}: is a {_queue_type(queue)} queue; route {route.name!r} "
+                        f"source.queue_types allows {list(selector.queue_types)}"
+                    )
+                )
+            elif queue.get("exclusive"):
+                self.problem(
+                    DiscoveryError(
+                        f"{where}: exclusive to another connection, so it cannot be consumed"
+                    )
+                )
+            else:
+                chosen.append(queue)
+        return chosen
+
+    def _probe(self, by_vhost: Mapping[tuple[str, str], Iterable[str]], *, role: str) -> None:
+        """Open each vhost over AMQP and passive-declare its queues (login, exact depth)."""
+        for (cluster, vhost), names in by_vhost.items():
+            if cluster in self._unreachable:
+                continue
+            wanted = sorted(set(names))
+            try:
+                probe = probe_vhost(cluster, self._config.clusters[cluster], vhost, wanted)
+            except BrokerUnreachableError as exc:
+                self.problem(exc)
+                self._unreachable.add(cluster)  # once per cluster, not once per vhost
+                continue
+            except RmqSparkError as exc:
+                self.problem(exc)
+                continue
+            known = self._opened.setdefault((cluster, vhost), {})
+            known.update(probe.depths)
+            for queue, reason in sorted(probe.refused.items()):
+                self.problem(
+                    DiscoveryError(
+                        f"cluster {cluster} vhost {vhost!r} queue {queue!r}: the {role} queue "
+                        f"did not answer a passive declare ({reason})"
+                    )
+                )
+
+    def select(self, candidates: list[_Candidate]) -> list[_Candidate]:
+        """Drop queues below their route's min_messages (exact depth where known)."""
+        selected = []
+        for c in candidates:
+            route = self._route(c.transfer.route)
+            if c.transfer.messages >= route.source.min_messages:
+                selected.append(c)
+            elif route.source.queues is not None:
+                log.info(
+                    "%s: %d ready message(s), below min_messages %d; skipped",
+                    c.transfer.describe(),
+                    c.transfer.messages,
+                    route.source.min_messages,
+                )
+        return selected
+
+    # -- 3. the plan as a whole -----------------------------------------------------
+
+    def check_plan(self, selected: list[_Candidate]) -> None:
+        """No loops, no queue selected twice, one source per destination, no chains."""
+        sources: dict[tuple[str, str, str], str] = {}
+        destinations: dict[tuple[str, str, str], QueueTransfer] = {}
+        for t in (c.transfer for c in selected):
+            source = (t.source_cluster, t.source_vhost, t.source_queue)
+            destination = (t.destination_cluster, t.destination_vhost, t.destination_queue)
+            if source == destination:
+                self.problem(
+                    DiscoveryError(
+                        f"cluster {t.source_cluster} vhost {t.source_vhost!r} queue "
+                        f"{t.source_queue!r}: route {t.route!r} moves it onto itself; expected a "
+                        "destination other than the source"
+                    )
+                )
+            if source in sources:
+                self.problem(
+                    DiscoveryError(
+                        f"cluster {t.source_cluster} vhost {t.source_vhost!r} queue "
+                        f"{t.source_queue!r}: selected by both route {sources[source]!r} and "
+                        f"route {t.route!r}; expected one route per source queue"
+                    )
+                )
+            sources[source] = t.route
+            if destination in destinations:
+                other = destinations[destination]
+                self.problem(
+                    DiscoveryError(
+                        f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} queue "
+                        f"{t.destination_queue!r}: destination of both {other.describe()} and "
+                        f"{t.describe()}; expected one source per destination (verification "
+                        "counts each destination's rise against one source)"
+                    )
+                )
+            destinations[destination] = t
+        for destination, t in destinations.items():
+            if destination in sources and destination != (
+                t.source_cluster,
+                t.source_vhost,
+                t.source_queue,
+            ):
+                self.problem(
+                    DiscoveryError(
+                        f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} queue "
+                        f"{t.destination_queue!r}: destination of {t.describe()} is also a "
+                        f"source (route {sources[destination]!r}); its messages would move twice"
+                    )
+                )
+
+    # -- 4. destinations ------------------------------------------------------------
+
+    def check_destinations(self, selected: list[_Candidate]) -> list[_Destination]:
+        """Each destination exists and fits its source, or may be created like it."""
+        destinations: list[_Destination] = []
+        missing_vhosts: dict[tuple[str, str], list[str]] = defaultdict(list)
+        # One listing per destination vhost, however many queues go there.
+        listed: dict[tuple[str, str], dict[str, dict[str, Any]] | None] = {}
+        for c in selected:
+            t = c.transfer
+            site = (t.destination_cluster, t.destination_vhost)
+            visible = self._visible_vhosts(t.destination_cluster)
+            if visible is None:
+                continue
+            if t.destination_vhost not in visible:
+                missing_vhosts[site].append(t.route)
+                continue
+            if site not in listed:
+                try:
+                    queues = self._clients[t.destination_cluster].queues(t.destination_vhost)
+                    listed[site] = {q["name"]: q for q in queues}
+                except RmqSparkError as exc:
+                    self.problem(exc)
+                    listed[site] = None
+            existing = listed[site]
+            if existing is not None:
+                destinations.append(_Destination(c, existing.get(t.destination_queue)))
+        for (cluster, vhost), routes in missing_vhosts.items():
+            route_names = ", ".join(repr(r) for r in sorted(set(routes)))
+            self.problem(
+                DestinationIncompatibleError(
+                    f"cluster {cluster} vhost {vhost!r}: the destination vhost does not exist "
+                    f"(or user {self._clients[cluster].username!r} cannot see it); "
+                    f"{len(routes)} queue(s) of route(s) {route_names} go there"
+                )
+            )
+        by_vhost: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for d in destinations:
+            t = d.candidate.transfer
+            names = by_vhost[(t.destination_cluster, t.destination_vhost)]
+            if d.existing is not None:
+                names.append(t.destination_queue)
+        self._probe(by_vhost, role="destination")
+        for d in destinations:
+            self._check_destination(d)
+        return destinations
+
+    def _check_destination(self, d: _Destination) -> None:
+        t = d.candidate.transfer
+        route = self._route(t.route)
+        site = (t.destination_cluster, t.destination_vhost)
+        if site not in self._opened:
+            return  # the vhost did not open; that problem is already reported
+        where = (
+            f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} "
+            f"queue {t.destination_queue!r}"
+        )
+        expected_type = route.destination.queue_type or t.source_type
+        type_origin = (
+            "destination.queue_type"
+            if route.destination.queue_type
+            else "the source's type; set destination.queue_type to move into another type"
+        )
+        source = d.candidate.source
+        if d.existing is None:
+            if not route.destination.create_missing:
+                self.problem(
+                    DestinationIncompatibleError(
+                        f"{where}: missing, and create_missing is false for route {t.route!r}"
+                    )
+                )
+                return
+            inherited = (source.get("arguments") or {}).items()
+            arguments = {k: v for k, v in inherited if k in _INHERITED_ARGUMENTS}
+            arguments["x-queue-type"] = expected_type
+            if expected_type == "quorum":
+                priority = arguments.get("x-max-priority")
+                if priority is not None:
+                    self.problem(
+                        DestinationIncompatibleError(
+                            f"{where}: cannot be created as a quorum queue ({type_origin}): "
+                            f"the source has x-max-priority {priority} and quorum queues take "
+                            "none; expected a destination that keeps priorities"
+                        )
+                    )
+                    return
+                for key in _NOT_FOR_QUORUM:
+                    arguments.pop(key, None)
+            d.arguments, d.create = arguments, True
+            return
+        for reason in _incompatibilities(
+            t,
+            source,
+            d.existing,
+            destination_depth=self._opened[site].get(t.destination_queue),
+            expected_type=expected_type,
+            type_origin=type_origin,
+        ):
+            self.problem(DestinationIncompatibleError(f"{where}: {reason}"))
+
+    # -- 5. permissions -------------------------------------------------------------
+
+    def check_permissions(
+        self, selected: list[_Candidate], destinations: list[_Destination]
+    ) -> None:
+        """Read on sources, write on the default exchange, configure where we create.
+
+        Only where the API shows permissions (administrators) and the vhost opened; a
+        user without permission entries there is authorised some other way (LDAP...).
+        """
+        reads: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for c in selected:
+            t = c.transfer
+            reads[(t.source_cluster, t.source_vhost)].append(t.source_queue)
+        writes: dict[tuple[str, str], list[_Destination]] = defaultdict(list)
+        for d in destinations:
+            t = d.candidate.transfer
+            writes[(t.destination_cluster, t.destination_vhost)].append(d)
+        for (cluster, vhost), queues in reads.items():
+            permissions = self._permissions(cluster, vhost)
+            if permissions is None:
+                continue
+            user = amqp_username(self._config.clusters[cluster])
+            for queue in sorted(set(queues)):
+                if not _allows(permissions.read, queue):
+                    self.problem(
+                        AccessRefusedError(
+                            f"cluster {cluster} vhost {vhost!r} queue {queue!r}: user {user!r} "
+                            f"may not consume it; expected a read permission matching it, "
+                            f"found {permissions.read!r}"
+                        )
+                    )
+        for (cluster, vhost), group in writes.items():
+            permissions = self._permissions(cluster, vhost)
+            if permissions is None:
+                continue
+            user = amqp_username(self._config.clusters[cluster])
+            if not _allows(permissions.write, _DEFAULT_EXCHANGE):
+                names = sorted(d.candidate.transfer.destination_queue for d in group)
+                self.problem(
+                    AccessRefusedError(
+                        f"cluster {cluster} vhost {vhost!r}: user {user!r} may not publish to "
+                        f"queue(s) {', '.join(repr(n) for n in names[:5])}"
+                        f"{' ...' if len(names) > 5 else ''}; expected a write permission "
+                        f"matching {_DEFAULT_EXCHANGE!r}, found {permissions.write!r}"
+                    )
+                )
+            for d in group:
+                queue = d.candidate.transfer.destination_queue
+                if d.create and not _allows(permissions.configure, queue):
+                    self.problem(
+                        AccessRefusedError(
+                            f"cluster {cluster} vhost {vhost!r} queue {queue!r}: missing, and "
+                            f"user {user!r} may not declare it; expected a configure "
+                            f"permission matching it, found {permissions.configure!r}"
+                        )
+                    )
+
+    def _permissions(self, cluster: str, vhost: str) -> Permissions | None:
+        if not self._administrator.get(cluster) or (cluster, vhost) not in self._opened:
+            return None
+        if (cluster, vhost) not in self._permission_cache:
+            user = amqp_username(self._config.clusters[cluster])
+            try:
+                found = self._clients[cluster].permissions(vhost, user)
+            except RmqSparkError as exc:
+                self.problem(exc)
+                found = None
+            self._permission_cache[(cluster, vhost)] = found
+        return self._permission_cache[(cluster, vhost)]
+
+    # -- creating -------------------------------------------------------------------
+
+    def create_missing(self, destinations: list[_Destination]) -> None:
+        """Declare every missing destination like its source (after all checks passed)."""
+        for d in destinations:
+            if not d.create:
+                continue
+            t, source = d.candidate.transfer, d.candidate.source
+            try:
+                self._clients[t.destination_cluster].declare_queue(
+                    t.destination_vhost,
+                    t.destination_queue,
+                    durable=bool(source.get("durable", True)),
+                    arguments=d.arguments,
+                )
+            except RmqSparkError as exc:
+                self.problem(exc)
+                continue
+            log.info(
+                "cluster %s vhost %r queue %r: created (%s)",
+                t.destination_cluster,
+                t.destination_vhost,
+                t.destination_queue,
+                d.arguments,
+            )
+
+    def _route(self, name: str) -> RouteConfig:
+        return next(route for route in self._config.routes if route.name == name)
+
+
+# -- pure helpers ------------------------------------------------------------------------
+
+
+def _transfer(route: RouteConfig, vhost: str, queue: dict[str, Any]) -> QueueTransfer:
+    name = queue["name"]
+    destination = route.destination
+    return QueueTransfer(
+        route=route.name,
+        source_cluster=route.source.cluster,
+        source_vhost=vhost,
+        source_queue=name,
+        source_type=_queue_type(queue),
+        source_node=queue.get("node") or "",
+        destination_cluster=destination.cluster,
+        destination_vhost=destination.vhost.format(vhost=vhost, queue=name),
+        destination_queue=destination.queue.format(vhost=vhost, queue=name),
+        messages=int(queue.get("messages_ready") or 0),
+        message_bytes=int(queue.get("message_bytes_ready") or 0),
+        destination_messages=0,
+    )
+
+
+def _matching_queues(route: RouteConfig, queues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The route's queue_pattern, policy_pattern and queue_types filters."""
     selector = route.source
-    vhosts = client.vhosts() if "*" in selector.vhosts else selector.vhosts
     queue_pattern = re.compile(selector.queue_pattern)
     policy_pattern = re.compile(selector.policy_pattern) if selector.policy_pattern else None
-    result = []
-    for vhost in vhosts:
-        for queue in client.queues(vhost):
-            name = queue["name"]
-            queue_type = queue.get("type") or "classic"
-            if not queue_pattern.fullmatch(name) or queue_type not in selector.queue_types:
-                continue
-            if policy_pattern and not policy_pattern.fullmatch(queue.get("policy") or ""):
-                continue
-            if queue.get("exclusive"):
-                continue  # owned by another connection: we could not consume it anyway
-            destination = route.destination
-            transfer = QueueTransfer(
-                route=route.name,
-                source_cluster=selector.cluster,
-                source_vhost=vhost,
-                source_queue=name,
-                source_type=queue_type,
-                source_node=queue.get("node") or "",
-                destination_cluster=destination.cluster,
-                destination_vhost=destination.vhost.format(vhost=vhost, queue=name),
-                destination_queue=destination.queue.format(vhost=vhost, queue=name),
-                messages=int(queue.get("messages_ready") or 0),
-                message_bytes=int(queue.get("message_bytes_ready") or 0),
-                destination_messages=0,
+    chosen = []
+    for queue in queues:
+        if not queue_pattern.fullmatch(queue["name"]):
+            continue
+        if _queue_type(queue) not in selector.queue_types:
+            continue
+        if policy_pattern and not policy_pattern.fullmatch(queue.get("policy") or ""):
+            continue
+        if queue.get("exclusive"):
+            continue  # owned by another connection: we could not consume it anyway
+        chosen.append(queue)
+    return chosen
+
+
+def _incompatibilities(
+    transfer: QueueTransfer,
+    source: dict[str, Any],
+    existing: dict[str, Any],
+    *,
+    destination_depth: int | None,
+    expected_type: str,
+    type_origin: str,
+) -> list[str]:
+    """Why an existing destination queue cannot take its source's messages as they are."""
+    reasons = []
+    if existing.get("exclusive"):
+        reasons.append("exclusive to another connection, cannot publish reliably")
+    found_type = _queue_type(existing)
+    if found_type != expected_type:
+        reasons.append(f"is a {found_type} queue, expected {expected_type} ({type_origin})")
+    source_priority = _int_argument(source, "x-max-priority")
+    if source_priority is not None:
+        found_priority = _int_argument(existing, "x-max-priority")
+        if found_priority is None or found_priority < source_priority:
+            reasons.append(
+                f"expected x-max-priority >= {source_priority} like the source, found "
+                f"{'none' if found_priority is None else found_priority}; messages would "
+                "lose their priorities"
             )
-            result.append((transfer, queue))
-    return result
-
-
-def _reject_loops_and_overlaps(transfers: list[QueueTransfer]) -> None:
-    problems = []
-    sources: dict[tuple[str, str, str], str] = {}
-    for t in transfers:
-        source = (t.source_cluster, t.source_vhost, t.source_queue)
-        if source == (t.destination_cluster, t.destination_vhost, t.destination_queue):
-            problems.append(f"route {t.route}: {t.describe()} moves a queue onto itself")
-        if source in sources:
-            problems.append(
-                f"routes {sources[source]} and {t.route} both select "
-                f"{t.source_cluster}/{t.source_vhost}/{t.source_queue}"
-            )
-        sources[source] = t.route
-    if problems:
-        raise DiscoveryError("the plan is inconsistent:\n  " + "\n  ".join(problems))
-
-
-def _prepare_destinations(
-    config: JobConfig,
-    clients: Mapping[str, ManagementClient],
-    candidates: list[tuple[QueueTransfer, dict[str, Any]]],
-) -> None:
-    """Every destination queue must exist, or be created when the route allows it."""
-    problems: list[str] = []
-    for transfer, source_queue in candidates:
-        client = clients[transfer.destination_cluster]
-        where = (
-            f"cluster {transfer.destination_cluster} vhost {transfer.destination_vhost!r} "
-            f"queue {transfer.destination_queue!r}"
+    if source.get("durable", True) and not existing.get("durable", True):
+        reasons.append("is not durable but the source is; its messages would not survive a restart")
+    overflow = _overflow(existing)
+    consequence = (
+        "the rest would be refused and stay in the source"
+        if overflow in _REFUSING_OVERFLOW
+        else "the oldest would be dropped and lost"
+    )
+    depth = (
+        destination_depth
+        if destination_depth is not None
+        else int(existing.get("messages_ready") or 0)
+    )
+    max_length = _limit(existing, "x-max-length", "max-length")
+    if max_length is not None and max_length - depth < transfer.messages:
+        reasons.append(
+            f"holds at most {max_length} messages (max-length, overflow {overflow}) and has "
+            f"{depth}; expected room for the source's {transfer.messages} ({consequence})"
         )
-        try:
-            if not client.vhost_exists(transfer.destination_vhost):
-                problems.append(f"{where}: the destination vhost does not exist")
-                continue
-            existing = client.queue(transfer.destination_vhost, transfer.destination_queue)
-            if existing is None:
-                if not _route(config, transfer.route).destination.create_missing:
-                    problems.append(
-                        f"{where}: missing, and create_missing is false for route {transfer.route}"
-                    )
-                    continue
-                arguments = {
-                    k: v
-                    for k, v in (source_queue.get("arguments") or {}).items()
-                    if k in _INHERITED_ARGUMENTS
-                }
-                arguments.setdefault("x-queue-type", transfer.source_type)
-                client.declare_queue(
-                    transfer.destination_vhost,
-                    transfer.destination_queue,
-                    durable=bool(source_queue.get("durable", True)),
-                    arguments=arguments,
-                )
-                log.info("%s: created (%s)", where, arguments)
-            elif existing.get("exclusive"):
-                problems.append(
-                    f"{where}: exclusive to another connection, cannot publish reliably"
-                )
-        except RmqSparkError as exc:
-            problems.append(str(exc))
-    if problems:
-        raise DestinationIncompatibleError(
-            "destination pre-flight failed; nothing was moved:\n  " + "\n  ".join(problems)
+    max_bytes = _limit(existing, "x-max-length-bytes", "max-length-bytes")
+    held = int(existing.get("message_bytes_ready") or 0)
+    if max_bytes is not None and max_bytes - held < transfer.message_bytes:
+        reasons.append(
+            f"holds at most {max_bytes} bytes (max-length-bytes, overflow {overflow}) and has "
+            f"about {held}; expected room for the source's about {transfer.message_bytes} "
+            f"({consequence})"
         )
+    return reasons
+
+
+def _queue_type(queue: Mapping[str, Any]) -> str:
+    return str(queue.get("type") or "classic")
+
+
+def _int_argument(queue: Mapping[str, Any], key: str) -> int | None:
+    value = (queue.get("arguments") or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _limit(queue: Mapping[str, Any], argument: str, policy_key: str) -> int | None:
+    """A length limit from the queue's argument or its policies: the lower one applies."""
+    policy = queue.get("effective_policy_definition") or {}
+    values = [
+        v
+        for v in ((queue.get("arguments") or {}).get(argument), policy.get(policy_key))
+        if isinstance(v, int) and not isinstance(v, bool)
+    ]
+    return min(values) if values else None
+
+
+def _overflow(queue: Mapping[str, Any]) -> str:
+    policy = queue.get("effective_policy_definition") or {}
+    return str(
+        (queue.get("arguments") or {}).get("x-overflow") or policy.get("overflow") or "drop-head"
+    )
+
+
+def _allows(pattern: str, name: str) -> bool:
+    """RabbitMQ's permission match: an unanchored regex; '' permits nothing."""
+    if not pattern:
+        return False
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True  # Erlang-only syntax: leave the decision to the broker
 
 
 def _with_exact_depths(config: JobConfig, transfers: list[QueueTransfer]) -> list[QueueTransfer]:

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 
 class RmqSparkError(Exception):
-    """Root of every error rmq-spark raises on purpose."""
+    """Root of every error rmq-spark raises on purpose.
+
+    An error that sums up several problems (pre-flight) lists each on its own line
+    of the message and keeps them in `problems`.
+    """
+
+    problems: tuple[RmqSparkError, ...] = ()
 
 
 class ConfigError(RmqSparkError):
@@ -29,6 +35,14 @@ class DiscoveryError(RmqSparkError):
 
 class DestinationIncompatibleError(RmqSparkError):
     """A destination queue is missing or its type/arguments do not fit the source."""
+
+
+class PreflightError(RmqSparkError):
+    """Pre-flight found problems of more than one kind; nothing was moved.
+
+    When all problems are of one kind, pre-flight raises that kind instead (for
+    example DestinationIncompatibleError), with the same one-line-per-problem message.
+    """
 
 
 class TransferError(RmqSparkError):

@@ -2,14 +2,19 @@
 
 Retries connection failures and 5xx answers with backoff (urllib3's Retry, through
 requests), times out every call, and turns failures into errors that name the
-cluster and what was asked. The password is held by requests' auth, never logged.
+cluster, its host:port and what was asked. The password is held by requests' auth,
+never logged.
+
+`whoami` is the pre-flight probe: it retries a connect failure only once, so an
+unreachable cluster is reported within seconds instead of after the full backoff.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -30,10 +35,49 @@ _RETRY = Retry(
     allowed_methods=frozenset({"GET", "PUT", "DELETE"}),
     raise_on_status=False,
 )
+# The pre-flight probe: one retry, so a closed port or a dead host fails fast.
+_PROBE_RETRY = Retry(
+    total=1,
+    connect=1,
+    read=0,
+    status=1,
+    backoff_factor=0.3,
+    status_forcelist=(500, 502, 503, 504),
+    allowed_methods=frozenset({"GET"}),
+    raise_on_status=False,
+)
+# Connecting is quick or not at all; only the answer may take the configured timeout.
+CONNECT_TIMEOUT_SECONDS = 5.0
 QUEUE_COLUMNS = (
-    "name,vhost,type,durable,auto_delete,exclusive,arguments,policy,node,"
+    "name,vhost,type,durable,auto_delete,exclusive,arguments,policy,"
+    "effective_policy_definition,node,"
     "messages,messages_ready,message_bytes,message_bytes_ready,consumers"
 )
+# What the management API's 401 answers mean (its "reason" field).
+_LOGIN_FAILED = "Login failed"
+_NOT_MANAGEMENT_USER = "Not management user"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The logged-in user, as /api/whoami reports it."""
+
+    name: str
+    tags: tuple[str, ...]
+
+    @property
+    def is_administrator(self) -> bool:
+        """Only administrators may read permissions through the API."""
+        return "administrator" in self.tags
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """A user's permission regexes on one vhost (RabbitMQ's configure/write/read)."""
+
+    configure: str
+    write: str
+    read: str
 
 
 class ManagementClient:
@@ -41,63 +85,79 @@ class ManagementClient:
 
     def __init__(self, cluster_name: str, cluster: ClusterConfig, *, timeout: float) -> None:
         self.cluster_name = cluster_name
+        self.username = cluster.username
         self._base = cluster.management
-        self._timeout = timeout
-        self._session = requests.Session()
-        self._session.auth = (cluster.username, cluster.password.get_secret_value())
-        self._session.mount("http://", HTTPAdapter(max_retries=_RETRY))
-        self._session.mount("https://", HTTPAdapter(max_retries=_RETRY))
-        if cluster.tls.ca_file:
-            self._session.verify = str(cluster.tls.ca_file)
-        elif not cluster.tls.verify:
-            self._session.verify = False
-        if cluster.tls.cert_file:
-            self._session.cert = (
-                (str(cluster.tls.cert_file), str(cluster.tls.key_file))
-                if cluster.tls.key_file
-                else str(cluster.tls.cert_file)
-            )
+        self._timeout = (min(timeout, CONNECT_TIMEOUT_SECONDS), timeout)
+        self._session = _session(cluster, _RETRY)
+        self._probe = _session(cluster, _PROBE_RETRY)
+        parts = urlsplit(self._base)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.endpoint = f"{parts.hostname}:{port}"
 
     def close(self) -> None:
         self._session.close()
+        self._probe.close()
 
     # -- reads ----------------------------------------------------------------------
+
+    def whoami(self) -> Identity:
+        """Who the API thinks we are: reachability and login in one call."""
+        row = self._request(
+            "GET", "/api/whoami", what="log in (whoami)", missing_ok=True, session=self._probe
+        )
+        if not isinstance(row, dict):
+            raise DiscoveryError(
+                f"cluster {self.cluster_name} management API ({self.endpoint}): expected the "
+                f"RabbitMQ management API at {self._base}, but /api/whoami is not there"
+            )
+        return Identity(name=str(row.get("name", "")), tags=_tags(row))
 
     def overview(self) -> dict[str, Any]:
         result: dict[str, Any] = self._request("GET", "/api/overview", what="overview")
         return result
 
     def vhosts(self) -> list[str]:
-        rows = self._request("GET", "/api/vhosts?columns=name", what="vhosts")
+        """The vhosts this user can see (all of them for an administrator)."""
+        rows = self._request("GET", "/api/vhosts?columns=name", what="list vhosts")
         return sorted(row["name"] for row in rows)
 
     def vhost_exists(self, vhost: str) -> bool:
-        return (
-            self._request(
-                "GET", f"/api/vhosts/{_q(vhost)}", what=f"vhost {vhost!r}", missing_ok=True
-            )
-            is not None
-        )
+        """Whether the vhost exists and this user can see it (works for non-admins too)."""
+        return vhost in self.vhosts()
 
     def queues(self, vhost: str) -> list[dict[str, Any]]:
         rows = self._request(
             "GET",
             f"/api/queues/{_q(vhost)}?columns={QUEUE_COLUMNS}",
-            what=f"queues of vhost {vhost!r}",
+            what=f"list the queues of vhost {vhost!r}",
             missing_ok=True,
         )
         if rows is None:
-            raise DiscoveryError(f"cluster {self.cluster_name}: vhost {vhost!r} does not exist")
+            raise DiscoveryError(f"cluster {self.cluster_name} vhost {vhost!r}: does not exist")
         return list(rows)
 
     def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
         result: dict[str, Any] | None = self._request(
             "GET",
-            f"/api/queues/{_q(vhost)}/{_q(name)}",
-            what=f"queue {name!r} in vhost {vhost!r}",
+            f"/api/queues/{_q(vhost)}/{_q(name)}?columns={QUEUE_COLUMNS}",
+            what=f"read queue {name!r} in vhost {vhost!r}",
             missing_ok=True,
         )
         return result
+
+    def permissions(self, vhost: str, user: str) -> Permissions | None:
+        """The user's permissions on the vhost, None when it has none (administrators only)."""
+        row = self._request(
+            "GET",
+            f"/api/permissions/{_q(vhost)}/{_q(user)}",
+            what=f"read the permissions of user {user!r} on vhost {vhost!r}",
+            missing_ok=True,
+        )
+        if row is None:
+            return None
+        return Permissions(
+            configure=str(row["configure"]), write=str(row["write"]), read=str(row["read"])
+        )
 
     # -- writes ---------------------------------------------------------------------
 
@@ -114,32 +174,113 @@ class ManagementClient:
     # -- plumbing -------------------------------------------------------------------
 
     def _request(
-        self, method: str, path: str, *, what: str, missing_ok: bool = False, **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        missing_ok: bool = False,
+        session: requests.Session | None = None,
+        **kwargs: Any,
     ) -> Any:
         url = self._base + path
-        where = f"cluster {self.cluster_name} management API ({self._base})"
+        where = f"cluster {self.cluster_name} management API ({self.endpoint})"
         try:
-            response = self._session.request(method, url, timeout=self._timeout, **kwargs)
+            response = (session or self._session).request(
+                method, url, timeout=self._timeout, **kwargs
+            )
         except requests.RequestException as exc:
             raise BrokerUnreachableError(
-                f"{where}: cannot reach it for {what} ({type(exc).__name__})"
+                f"{where}: cannot reach it to {what} ({_reason(exc)})"
             ) from exc
-        if response.status_code == 401:
-            raise AccessRefusedError(f"{where}: the username or password was refused ({what})")
-        if response.status_code == 403:
-            raise AccessRefusedError(f"{where}: the user is not allowed to read {what}")
+        if response.status_code in (401, 403):
+            raise self._refused(where, what, response)
         if response.status_code == 404 and missing_ok:
             return None
         if response.status_code >= 400:
             raise DiscoveryError(
-                f"{where}: {what} failed with HTTP {response.status_code}: {response.text[:200]}"
+                f"{where}: {what} failed: expected HTTP 2xx, got {response.status_code}: "
+                f"{response.text[:200]}"
             )
         if not response.content:
             return None
         try:
             return response.json()
         except ValueError as exc:
-            raise DiscoveryError(f"{where}: {what} did not answer JSON") from exc
+            raise DiscoveryError(f"{where}: {what}: expected JSON, got something else") from exc
+
+    def _refused(self, where: str, what: str, response: requests.Response) -> AccessRefusedError:
+        """401/403: the API says why in its JSON `reason`; the fix differs per reason."""
+        reason = _json_reason(response)
+        user = f"user {self.username!r}"
+        if reason == _LOGIN_FAILED:
+            return AccessRefusedError(f"{where}: the username or password was refused ({user})")
+        if reason == _NOT_MANAGEMENT_USER:
+            return AccessRefusedError(
+                f"{where}: {user} may not use the management API; expected the tag "
+                "'management', 'monitoring' or 'administrator'"
+            )
+        return AccessRefusedError(
+            f"{where}: {user} may not {what} (HTTP {response.status_code}: {reason or 'refused'})"
+        )
+
+
+def _session(cluster: ClusterConfig, retry: Retry) -> requests.Session:
+    session = requests.Session()
+    session.auth = (cluster.username, cluster.password.get_secret_value())
+    session.mount("http://", HTTPAdapter(max_retries=retry))
+    session.mount("https://", HTTPAdapter(max_retries=retry))
+    if cluster.tls.ca_file:
+        session.verify = str(cluster.tls.ca_file)
+    elif not cluster.tls.verify:
+        session.verify = False
+    if cluster.tls.cert_file:
+        session.cert = (
+            (str(cluster.tls.cert_file), str(cluster.tls.key_file))
+            if cluster.tls.key_file
+            else str(cluster.tls.cert_file)
+        )
+    return session
+
+
+def _tags(whoami: dict[str, Any]) -> tuple[str, ...]:
+    """`tags` is a list since RabbitMQ 3.9 and a comma-separated string before."""
+    tags = whoami.get("tags") or []
+    if isinstance(tags, str):
+        return tuple(tag.strip() for tag in tags.split(",") if tag.strip())
+    return tuple(str(tag) for tag in tags)
+
+
+def _json_reason(response: requests.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    return str(body.get("reason") or "") if isinstance(body, dict) else ""
+
+
+def _reason(exc: requests.RequestException) -> str:
+    """A short cause: 'connection refused', 'timed out after 5s', ... (never a secret)."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return "connect timed out"
+    if isinstance(exc, requests.Timeout):
+        return "no answer in time"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return "TLS handshake failed"
+    text = repr(exc)
+    for known, said in (
+        ("Connection refused", "connection refused"),
+        ("Name or service not known", "host name not resolved"),
+        ("Temporary failure in name resolution", "host name not resolved"),
+        ("No route to host", "no route to host"),
+        (
+            "Connection aborted",
+            "the connection was cut without an HTTP answer; is it the management port?",
+        ),
+    ):
+        if known in text:
+            return said
+    return type(exc).__name__
 
 
 def _q(segment: str) -> str:

@@ -140,3 +140,15 @@ def test_unsafe_run_ids_are_refused(run_id: str) -> None:
 
 def test_safe_run_id_passes() -> None:
     assert validate_run_id("20260101T000000Z-abc123") == "20260101T000000Z-abc123"
+
+
+def test_exact_source_queues_and_destination_type_load() -> None:
+    text = VALID.replace(
+        'vhosts: ["*"], queue_pattern: "orders\\\\..*"}', "vhosts: [a, b], queues: [q1, q2]}"
+    ).replace('queue: "{queue}-moved"}', "queue_type: quorum}")
+    route = parse_config(text, ENV).routes[0]
+    assert route.source.queues == ["q1", "q2"]
+    assert route.destination.queue_type == "quorum"
+    defaults = parse_config(VALID, ENV).routes[0]
+    assert defaults.source.queues is None
+    assert defaults.destination.queue_type is None  # the source's type
