@@ -4,9 +4,10 @@
 #   ./spark-submit.sh [spark-submit options...] --config FILE [job options...]
 #
 # Everything before --config goes to spark-submit, everything from --config on goes
-# to the job. Without --master the job runs on local[*]; any --master passes through:
+# to the job. Without --master the job runs on local[*,4] (all cores, 4 attempts per
+# task); any --master passes through:
 #
-#   ./spark-submit.sh --config conf/prod.yaml                       # local[*]
+#   ./spark-submit.sh --config conf/prod.yaml                       # local[*,4]
 #   ./spark-submit.sh --master spark://host:7077 --config conf/prod.yaml
 #   ./spark-submit.sh --master yarn --deploy-mode client --config conf/prod.yaml
 #   ./spark-submit.sh --master k8s://https://api:6443 --deploy-mode client \
@@ -40,7 +41,8 @@ if [ "${#job_args[@]}" = 0 ]; then
   exit 2
 fi
 if [ "$has_master" = 0 ]; then
-  spark_args=(--master 'local[*]' "${spark_args[@]}")
+  # ',4': local mode retries a failed task only when told how often.
+  spark_args=(--master 'local[*,4]' "${spark_args[@]}")
 fi
 
 # Prefer the project's virtual environment (made by `make`), then what is on PATH.

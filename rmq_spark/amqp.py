@@ -7,8 +7,10 @@ that proves a transfer uses AMQP passive queue.declare, whose count is exact.
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 from collections.abc import Iterable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import pika
@@ -20,13 +22,18 @@ from rmq_spark.errors import AccessRefusedError, BrokerUnreachableError, Discove
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 60
-# A connection.blocked (memory/disk alarm) longer than this closes the connection.
+# Default: a connection.blocked (memory/disk alarm) longer than this closes the connection.
 BLOCKED_CONNECTION_TIMEOUT_SECONDS = 300
 SOCKET_TIMEOUT_SECONDS = 10
 
 
 def connection_parameters(
-    cluster_name: str, cluster: ClusterConfig, vhost: str, *, purpose: str
+    cluster_name: str,
+    cluster: ClusterConfig,
+    vhost: str,
+    *,
+    purpose: str,
+    blocked_timeout: float = BLOCKED_CONNECTION_TIMEOUT_SECONDS,
 ) -> list[pika.ConnectionParameters]:
     """One parameter set per configured AMQP URI, tried in order."""
     result = []
@@ -43,7 +50,7 @@ def connection_parameters(
                 ),
                 ssl_options=_ssl_options(cluster.tls, parts.hostname or "") if tls else None,
                 heartbeat=HEARTBEAT_SECONDS,
-                blocked_connection_timeout=BLOCKED_CONNECTION_TIMEOUT_SECONDS,
+                blocked_connection_timeout=blocked_timeout,
                 socket_timeout=SOCKET_TIMEOUT_SECONDS,
                 connection_attempts=1,
                 client_properties={"connection_name": f"rmq-spark {purpose}"},
@@ -61,26 +68,81 @@ def open_error(
 ) -> Exception:
     """Turn a pika connect failure into the error a user can act on."""
     where = describe_endpoint(cluster_name, vhost, params)
+    user = getattr(params.credentials, "username", "?")
     if isinstance(exc, pika.exceptions.ProbableAuthenticationError):
-        return AccessRefusedError(f"{where}: the broker refused the username or password")
+        return AccessRefusedError(
+            f"{where}: the broker refused the username or password (user {user!r})"
+        )
     if isinstance(exc, pika.exceptions.ProbableAccessDeniedError):
-        return AccessRefusedError(f"{where}: the user may not access this vhost (or it is missing)")
-    return BrokerUnreachableError(f"{where}: cannot connect ({type(exc).__name__}: {exc})")
+        return AccessRefusedError(
+            f"{where}: user {user!r} may not open this vhost ({_broker_reason(exc)})"
+        )
+    return BrokerUnreachableError(f"{where}: cannot connect ({_connect_reason(exc)})")
+
+
+def amqp_username(cluster: ClusterConfig) -> str:
+    """The user AMQP connections log in as: the first URI's, else the cluster's."""
+    return urlsplit(cluster.amqp[0]).username or cluster.username
 
 
 def blocking_connection(
     cluster_name: str, cluster: ClusterConfig, vhost: str, *, purpose: str
 ) -> pika.BlockingConnection:
-    """A short-lived blocking connection, for driver-side checks only."""
-    last: Exception | None = None
+    """A short-lived blocking connection, for driver-side checks only.
+
+    Tries each URI in order. When none opens, raises the last URI's kind of error,
+    naming every URI tried and why each failed.
+    """
+    failures: list[tuple[pika.ConnectionParameters, Exception]] = []
     for params in connection_parameters(cluster_name, cluster, vhost, purpose=purpose):
+        if failures:
+            log.warning("%s; trying the next URI", failures[-1][1])
         try:
             return pika.BlockingConnection(params)
         except pika.exceptions.AMQPError as exc:
-            last = open_error(cluster_name, vhost, params, exc)
-            log.warning("%s", last)
-    assert last is not None
-    raise last
+            failures.append((params, open_error(cluster_name, vhost, params, exc)))
+    last = failures[-1][1]
+    if len(failures) == 1:
+        raise last
+    tried = "; ".join(
+        f"{p.host}:{p.port} {str(e).removeprefix(describe_endpoint(cluster_name, vhost, p) + ': ')}"
+        for p, e in failures
+    )
+    raise type(last)(f"cluster {cluster_name} vhost {vhost!r}: no AMQP URI opened it: {tried}")
+
+
+@dataclass(frozen=True)
+class VhostProbe:
+    """What pre-flight learned from one vhost over AMQP."""
+
+    depths: dict[str, int]  # exact ready count of each queue that answered
+    refused: dict[str, str]  # queue -> the broker's reason (e.g. 404 NOT_FOUND)
+
+
+def probe_vhost(
+    cluster_name: str, cluster: ClusterConfig, vhost: str, queues: Iterable[str]
+) -> VhostProbe:
+    """Pre-flight: log in to the vhost and passive-declare each queue (exact depths).
+
+    Raises AccessRefusedError or BrokerUnreachableError when the connection does not
+    open; a queue the broker refuses is reported in `refused`, and the others still
+    answer (a fresh channel replaces each one the broker closes).
+    """
+    depths: dict[str, int] = {}
+    refused: dict[str, str] = {}
+    connection = blocking_connection(cluster_name, cluster, vhost, purpose="pre-flight")
+    try:
+        channel = connection.channel()
+        for queue in queues:
+            try:
+                depths[queue] = channel.queue_declare(queue, passive=True).method.message_count
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                refused[queue] = f"{exc.reply_code} {exc.reply_text}"
+                channel = connection.channel()
+    finally:
+        if connection.is_open:
+            connection.close()
+    return VhostProbe(depths, refused)
 
 
 def queue_depths(
@@ -104,6 +166,31 @@ def queue_depths(
         if connection.is_open:
             connection.close()
     return depths
+
+
+_BROKER_REPLY = re.compile(r"\((?P<code>\d{3})\)\s*(?P<quote>['\"])(?P<text>.*?)(?P=quote)")
+
+
+def _broker_reason(exc: BaseException) -> str:
+    """'530 NOT_ALLOWED - vhost x not found' out of pika's wrapped connection close."""
+    match = _BROKER_REPLY.search(str(exc))
+    return f"{match['code']} {match['text']}" if match else type(exc).__name__
+
+
+def _connect_reason(exc: BaseException) -> str:
+    """'connection refused', 'timed out', ... out of pika's wrapped socket errors."""
+    text = repr(exc)  # pika's str() of a wrapped connect error is often empty
+    for known, said in (
+        ("ConnectionRefusedError", "connection refused"),
+        ("timeout", "timed out"),
+        ("TimeoutError", "timed out"),
+        ("gaierror", "host name not resolved"),
+        ("SSL", "TLS handshake failed"),
+        ("IncompatibleProtocolError", "no AMQP answer; is it the AMQP port?"),
+    ):
+        if known in text:
+            return said
+    return text
 
 
 def _ssl_options(tls: TlsConfig, server_hostname: str) -> pika.SSLOptions:

@@ -20,6 +20,8 @@ from rmq_spark.errors import RmqSparkError
 log = logging.getLogger("rmq_spark")
 
 EXIT_VERIFIED, EXIT_UNVERIFIED, EXIT_ERROR = 0, 1, 2
+# All cores, and up to 4 attempts per task (a retried mover task resumes its queue).
+LOCAL_MASTER = "local[*,4]"
 _QUIET_LOGGERS = ("pika", "py4j", "great_expectations", "urllib3")
 
 
@@ -48,6 +50,10 @@ def setup_logging(level: str = "INFO") -> None:
     )
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    if logging.getLogger().level > logging.DEBUG:
+        # The driver turns every pika failure into one rmq-spark error; pika's own
+        # ERROR lines and tracebacks would bury it.
+        logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 
 def mask_secrets_in_logs(config: JobConfig) -> None:
@@ -58,15 +64,33 @@ def mask_secrets_in_logs(config: JobConfig) -> None:
         handler.addFilter(masking)
 
 
+def print_error(exc: RmqSparkError, config: JobConfig | None = None) -> None:
+    """The one error line (more lines, indented, when it lists several problems).
+
+    Messages are built from names only; masking the configured passwords here is
+    defence in depth, like SecretMaskingFilter for log lines.
+    """
+    message = str(exc)
+    if config is not None:
+        for cluster in config.clusters.values():
+            secret = cluster.password.get_secret_value()
+            if secret and secret != cluster.username:  # guest/guest is no secret
+                message = message.replace(secret, "***")
+    print(f"rmq-spark: error: {message}", file=sys.stderr, flush=True)
+
+
 def new_run_id(now: datetime | None = None) -> str:
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
 def default_master() -> str | None:
-    """local[*] unless spark-submit or Databricks already chose a master."""
+    """local[*,4] unless spark-submit or Databricks already chose a master.
+
+    The ",4" lets a failed task run again: local mode ignores spark.task.maxFailures.
+    """
     launched = "PYSPARK_GATEWAY_PORT" in os.environ or "DATABRICKS_RUNTIME_VERSION" in os.environ
-    return None if launched else "local[*]"
+    return None if launched else LOCAL_MASTER
 
 
 # -- transfer ------------------------------------------------------------------------
@@ -93,21 +117,26 @@ def run_transfer_command(args: argparse.Namespace) -> int:
         mask_secrets_in_logs(config)
         run_id = validate_run_id(args.run_id or new_run_id())
     except RmqSparkError as exc:
-        print(f"rmq-spark: error: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_ERROR
+
+    from pyspark.sql import SparkSession
 
     from rmq_spark.pipeline import run_transfer
     from rmq_spark.report import print_queue_table, result_line, result_summary
     from rmq_spark.spark_session import build_session
 
+    # A notebook's or Databricks' session is theirs to stop, not ours.
+    ours = SparkSession.getActiveSession() is None
     spark = build_session(f"rmq-spark transfer {run_id}", master=args.master or default_master())
     try:
         result = run_transfer(spark, config, run_id=run_id)
     except RmqSparkError as exc:
-        print(f"rmq-spark: error: {exc}", file=sys.stderr)
+        print_error(exc, config)
         return EXIT_ERROR
     finally:
-        spark.stop()
+        if ours:
+            spark.stop()
     print_queue_table(result)
     print(result_line(result_summary(result, config.ledger.path)), flush=True)
     return EXIT_VERIFIED if result.verification.verified else EXIT_UNVERIFIED

@@ -91,6 +91,8 @@ class SourceSelector(_Strict):
     cluster: str
     # Vhost names; "*" selects every vhost the user can see.
     vhosts: Annotated[list[str], Field(min_length=1)] = ["/"]
+    # Exact queue names; each must exist in every listed vhost. Instead of the patterns.
+    queues: Annotated[list[str], Field(min_length=1)] | None = None
     queue_pattern: str = ".*"
     policy_pattern: str | None = None
     queue_types: list[Literal["classic", "quorum", "stream"]] = ["classic", "quorum"]
@@ -106,6 +108,34 @@ class SourceSelector(_Strict):
                 raise ValueError(f"not a regular expression: {pattern!r} ({exc})") from exc
         return pattern
 
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, names: list[str] | None) -> list[str] | None:
+        if names is not None:
+            if any(not name for name in names):
+                raise ValueError("queue names must not be empty")
+            repeated = sorted({name for name in names if names.count(name) > 1})
+            if repeated:
+                raise ValueError(f"each queue may be named once, got {repeated} more than once")
+        return names
+
+    @model_validator(mode="after")
+    def _queues_are_exact(self) -> SourceSelector:
+        if self.queues is None:
+            return self
+        patterns = sorted({"queue_pattern", "policy_pattern"} & self.model_fields_set)
+        if patterns:
+            raise ValueError(
+                f"queues names exact queues; remove {' and '.join(patterns)} "
+                "(use either queues or the patterns)"
+            )
+        if "*" in self.vhosts:
+            raise ValueError(
+                'queues needs explicit vhosts, not "*" (each named queue must exist in '
+                "every listed vhost)"
+            )
+        return self
+
 
 class DestinationSpec(_Strict):
     """Where a route's messages go. `queue` is a template over {vhost} and {queue}."""
@@ -114,6 +144,9 @@ class DestinationSpec(_Strict):
     vhost: str = "{vhost}"
     queue: str = "{queue}"
     create_missing: bool = True
+    # Type of the destination queues; default: the source queue's type. Setting it
+    # allows moving into another type (classic -> quorum); pre-flight checks it.
+    queue_type: Literal["classic", "quorum"] | None = None
 
     @field_validator("vhost", "queue")
     @classmethod

@@ -9,12 +9,12 @@ after the highest ledger position already durable for the queue.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rmq_spark.amqp import connection_parameters
-from rmq_spark.config import ClusterConfig
-from rmq_spark.ledger.writer import MessageLedgerWriter, TransferKey, next_position
+from rmq_spark.config import ClusterConfig, MoverConfig
+from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, TransferKey, next_position
 from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover
 from rmq_spark.window import prefetch_for
 
@@ -35,6 +35,7 @@ class ExecutorSettings:
     clusters: dict[str, ClusterConfig]
     window_messages: int
     window_bytes: int
+    mover: MoverConfig = field(default_factory=MoverConfig)
 
 
 def move_partition(
@@ -59,28 +60,39 @@ def move_queue(row: dict[str, object], settings: ExecutorSettings, attempt: str)
     )
     messages = int(str(row["messages"]))
     average = int(str(row["message_bytes"])) / messages if messages else 0.0
-    ledger = MessageLedgerWriter(settings.ledger_path, settings.run_id, key, attempt)
-    return QueueMover(
-        key,
-        _endpoint(settings, key.source_cluster, key.source_vhost, key.source_queue, "consumer"),
-        _endpoint(
-            settings,
-            key.destination_cluster,
-            key.destination_vhost,
-            key.destination_queue,
-            "publisher",
-        ),
-        ledger,
-        prefetch=prefetch_for(settings.window_messages, settings.window_bytes, average),
-        first_position=next_position(settings.ledger_path, settings.run_id, key),
-    ).run()
+    source = _endpoint(settings, key.source_cluster, key.source_vhost, key.source_queue, "consumer")
+    destination = _endpoint(
+        settings, key.destination_cluster, key.destination_vhost, key.destination_queue, "publisher"
+    )
+    first_position = next_position(settings.ledger_path, settings.run_id, key)
+    intents = IntentLog(settings.ledger_path, settings.run_id, key, attempt)
+    finished = False
+    try:
+        outcome = QueueMover(
+            key,
+            source,
+            destination,
+            MessageLedgerWriter(settings.ledger_path, settings.run_id, key, attempt),
+            prefetch=prefetch_for(settings.window_messages, settings.window_bytes, average),
+            first_position=first_position,
+            limits=settings.mover,
+            intents=intents,
+        ).run()
+        finished = True
+        return outcome
+    finally:
+        intents.close(finished=finished)
 
 
 def _endpoint(
     settings: ExecutorSettings, cluster: str, vhost: str, queue: str, role: str
 ) -> Endpoint:
     params = connection_parameters(
-        cluster, settings.clusters[cluster], vhost, purpose=f"{settings.run_id} {role} {queue}"
+        cluster,
+        settings.clusters[cluster],
+        vhost,
+        purpose=f"{settings.run_id} {role} {queue}",
+        blocked_timeout=settings.mover.blocked_timeout_seconds,
     )
     return Endpoint(cluster, vhost, queue, tuple(params))
 

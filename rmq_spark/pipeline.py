@@ -61,8 +61,10 @@ def run_transfer(
     validate_run_id(run_id)
     started_at, started = clock(), time.monotonic()
     ledger_path = config.ledger.path
+    # Pre-flight, cheapest first: the ledger path, then every cluster, vhost and queue
+    # of the plan (discover raises one error listing every problem). Nothing has
+    # moved if either fails.
     tables.ensure_tables(ledger_path)
-
     with management_clients(config) as clients:
         transfers = discover(config, clients)
     assignment = assign_partitions(transfers, config.max_active)
@@ -123,6 +125,7 @@ def move(spark: SparkSession, plan: DataFrame, config: JobConfig, run_id: str) -
             clusters=dict(config.clusters),
             window_messages=config.window.messages,
             window_bytes=config.window.bytes,
+            mover=config.mover,
         )
     )
     try:

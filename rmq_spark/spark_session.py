@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
@@ -40,9 +42,14 @@ def build_session(
     `master` is only used when nothing (spark-submit, Databricks) has set one.
     """
     builder = SparkSession.builder.appName(app_name)
+    conf = {**DELTA_CONF, **(extra_conf or {}), **ENFORCED_CONF}
     if master:
         builder = builder.master(master)
-    conf = {**DELTA_CONF, **(extra_conf or {}), **ENFORCED_CONF}
+        if master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
+            # Local workers run on this machine: give them this interpreter (and so this
+            # environment's packages) rather than whatever python3 is first on PATH.
+            # PySpark reads the variable when the context starts, not a Spark setting.
+            os.environ["PYSPARK_PYTHON"] = sys.executable
     if not delta_jars_on_classpath_hint(conf):
         # Without the jars, the catalog class would make every table lookup fail.
         conf.pop("spark.sql.catalog.spark_catalog", None)
@@ -62,8 +69,6 @@ def delta_jars_on_classpath_hint(conf: Mapping[str, str]) -> bool:
     True on Databricks and when --packages/--jars name delta; the running session
     is asked for certain by `spark_has_delta`.
     """
-    import os
-
     if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
         return True
     submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")

@@ -5,12 +5,17 @@ Pure logic, no pika and no Spark, so every rule is unit-tested on its own.
 A delivery moves through these states:
 
     PUBLISHED ──confirm──► CONFIRMED ──ledger write──► DURABLE ──ack──► (forgotten)
-        └──nack / basic.return──► REFUSED   (never acked; requeued when the channel closes)
+      │  ▲
+      │  └── republish (after a backoff) ── NACKED ◄── nack
+      ├──nack, out of retries / basic.return──► REFUSED  (never acked; back to the
+      │                                                   source when the channel closes)
+      └──connection lost before the confirm──► UNCERTAIN (written with no confirm time:
+                                                          it may or may not have arrived)
 
 The source is acked with `multiple=True` up to the highest delivery tag below
-which every delivery is DURABLE. A REFUSED delivery stops that prefix: a multiple
-ack past it would ack it too. Deliveries after a refused one are acked one by one
-once durable, so they are not redelivered and published twice.
+which every delivery is DURABLE. A REFUSED or NACKED delivery stops that prefix: a
+multiple ack past it would ack it too. Deliveries after one are acked one by one
+once durable, so they neither hold the prefetch window nor come back as duplicates.
 """
 
 from __future__ import annotations
@@ -30,9 +35,15 @@ MAX_FLUSH_DELAY_SECONDS = 0.25
 
 class DeliveryState(enum.Enum):
     PUBLISHED = "published"
+    NACKED = "nacked"
     CONFIRMED = "confirmed"
     DURABLE = "durable"
     REFUSED = "refused"
+    UNCERTAIN = "uncertain"
+
+
+# States that stop the multiple-ack prefix for longer than a confirm round trip.
+_BLOCKING = (DeliveryState.REFUSED, DeliveryState.NACKED)
 
 
 @dataclass
@@ -48,9 +59,15 @@ class Delivery:
     properties_sha256: str
     message_id: str | None
     consumed_at: datetime
+    session: int = 0
     confirmed_at: datetime | None = None
     state: DeliveryState = DeliveryState.PUBLISHED
+    attempts: int = 1
     refusal: str | None = field(default=None, repr=False)
+    # Kept until the destination confirms, so a nacked message can be published again
+    # without going back to the source. Bounded by the window like the delivery itself.
+    body: bytes | None = field(default=None, repr=False)
+    properties: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -82,7 +99,12 @@ class TransferWindow:
     """
 
     def __init__(
-        self, window_messages: int, *, first_position: int = 0, clock: Callable[[], datetime]
+        self,
+        window_messages: int,
+        *,
+        first_position: int = 0,
+        session: int = 0,
+        clock: Callable[[], datetime],
     ) -> None:
         if window_messages < 1:
             raise ValueError(f"window_messages must be >= 1, got {window_messages}")
@@ -93,6 +115,7 @@ class TransferWindow:
         self._unwritten: list[Delivery] = []
         self._next_seq = 1
         self._next_position = first_position
+        self._session = session  # a window lives for one pair of connections
         self.in_flight_bytes = 0
 
     # -- events -------------------------------------------------------------------
@@ -106,8 +129,10 @@ class TransferWindow:
         body_sha256: str,
         properties_sha256: str,
         message_id: str | None,
+        body: bytes | None = None,
+        properties: bytes | None = None,
     ) -> Delivery:
-        """Called right after a delivery was published to the destination."""
+        """Called for a delivery about to be published: gives it a position and a seq."""
         if self._by_tag and tag <= next(reversed(self._by_tag)):
             raise ValueError(f"delivery tag {tag} is not above the last one seen")
         delivery = Delivery(
@@ -120,6 +145,9 @@ class TransferWindow:
             properties_sha256=properties_sha256,
             message_id=message_id,
             consumed_at=self._clock(),
+            session=self._session,
+            body=body,
+            properties=properties,
         )
         self._next_seq += 1
         self._next_position += 1
@@ -137,18 +165,49 @@ class TransferWindow:
                 continue  # returned before its ack: routed nowhere, so not confirmed
             delivery.state = DeliveryState.CONFIRMED
             delivery.confirmed_at = now
+            delivery.body = delivery.properties = None
             self._unwritten.append(delivery)
             confirmed.append(delivery)
         return confirmed
 
     def on_nack(self, seq: int, *, multiple: bool) -> list[Delivery]:
-        """A basic.nack from the destination. Returns the deliveries it refused."""
-        refused = []
+        """A basic.nack from the destination. Returns the deliveries it nacked.
+
+        They wait as NACKED until the mover either republishes or refuses them.
+        """
+        nacked = []
         for delivery in self._settle(seq, multiple):
             if delivery.state is not DeliveryState.REFUSED:
-                self._refuse(delivery, "nacked by the destination")
-                refused.append(delivery)
-        return refused
+                delivery.state = DeliveryState.NACKED
+                nacked.append(delivery)
+        return nacked
+
+    def republish(self, delivery: Delivery) -> None:
+        """The nacked delivery was published again: it waits for a new confirm."""
+        if delivery.state is not DeliveryState.NACKED:
+            raise ValueError(f"delivery tag {delivery.tag} is {delivery.state.value}, not nacked")
+        delivery.state = DeliveryState.PUBLISHED
+        delivery.seq = self._next_seq
+        delivery.attempts += 1
+        self._next_seq += 1
+        self._unconfirmed[delivery.seq] = delivery
+
+    def refuse(self, delivery: Delivery, reason: str) -> None:
+        """Give up on a nacked delivery: it is never acked and goes back to the source."""
+        self._refuse(delivery, reason)
+
+    def mark_uncertain(self) -> list[Delivery]:
+        """The destination connection is gone: nobody will confirm what is unconfirmed.
+
+        Returns those deliveries; their rows are written without a confirm time, so a
+        copy that did arrive is named in the ledger when the source redelivers it.
+        """
+        uncertain = list(self._unconfirmed.values())
+        self._unconfirmed.clear()
+        for delivery in uncertain:
+            delivery.state = DeliveryState.UNCERTAIN
+            delivery.body = delivery.properties = None
+        return uncertain
 
     def on_return(self, body_sha256: str, properties_sha256: str, reason: str) -> Delivery | None:
         """A basic.return (mandatory publish routed nowhere).
@@ -203,8 +262,9 @@ class TransferWindow:
             acks.append(Ack(prefix_end, multiple=True))
             while self._by_tag and next(iter(self._by_tag)) <= prefix_end:
                 self._forget(next(iter(self._by_tag)))
-        if self.refused():
-            # Past a refused delivery only single acks are safe.
+        if any(d.state in _BLOCKING for d in self._by_tag.values()):
+            # Past a refused or nacked delivery only single acks are safe; without them
+            # the durable ones would hold prefetch slots until the nacked one resolves.
             singles = [t for t, d in self._by_tag.items() if d.state is DeliveryState.DURABLE]
             for tag in singles:
                 acks.append(Ack(tag, multiple=False))
@@ -225,6 +285,11 @@ class TransferWindow:
     def unconfirmed(self) -> int:
         """Publishes still waiting for the destination's confirm."""
         return len(self._unconfirmed)
+
+    @property
+    def nacked(self) -> int:
+        """Nacked deliveries waiting to be republished or refused."""
+        return sum(1 for d in self._by_tag.values() if d.state is DeliveryState.NACKED)
 
     @property
     def settled(self) -> bool:
@@ -249,6 +314,7 @@ class TransferWindow:
     def _refuse(self, delivery: Delivery, reason: str) -> None:
         delivery.state = DeliveryState.REFUSED
         delivery.refusal = reason
+        delivery.body = delivery.properties = None
 
     def _forget(self, tag: int) -> None:
         delivery = self._by_tag.pop(tag)

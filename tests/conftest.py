@@ -14,7 +14,7 @@ from rmq_spark.spark_session import build_session
 def spark() -> Iterator[SparkSession]:
     session = build_session(
         "rmq-spark-tests",
-        master="local[2]",
+        master="local[2,4]",  # ",4": failed tasks are retried, as on a cluster
         extra_conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
     )
     yield session

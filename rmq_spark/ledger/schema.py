@@ -60,7 +60,16 @@ MESSAGES: tuple[Column, ...] = (
         "0-based place of the delivery in this run's drain order of the source queue. "
         "A retried task continues after the highest position already in the ledger.",
     ),
-    _c("publish_seq", _INT64, "Publisher-confirm sequence number on the destination channel."),
+    _c(
+        "publish_seq",
+        _INT64,
+        "Publisher-confirm sequence number on the destination channel of this session.",
+    ),
+    _c(
+        "publish_attempts",
+        _INT64,
+        "How often it was published: more than 1 after the destination nacked it.",
+    ),
     _c("redelivered", _BOOL, "The broker's redelivered flag on the consumed delivery."),
     _c("body_size", _INT64, "Body length in bytes."),
     _c("body_sha256", _STRING, "Hex sha256 of the exact body bytes."),
@@ -71,11 +80,22 @@ MESSAGES: tuple[Column, ...] = (
     ),
     _c("message_id", _STRING, "The message-id property, if set.", nullable=True),
     _c("consumed_at", _TIMESTAMP, "When the delivery reached the mover (UTC)."),
-    _c("confirmed_at", _TIMESTAMP, "When the destination confirmed it (UTC)."),
+    _c(
+        "confirmed_at",
+        _TIMESTAMP,
+        "When the destination confirmed it (UTC). Null: the destination connection was lost "
+        "before its confirm, so it may or may not have arrived; the source redelivers it.",
+        nullable=True,
+    ),
     _c(
         "task_attempt",
         _STRING,
         "Spark stage.partition.attempt that moved it ('local' outside Spark).",
+    ),
+    _c(
+        "session",
+        _INT64,
+        "Connection session within the task attempt: 0, then +1 after each reconnect.",
     ),
 )
 

@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import schema
-from rmq_spark.ledger.writer import run_partition_dir
+from rmq_spark.ledger import schema, writer
+from rmq_spark.ledger.writer import read_intents, run_intents_dir, run_partition_dir
 from rmq_spark.spark_session import spark_has_delta
 
 log = logging.getLogger(__name__)
@@ -38,24 +40,35 @@ def table_path(ledger_path: str, table: str) -> str:
 def ensure_tables(ledger_path: str) -> None:
     """Create any missing ledger table; fails with one clear error if the path is unusable."""
     root = Path(ledger_path)
+    expected = "expected a directory this user can create and write files in"
+    if root.exists() and not root.is_dir():
+        raise LedgerError(f"ledger.path {ledger_path}: {expected}, found a file")
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / ".rmq-spark-write-probe"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise LedgerError(f"ledger path {ledger_path}: not writable ({exc.strerror})") from exc
+        raise LedgerError(
+            f"ledger.path {ledger_path}: {expected}; {exc.strerror} ({exc.filename})"
+        ) from exc
     for name, columns in schema.TABLES.items():
         path = table_path(ledger_path, name)
         try:
-            DeltaTable(path)
-        except TableNotFoundError:
-            DeltaTable.create(
-                path,
-                schema=schema.arrow_schema(columns),
-                partition_by=schema.PARTITION_BY[name] or None,
-                mode="ignore",
-            )
+            try:
+                DeltaTable(path)
+            except TableNotFoundError:
+                DeltaTable.create(
+                    path,
+                    schema=schema.arrow_schema(columns),
+                    partition_by=schema.PARTITION_BY[name] or None,
+                    mode="ignore",
+                )
+        except (DeltaError, OSError) as exc:
+            raise LedgerError(
+                f"ledger table {path}: expected a Delta table or nothing there, "
+                f"could not open or create it ({exc})"
+            ) from exc
 
 
 def commit_run(ledger_path: str, run_id: str) -> int:
@@ -63,10 +76,13 @@ def commit_run(ledger_path: str, run_id: str) -> int:
 
     One commit for the whole run. Idempotent: files already in the log are skipped,
     so it is safe after a crash and on a re-run. Returns the rows committed.
+    First, intents that never got a row (the process died between publishing and
+    writing) become uncertain rows, so every publish has a row.
     """
     path = table_path(ledger_path, "messages")
     table = DeltaTable(path)
     partition = run_partition_dir(ledger_path, run_id)
+    rows_from_intents(ledger_path, run_id)
     if not partition.is_dir():
         return 0
     committed = {unquote(uri).rsplit("/", 1)[-1] for uri in _files_of_run(table, run_id)}
@@ -97,6 +113,53 @@ def commit_run(ledger_path: str, run_id: str) -> int:
         )
         log.info("committed %d ledger files (%d rows) of run %s", len(actions), rows, run_id)
     return rows
+
+
+def rows_from_intents(ledger_path: str, run_id: str) -> int:
+    """Write an uncertain row for every logged intent whose position has no row.
+
+    Such a delivery was published (or about to be) when its task died: it may be in
+    the destination, and the source will redeliver it. Idempotent. Returns the rows
+    written.
+    """
+    intents_dir = run_intents_dir(ledger_path, run_id)
+    if not intents_dir.is_dir():
+        return 0
+    partition = run_partition_dir(ledger_path, run_id)
+    partition.mkdir(parents=True, exist_ok=True)
+    by_transfer: dict[str, list[pa.Table]] = {}
+    for intent_file in sorted(intents_dir.glob("part-*.arrows")):
+        prefix = intent_file.name[: len("part-") + 17]  # "part-<16 hex>-"
+        by_transfer.setdefault(prefix, []).append(read_intents(intent_file))
+    written = 0
+    for prefix, intents in by_transfer.items():
+        logged = pa.concat_tables(intents)
+        present: set[int] = set()
+        for data_file in partition.glob(f"{prefix}*.parquet"):
+            present.update(pq.read_table(data_file, columns=["position"])["position"].to_pylist())
+        missing = pc.invert(
+            pc.is_in(logged["position"], value_set=pa.array(sorted(present), pa.int64()))
+        )
+        orphans = logged.filter(missing)
+        # A position is logged twice only by a crash mid-retry of a nack; keep one row.
+        first_of_each: dict[int, int] = {}
+        for index, position in enumerate(orphans["position"].to_pylist()):
+            first_of_each.setdefault(position, index)
+        orphans = orphans.take(pa.array(sorted(first_of_each.values()), pa.int64()))
+        if orphans.num_rows:
+            orphans = orphans.select(writer.DATA_SCHEMA.names).cast(writer.DATA_SCHEMA)
+            writer.write_data_file(
+                partition, f"{prefix}intents-{uuid.uuid4().hex}.parquet", orphans
+            )
+            written += orphans.num_rows
+            log.warning(
+                "run %s: %d publish(es) of %s were logged but never confirmed (their task "
+                "died); written as uncertain rows",
+                run_id,
+                orphans.num_rows,
+                prefix,
+            )
+    return written
 
 
 def append_rows(ledger_path: str, table: str, rows: Sequence[Mapping[str, Any]]) -> None:

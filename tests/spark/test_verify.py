@@ -79,19 +79,25 @@ def message(
     *,
     redelivered: bool = False,
     body_size: int = 10,
+    confirmed: bool = True,
+    publish_seq: int | None = None,
+    attempts: int = 1,
+    session: int = 0,
 ) -> dict[str, Any]:
     return {
         **key(queue),
         "position": position,
-        "publish_seq": position + 1,
+        "publish_seq": position + 1 if publish_seq is None else publish_seq,
+        "publish_attempts": attempts,
         "redelivered": redelivered,
         "body_size": body_size,
         "body_sha256": body_sha256,
         "properties_sha256": PROPS,
         "message_id": None,
         "consumed_at": T0 + dt.timedelta(seconds=position),
-        "confirmed_at": T0 + dt.timedelta(seconds=position, milliseconds=5),
+        "confirmed_at": T0 + dt.timedelta(seconds=position, milliseconds=5) if confirmed else None,
         "task_attempt": "1.0.0",
+        "session": session,
     }
 
 
@@ -149,11 +155,30 @@ def passing_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
         message("dup", 0, BODY_A, body_size=7),
         message("dup", 1, BODY_B, body_size=11),
         message("dup", 2, BODY_A, redelivered=True, body_size=7),
+        # The destination connection was lost before position 1's confirm; the source
+        # redelivered it in the next session. Did the first copy arrive? The depth says.
+        *(
+            row
+            for queue in ("uncertain-arrived", "uncertain-vanished")
+            for row in (
+                message(queue, 0, BODY_A),
+                message(queue, 1, BODY_B, confirmed=False),
+                message(queue, 2, BODY_B, redelivered=True, publish_seq=1, session=1),
+            )
+        ),
+        # Position 0 was nacked once and published again after position 1: reordered, but
+        # by a retry, so order is not promised.
+        message("retried", 0, BODY_A, publish_seq=3, attempts=2),
+        message("retried", 1, BODY_B, publish_seq=2),
+        message("retried", 2, BODY_C, publish_seq=4),
     ]
     counters = [
         counter("clean", source=(3, 0), destination=(5, 8)),
         counter("dup", source=(2, 0), destination=(0, 3)),
         counter("empty", source=(0, 0), destination=(4, 4)),
+        counter("uncertain-arrived", source=(2, 0), destination=(0, 3)),
+        counter("uncertain-vanished", source=(2, 0), destination=(0, 2)),
+        counter("retried", source=(3, 0), destination=(0, 3)),
     ]
     return verify_run(
         RUN_ID,
@@ -189,6 +214,7 @@ def test_transfer_without_rows_appears_with_zeros_and_passes(passing_run: Verifi
         status="moved",
         error=None,
         ledger_rows=0,
+        uncertain_rows=0,
         distinct_messages=0,
         duplicates=0,
         bytes=0,
@@ -197,15 +223,35 @@ def test_transfer_without_rows_appears_with_zeros_and_passes(passing_run: Verifi
         lost=0,
         unexpected=0,
         positions_contiguous=True,
+        order_kept=True,
         passed=True,
     )
+
+
+def test_uncertain_publish_that_arrived_is_a_named_duplicate(passing_run: Verification) -> None:
+    arrived = verdict(passing_run, "uncertain-arrived")
+    assert (arrived.ledger_rows, arrived.uncertain_rows, arrived.distinct_messages) == (3, 1, 2)
+    assert (arrived.duplicates, arrived.lost, arrived.unexpected) == (1, 0, 0)
+    assert arrived.passed
+
+
+def test_uncertain_publish_that_never_arrived_is_no_duplicate(passing_run: Verification) -> None:
+    vanished = verdict(passing_run, "uncertain-vanished")
+    assert (vanished.duplicates, vanished.distinct_messages, vanished.lost) == (0, 2, 0)
+    assert vanished.passed
+
+
+def test_reordering_by_a_nack_retry_is_not_an_order_failure(passing_run: Verification) -> None:
+    retried = verdict(passing_run, "retried")
+    assert retried.order_kept
+    assert retried.passed
 
 
 def test_passing_run_is_verified_with_totals(passing_run: Verification) -> None:
     assert passing_run.verified
     assert passing_run.failed_expectations == ()
-    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (5, 1, 0)
-    assert passing_run.bytes == 303 + 18
+    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (12, 2, 0)
+    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30
     assert passing_run.unexpected == 0
 
 
@@ -213,8 +259,15 @@ def test_results_json_and_data_docs_are_written(passing_run: Verification) -> No
     document = json.loads(Path(passing_run.results_path).read_text(encoding="utf-8"))
     assert document["run_id"] == RUN_ID
     assert document["verified"] is True
-    assert document["totals"]["messages"] == 5
-    assert [q["source_queue"] for q in document["queues"]] == ["clean", "dup", "empty"]
+    assert document["totals"]["messages"] == 12
+    assert [q["source_queue"] for q in document["queues"]] == [
+        "clean",
+        "dup",
+        "empty",
+        "retried",
+        "uncertain-arrived",
+        "uncertain-vanished",
+    ]
     assert {r["suite_name"] for r in document["great_expectations"]} == {
         "queue_summary",
         "messages",
@@ -242,6 +295,11 @@ def failing_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
         message("gap", 3, BODY_C),
         message("failed", 0),
         message("nullsum", 0, None),
+        # No redelivery, no retry, yet published out of source order.
+        message("reordered", 0, BODY_A, publish_seq=2),
+        message("reordered", 1, BODY_B, publish_seq=1),
+        # One row, but two messages arrived: one nobody can explain.
+        message("unexplained", 0, BODY_A),
     ]
     counters = [
         counter("ok", source=(1, 0), destination=(0, 1)),
@@ -249,6 +307,8 @@ def failing_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
         counter("gap", source=(3, 0), destination=(0, 3)),
         counter("failed", source=(5, 4), destination=(0, 1), status="failed", error="nack"),
         counter("nullsum", source=(1, 0), destination=(0, 1)),
+        counter("reordered", source=(2, 0), destination=(0, 2)),
+        counter("unexplained", source=(1, 0), destination=(0, 2)),
     ]
     return verify_run(
         RUN_ID,
@@ -294,11 +354,27 @@ def test_failed_status_fails(failing_run: Verification) -> None:
     assert "status=failed, error: nack" in line
 
 
+def test_reordering_without_redelivery_fails(failing_run: Verification) -> None:
+    reordered = verdict(failing_run, "reordered")
+    assert not reordered.order_kept
+    assert not reordered.passed
+    (line,) = failures_naming(failing_run, "reordered")
+    assert "expect_column_values_to_be_in_set(order_kept)" in line
+
+
+def test_arrival_without_a_row_is_unexpected(failing_run: Verification) -> None:
+    unexplained = verdict(failing_run, "unexplained")
+    assert (unexplained.unexpected, unexplained.lost) == (1, 0)
+    assert not unexplained.passed
+    (line,) = failures_naming(failing_run, "unexplained")
+    assert "expect_column_values_to_be_in_set(unexpected)" in line
+
+
 def test_null_checksum_fails(failing_run: Verification) -> None:
     nullsum = verdict(failing_run, "nullsum")
     assert not nullsum.passed
     (line,) = failures_naming(failing_run, "nullsum")
-    assert line.startswith("messages: expect_column_values_to_not_be_null(body_sha256): 1 of 8")
+    assert line.startswith("messages: expect_column_values_to_not_be_null(body_sha256): 1 of 11")
 
 
 # --- no ledger rows at all ---------------------------------------------------------------

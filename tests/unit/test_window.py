@@ -114,8 +114,9 @@ def test_nacked_message_is_never_acked_and_blocks_multiple_ack(clock: FakeClock)
     window = TransferWindow(10, clock=clock)
     for tag in range(1, 5):
         publish(window, tag)
-    refused = window.on_nack(2, multiple=False)
-    assert [d.tag for d in refused] == [2]
+    nacked = window.on_nack(2, multiple=False)
+    assert [d.tag for d in nacked] == [2]
+    window.refuse(nacked[0], "nacked by the destination")
     window.on_confirm(4, multiple=True)
     write_all(window)
     acks = window.take_acks()
@@ -126,13 +127,63 @@ def test_nacked_message_is_never_acked_and_blocks_multiple_ack(clock: FakeClock)
     assert window.settled  # only the refused one remains
 
 
-def test_multiple_nack_refuses_every_lower_unconfirmed(clock: FakeClock) -> None:
+def test_multiple_nack_covers_every_lower_unconfirmed(clock: FakeClock) -> None:
     window = TransferWindow(10, clock=clock)
     for tag in range(1, 4):
         publish(window, tag)
     window.on_confirm(1, multiple=False)
-    refused = window.on_nack(3, multiple=True)
-    assert [d.tag for d in refused] == [2, 3]
+    nacked = window.on_nack(3, multiple=True)
+    assert [d.tag for d in nacked] == [2, 3]
+    assert window.nacked == 2
+
+
+def test_nacked_then_republished_keeps_its_position_and_counts_attempts(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    window.on_publish(
+        1,
+        redelivered=False,
+        body_size=3,
+        body_sha256="b",
+        properties_sha256="p",
+        message_id=None,
+        body=b"abc",
+        properties=b"\x00\x00",
+    )
+    publish(window, 2)
+    (nacked,) = window.on_nack(1, multiple=False)
+    assert nacked.body == b"abc"  # kept for the retry
+    window.on_confirm(2, multiple=False)
+    write_all(window)
+    assert window.take_acks() == [Ack(2, multiple=False)]  # not held back by the nack
+    window.republish(nacked)
+    assert (nacked.seq, nacked.attempts, nacked.position) == (3, 2, 0)
+    (confirmed,) = window.on_confirm(3, multiple=False)
+    assert confirmed is nacked
+    assert confirmed.body is None  # freed once confirmed
+    write_all(window)
+    assert window.take_acks() == [Ack(1, multiple=True)]
+    assert window.in_flight == 0
+
+
+def test_only_nacked_deliveries_can_be_republished(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    publish(window, 1)
+    with pytest.raises(ValueError, match="not nacked"):
+        window.republish(window._by_tag[1])
+
+
+def test_lost_destination_marks_unconfirmed_uncertain(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    for tag in range(1, 4):
+        publish(window, tag)
+    window.on_confirm(1, multiple=False)
+    uncertain = window.mark_uncertain()
+    assert [(d.tag, d.state) for d in uncertain] == [
+        (2, DeliveryState.UNCERTAIN),
+        (3, DeliveryState.UNCERTAIN),
+    ]
+    assert window.unconfirmed == 0
+    assert [d.tag for d in window.rows_to_write()] == [1]  # uncertain rows are the mover's
 
 
 def test_returned_message_is_not_confirmed_by_its_later_ack(clock: FakeClock) -> None:

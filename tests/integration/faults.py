@@ -1,0 +1,250 @@
+"""Fault injection against real nodes, and the checks every fault test makes.
+
+Every check is independent of the mover's own bookkeeping: an independent consumer
+reads the destination, the ledger is read back through delta-rs, and the source is
+counted with a passive declare.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import requests
+from deltalake import DeltaTable
+
+from rmq_spark.config import JobConfig, MoverConfig, load_config
+from rmq_spark.demo import demo_messages, node_connector, seed_queue, wait_for_depth
+from rmq_spark.executor import ExecutorSettings, move_queue
+from rmq_spark.ledger import tables
+from rmq_spark.local_brokers import LocalNode
+from rmq_spark.mover import MoveOutcome
+from tests.integration.support import Brokers, drain_fingerprints, queue_depth, write_config
+
+Fingerprint = tuple[str, str]
+CONDITION_TIMEOUT_SECONDS = 60.0
+
+
+def wait_until(
+    condition: Callable[[], bool], what: str, timeout: float = CONDITION_TIMEOUT_SECONDS
+) -> None:
+    """Poll a condition on the brokers or the ledger until it holds (or fail the test)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def expected_fingerprints(vhost: str, queue: str, count: int) -> Counter[Fingerprint]:
+    return Counter(
+        (
+            hashlib.sha256(m.body).hexdigest(),
+            hashlib.sha256(b"".join(m.properties.encode())).hexdigest(),
+        )
+        for m in demo_messages(vhost, queue, count)
+    )
+
+
+def seed(node: LocalNode, vhost: str, queue: str, count: int, **declare: Any) -> None:
+    connection = node_connector(node)(vhost)
+    try:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True, **declare)
+        seed_queue(channel, vhost, queue, count)
+        wait_for_depth(channel, queue, count)
+    finally:
+        connection.close()
+
+
+def declare(node: LocalNode, vhost: str, queue: str, **arguments: Any) -> None:
+    connection = node_connector(node)(vhost)
+    try:
+        connection.channel().queue_declare(queue, durable=True, arguments=arguments or None)
+    finally:
+        connection.close()
+
+
+def depth(node: LocalNode, vhost: str, queue: str) -> int:
+    connection = node_connector(node)(vhost)
+    try:
+        return queue_depth(connection, queue)
+    finally:
+        connection.close()
+
+
+def management(node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
+    response = requests.request(
+        method,
+        f"{node.management_url}{path}",
+        auth=(node.username, node.password),
+        timeout=10,
+        **kwargs,
+    )
+    response.raise_for_status()
+    return response.json() if response.content else None
+
+
+def mover_connections(node: LocalNode, role: str, run_id: str) -> list[dict[str, Any]]:
+    """The node's AMQP connections opened by a mover of `run_id` ("consumer"/"publisher")."""
+    return [
+        c
+        for c in management(node, "GET", "/api/connections")
+        if f"rmq-spark {run_id} {role}"
+        in (c.get("client_properties") or {}).get("connection_name", "")
+    ]
+
+
+def close_mover_connections(node: LocalNode, role: str, run_id: str) -> int:
+    """Force-close them, as a network failure or an operator would."""
+    closed = 0
+    for connection in mover_connections(node, role, run_id):
+        name = requests.utils.quote(connection["name"], safe="")
+        requests.delete(
+            f"{node.management_url}/api/connections/{name}",
+            auth=(node.username, node.password),
+            headers={"X-Reason": "rmq-spark fault test"},
+            timeout=10,
+        )
+        closed += 1
+    return closed
+
+
+@dataclass
+class Transfer:
+    """One queue transfer driven by the mover in a background thread."""
+
+    brokers: Brokers
+    config: JobConfig
+    run_id: str
+    vhost: str
+    source_queue: str
+    destination_queue: str
+    messages: int
+    window: int
+    outcome: MoveOutcome | None = None
+    error: BaseException | None = None
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def start(self) -> Transfer:
+        tables.ensure_tables(self.config.ledger.path)
+        settings = ExecutorSettings(
+            run_id=self.run_id,
+            ledger_path=self.config.ledger.path,
+            clusters=dict(self.config.clusters),
+            window_messages=self.window,
+            window_bytes=1 << 30,
+            mover=self.config.mover,
+        )
+        row = {
+            "source_cluster": "dr",
+            "source_vhost": self.vhost,
+            "source_queue": self.source_queue,
+            "destination_cluster": "main",
+            "destination_vhost": self.vhost,
+            "destination_queue": self.destination_queue,
+            "messages": self.messages,
+            "message_bytes": self.messages * 1024,
+        }
+
+        def run() -> None:
+            try:
+                self.outcome = move_queue(row, settings, "local")
+            except BaseException as exc:  # handed to the test thread, which asserts on it
+                self.error = exc
+
+        self._thread = threading.Thread(target=run, name=f"mover-{self.run_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def moved_at_least(self, count: int) -> bool:
+        return depth(self.brokers.main, self.vhost, self.destination_queue) >= count
+
+    def join(self, timeout: float = 180.0) -> Transfer:
+        assert self._thread is not None
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"mover {self.run_id} still running after {timeout}s"
+        return self
+
+    def ledger(self) -> pa.Table:
+        tables.commit_run(self.config.ledger.path, self.run_id)
+        table = DeltaTable(str(Path(self.config.ledger.path) / "messages"))
+        return table.to_pyarrow_table(filters=[("run_id", "=", self.run_id)])
+
+
+def fault_config(tmp_path: Path, brokers: Brokers, vhost: str, **mover: Any) -> JobConfig:
+    """A config whose retries are quick, so a fault test waits seconds, not minutes."""
+    limits = {"backoff_seconds": 0.2, "max_backoff_seconds": 2.0, **mover}
+    return load_config(
+        write_config(
+            tmp_path / "job.yaml",
+            brokers,
+            vhosts=[vhost],
+            ledger=tmp_path / "ledger",
+            mover=MoverConfig(**limits).model_dump(),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """What the destination, the source and the ledger say, put side by side."""
+
+    expected: Counter[Fingerprint]
+    in_destination: Counter[Fingerprint]
+    left_in_source: Counter[Fingerprint]
+    confirmed_rows: Counter[Fingerprint]
+    uncertain_rows: Counter[Fingerprint]
+    named_duplicates: int  # redelivered confirmed rows repeating an earlier confirmed row
+
+    @property
+    def lost(self) -> Counter[Fingerprint]:
+        """Published, and now in neither the source nor the destination."""
+        return self.expected - self.in_destination - self.left_in_source
+
+    @property
+    def destination_extra(self) -> Counter[Fingerprint]:
+        """Copies in the destination beyond one per message: the duplicates."""
+        return self.in_destination - self.expected
+
+    @property
+    def unexplained(self) -> Counter[Fingerprint]:
+        """Destination copies no ledger row (confirmed or uncertain) accounts for."""
+        return self.in_destination - self.confirmed_rows - self.uncertain_rows
+
+
+def account(transfer: Transfer, expected: Counter[Fingerprint]) -> Accounting:
+    """Drain destination and source with an independent consumer; read the ledger."""
+    brokers, vhost = transfer.brokers, transfer.vhost
+    ledger = transfer.ledger()
+    rows = ledger.sort_by("position").to_pylist()
+    confirmed: Counter[Fingerprint] = Counter()
+    uncertain: Counter[Fingerprint] = Counter()
+    named = 0
+    for row in rows:
+        fingerprint = (row["body_sha256"], row["properties_sha256"])
+        if row["confirmed_at"] is None:
+            uncertain[fingerprint] += 1
+            continue
+        if confirmed[fingerprint] and row["redelivered"]:
+            named += 1
+        confirmed[fingerprint] += 1
+    return Accounting(
+        expected=expected,
+        in_destination=drain_fingerprints(
+            lambda: brokers.connect(brokers.main, vhost), transfer.destination_queue
+        ),
+        left_in_source=drain_fingerprints(
+            lambda: brokers.connect(brokers.dr, vhost), transfer.source_queue
+        ),
+        confirmed_rows=confirmed,
+        uncertain_rows=uncertain,
+        named_duplicates=named,
+    )

@@ -1,0 +1,393 @@
+"""The fault matrix: every scenario ends with nothing lost and every duplicate named.
+
+Each test moves real messages between two real nodes, injects a fault while the
+transfer runs (waiting on broker conditions, never on sleeps), and then checks with
+an independent consumer and the ledger:
+  lost = 0        every published message is in the destination or still in the source
+  unexplained = 0 every destination copy has a ledger row (confirmed, or uncertain)
+  duplicates      each extra destination copy is a named one, and at most the window
+                  per lost session
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pika
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from rmq_spark.errors import TransferError
+from rmq_spark.pipeline import run_transfer
+from tests.integration.faults import (
+    Accounting,
+    Transfer,
+    account,
+    declare,
+    depth,
+    expected_fingerprints,
+    fault_config,
+    mover_connections,
+    seed,
+    wait_until,
+)
+from tests.integration.support import Brokers, drain_fingerprints, fresh_vhost
+
+MESSAGES = 30_000
+WINDOW = 500
+
+
+def assert_nothing_lost(result: Accounting, *, lost_sessions: int, window: int = WINDOW) -> None:
+    assert result.lost == Counter(), f"{sum(result.lost.values())} message(s) lost"
+    assert result.unexplained == Counter(), "destination copies without a ledger row"
+    named = (result.confirmed_rows - result.expected) + result.uncertain_rows
+    assert result.destination_extra - named == Counter(), "a duplicate is not named"
+    assert sum(result.destination_extra.values()) <= window * lost_sessions
+
+
+def start(
+    brokers: Brokers,
+    tmp_path: Path,
+    name: str,
+    *,
+    count: int = MESSAGES,
+    window: int = WINDOW,
+    **mover: object,
+) -> Transfer:
+    vhost = fresh_vhost(brokers, f"fault-{name}")
+    seed(brokers.dr, vhost, "orders", count)
+    declare(brokers.main, vhost, "orders")  # discovery would; these tests drive the mover alone
+    config = fault_config(tmp_path, brokers, vhost, **mover)
+    return Transfer(brokers, config, name, vhost, "orders", "orders", count, window).start()
+
+
+def finished(transfer: Transfer) -> Accounting:
+    transfer.join()
+    assert transfer.error is None, f"mover raised {transfer.error!r}"
+    assert transfer.outcome is not None
+    assert transfer.outcome.status == "moved", transfer.outcome.error
+    result = account(transfer, expected_fingerprints(transfer.vhost, "orders", transfer.messages))
+    assert result.left_in_source == Counter(), "the source was not drained"
+    return result
+
+
+# -- lost connections ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sides",
+    [("dr",), ("main",), ("dr", "main")],
+    ids=["source", "destination", "both"],
+)
+def test_connection_closed_mid_window_reconnects_and_names_duplicates(
+    brokers: Brokers, password_env: str, tmp_path: Path, sides: tuple[str, ...]
+) -> None:
+    transfer = start(brokers, tmp_path, f"drop-{'-'.join(sides)}")
+    wait_until(lambda: transfer.moved_at_least(MESSAGES // 10), "a tenth to arrive")
+
+    for label in sides:
+        node = brokers.dr if label == "dr" else brokers.main
+        node.rabbitmqctl("close_all_connections", "-p", transfer.vhost, "rmq-spark fault test")
+
+    result = finished(transfer)
+    assert transfer.outcome is not None
+    assert transfer.outcome.sessions >= 2
+    assert_nothing_lost(result, lost_sessions=transfer.outcome.sessions - 1)
+
+
+@pytest.mark.parametrize("label", ["main", "dr"], ids=["destination", "source"])
+def test_node_restarted_mid_run_is_ridden_out(
+    brokers: Brokers, password_env: str, tmp_path: Path, label: str
+) -> None:
+    node = brokers.main if label == "main" else brokers.dr
+    transfer = start(brokers, tmp_path, f"restart-{label}", reconnect_attempts=30)
+    wait_until(lambda: transfer.moved_at_least(MESSAGES // 10), "a tenth to arrive")
+
+    node.rabbitmqctl("stop_app")
+    node.rabbitmqctl("start_app")
+    node.rabbitmqctl("await_startup")
+
+    result = finished(transfer)
+    assert transfer.outcome is not None
+    assert transfer.outcome.sessions >= 2
+    assert_nothing_lost(result, lost_sessions=transfer.outcome.sessions - 1)
+
+
+# -- flow control -----------------------------------------------------------------------------
+
+
+def publisher_blocked(brokers: Brokers, run_id: str) -> bool:
+    states = {c.get("state") for c in mover_connections(brokers.main, "publisher", run_id)}
+    return bool(states & {"blocked", "blocking"})
+
+
+def test_memory_alarm_blocks_publishing_then_the_transfer_resumes(
+    brokers: Brokers, password_env: str, tmp_path: Path
+) -> None:
+    brokers.main.rabbitmqctl("set_vm_memory_high_watermark", "0")
+    try:
+        transfer = start(brokers, tmp_path, "alarm")
+        wait_until(lambda: publisher_blocked(brokers, "alarm"), "the publisher to be blocked")
+        assert depth(brokers.main, transfer.vhost, "orders") == 0
+    finally:
+        brokers.main.rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+
+    result = finished(transfer)
+    assert transfer.outcome is not None
+    assert transfer.outcome.sessions == 1  # it waited; nothing had to reconnect
+    assert_nothing_lost(result, lost_sessions=0)
+
+
+def test_blocked_longer_than_the_timeout_gives_up_without_loss(
+    brokers: Brokers, password_env: str, tmp_path: Path
+) -> None:
+    brokers.main.rabbitmqctl("set_vm_memory_high_watermark", "0")
+    try:
+        transfer = start(
+            brokers, tmp_path, "blocked-timeout", blocked_timeout_seconds=1.0, reconnect_attempts=1
+        )
+        transfer.join()
+    finally:
+        brokers.main.rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+
+    assert isinstance(transfer.error, TransferError)
+    assert "gave up after 2 lost session(s)" in str(transfer.error)
+    assert "fault-blocked-timeout/orders" in str(transfer.error)
+    result = account(transfer, expected_fingerprints(transfer.vhost, "orders", MESSAGES))
+    assert_nothing_lost(result, lost_sessions=2)
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+
+def test_nacked_messages_are_retried_until_the_destination_takes_them(
+    brokers: Brokers, password_env: str, tmp_path: Path
+) -> None:
+    """A destination that holds 100 messages and nacks more, drained by a slow consumer."""
+    count = 3000
+    vhost = fresh_vhost(brokers, "fault-nack-retry")
+    seed(brokers.dr, vhost, "orders", count)
+    connection = brokers.connect(brokers.main, vhost)
+    connection.channel().queue_declare(
+        "orders", durable=True, arguments={"x-max-length": 100, "x-overflow": "reject-publish"}
+    )
+    connection.close()
+    config = fault_config(tmp_path, brokers, vhost, nack_retries=100, backoff_seconds=0.05)
+    received: Counter[tuple[str, str]] = Counter()
+    done = threading.Event()
+
+    def drain_destination() -> None:
+        while not done.is_set():
+            received.update(
+                drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), "orders")
+            )
+
+    consumer = threading.Thread(target=drain_destination, daemon=True)
+    consumer.start()
+    transfer = Transfer(
+        brokers, config, "nack-retry", vhost, "orders", "orders", count, 200
+    ).start()
+    transfer.join()
+    done.set()
+    consumer.join(30)
+    received.update(drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), "orders"))
+
+    assert transfer.error is None
+    assert transfer.outcome is not None
+    assert transfer.outcome.status == "moved", transfer.outcome.error
+    assert received == expected_fingerprints(vhost, "orders", count)
+    ledger = transfer.ledger()
+    assert ledger.num_rows == count
+    assert max(ledger["publish_attempts"].to_pylist()) > 1  # the destination did nack
+
+
+def test_destination_queue_deleted_mid_run_stops_with_returns_and_keeps_the_rest(
+    brokers: Brokers, password_env: str, tmp_path: Path
+) -> None:
+    transfer = start(brokers, tmp_path, "deleted")
+    wait_until(lambda: transfer.moved_at_least(MESSAGES // 10), "a tenth to arrive")
+    connection = brokers.connect(brokers.main, transfer.vhost)
+    connection.channel().queue_delete("orders")
+    connection.close()
+    transfer.join()
+
+    assert transfer.error is None
+    assert transfer.outcome is not None
+    assert transfer.outcome.status == "failed"
+    assert "returned by the destination: 312 NO_ROUTE" in (transfer.outcome.error or "")
+    assert "dr/fault-deleted/orders" in (transfer.outcome.error or "")
+    # What was confirmed before the deletion has rows; everything else is in the source.
+    ledger = transfer.ledger()
+    confirmed = Counter(
+        (r["body_sha256"], r["properties_sha256"]) for r in ledger.to_pylist() if r["confirmed_at"]
+    )
+    left = drain_fingerprints(lambda: brokers.connect(brokers.dr, transfer.vhost), "orders")
+    assert confirmed + left == expected_fingerprints(transfer.vhost, "orders", MESSAGES)
+
+
+# -- order and windows ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("window", "destination_type"),
+    [(1, "classic"), (1000, "classic"), (1000, "quorum")],
+)
+def test_destination_receives_source_order(
+    brokers: Brokers, password_env: str, tmp_path: Path, window: int, destination_type: str
+) -> None:
+    count = 300 if window == 1 else 5000
+    vhost = fresh_vhost(brokers, f"order-{window}-{destination_type}")
+    seed(brokers.dr, vhost, "orders", count)
+    connection = brokers.connect(brokers.main, vhost)
+    connection.channel().queue_declare(
+        "orders", durable=True, arguments={"x-queue-type": destination_type}
+    )
+    connection.close()
+    config = fault_config(tmp_path, brokers, vhost)
+    transfer = Transfer(
+        brokers, config, f"order-{window}", vhost, "orders", "orders", count, window
+    ).start()
+    transfer.join()
+    assert transfer.outcome is not None
+    assert transfer.outcome.status == "moved"
+
+    received = []
+    connection = brokers.connect(brokers.main, vhost)
+    channel = connection.channel()
+    while (message := channel.basic_get("orders", auto_ack=True))[0] is not None:
+        received.append(message[1].message_id)
+    connection.close()
+    assert received == [f"{vhost}/orders/{i}" for i in range(count)]
+    ledger = transfer.ledger().sort_by("position")
+    assert ledger["publish_seq"].to_pylist() == list(range(1, count + 1))
+
+
+def test_messages_published_during_the_drain_are_moved_or_stay(
+    brokers: Brokers, password_env: str, tmp_path: Path
+) -> None:
+    """A producer keeps publishing while the job drains: nothing lost, nothing doubled."""
+    transfer_vhost = fresh_vhost(brokers, "fault-live")
+    seed(brokers.dr, transfer_vhost, "orders", 10_000)
+    declare(brokers.main, transfer_vhost, "orders")
+    config = fault_config(tmp_path, brokers, transfer_vhost)
+    extra = 5000
+    extra_bodies = [os.urandom(256) for _ in range(extra)]
+
+    def produce() -> None:
+        connection = brokers.connect(brokers.dr, transfer_vhost)
+        channel = connection.channel()
+        for body in extra_bodies:
+            channel.basic_publish("", "orders", body, pika.BasicProperties(delivery_mode=2))
+        connection.close()
+
+    producer = threading.Thread(target=produce, daemon=True)
+    transfer = Transfer(brokers, config, "live", transfer_vhost, "orders", "orders", 10_000, WINDOW)
+    transfer.start()
+    producer.start()
+    producer.join(60)
+    transfer.join()
+
+    assert transfer.outcome is not None
+    assert transfer.outcome.status == "moved"
+    in_destination = drain_fingerprints(
+        lambda: brokers.connect(brokers.main, transfer_vhost), "orders"
+    )
+    left = drain_fingerprints(lambda: brokers.connect(brokers.dr, transfer_vhost), "orders")
+    plain = hashlib.sha256(b"".join(pika.BasicProperties(delivery_mode=2).encode())).hexdigest()
+    published = expected_fingerprints(transfer_vhost, "orders", 10_000) + Counter(
+        (hashlib.sha256(body).hexdigest(), plain) for body in extra_bodies
+    )
+    assert in_destination + left == published  # each message exactly once, somewhere
+    assert transfer.ledger().num_rows == sum(in_destination.values())
+
+
+# -- Spark: a killed executor worker, and per-queue isolation ----------------------------------
+
+
+def worker_pid_of(brokers: Brokers, run_id: str) -> int:
+    """The pid of the Python worker holding the run's consumer connection."""
+    (connection,) = mover_connections(brokers.dr, "consumer", run_id)
+    port = connection["peer_port"]
+    output = subprocess.run(
+        ["ss", "-Htnp", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout
+    pid = output.split("pid=", 1)[1].split(",", 1)[0]
+    return int(pid)
+
+
+def test_killed_executor_worker_is_retried_by_spark_without_loss(
+    brokers: Brokers, password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    vhost = fresh_vhost(brokers, "fault-sigkill")
+    seed(brokers.dr, vhost, "orders", MESSAGES)
+    declare(brokers.main, vhost, "orders")
+    config = fault_config(tmp_path, brokers, vhost)
+    outcome: dict[str, object] = {}
+
+    def job() -> None:
+        try:
+            outcome["result"] = run_transfer(spark, config, run_id="sigkill")
+        except BaseException as exc:  # handed to the test thread
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=job, daemon=True)
+    runner.start()
+    wait_until(lambda: depth(brokers.main, vhost, "orders") >= MESSAGES // 10, "a tenth to arrive")
+    wait_until(lambda: bool(mover_connections(brokers.dr, "consumer", "sigkill")), "the consumer")
+    os.kill(worker_pid_of(brokers, "sigkill"), signal.SIGKILL)
+    runner.join(300)
+
+    assert "error" not in outcome, outcome.get("error")
+    result = outcome["result"]
+    verification = result.verification  # type: ignore[attr-defined]
+    assert verification.verified, verification.failed_expectations
+    assert (verification.lost, verification.unexpected) == (0, 0)
+    assert verification.messages == MESSAGES
+    assert 0 < verification.duplicates <= WINDOW * 2  # a window per failed attempt
+    rows = DeltaTable(str(Path(config.ledger.path) / "messages")).to_pyarrow_table(
+        filters=[("run_id", "=", "sigkill")]
+    )
+    assert len(set(rows["task_attempt"].to_pylist())) >= 2  # Spark did run the task again
+
+
+def test_one_refusing_destination_fails_alone(
+    brokers: Brokers, password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    """The destination refuses one queue's messages at run time (too large for it)."""
+    vhost = fresh_vhost(brokers, "fault-isolation")
+    for queue in ("good-1", "good-2"):
+        seed(brokers.dr, vhost, queue, 2000)
+    connection = brokers.connect(brokers.dr, vhost)
+    channel = connection.channel()
+    channel.queue_declare("bad", durable=True)
+    for _ in range(200):
+        channel.basic_publish("", "bad", os.urandom(8192), pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    wait_until(lambda: depth(brokers.dr, vhost, "bad") == 200, "the large messages to land")
+    config = fault_config(tmp_path, brokers, vhost)
+    brokers.main.rabbitmqctl("eval", "application:set_env(rabbit, max_message_size, 4096).")
+    try:
+        result = run_transfer(spark, config, run_id="isolation")
+    finally:
+        brokers.main.rabbitmqctl(
+            "eval", "application:set_env(rabbit, max_message_size, 134217728)."
+        )
+
+    verdicts = {v.source_queue: v for v in result.verification.queues}
+    assert verdicts["good-1"].passed
+    assert verdicts["good-2"].passed
+    assert not verdicts["bad"].passed
+    assert verdicts["bad"].status == "failed"
+    assert "fault-isolation" in (verdicts["bad"].error or "")
+    assert "406" in (verdicts["bad"].error or "")
+    assert not result.verification.verified
+    assert depth(brokers.dr, vhost, "bad") == 200  # every refused message is still there
+    assert depth(brokers.main, vhost, "bad") == 0
+    assert depth(brokers.main, vhost, "good-1") == 2000

@@ -1,0 +1,89 @@
+"""Intents logged before publishing become uncertain rows when their task died."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from rmq_spark.ledger import tables
+from rmq_spark.ledger.writer import (
+    IntentLog,
+    MessageLedgerWriter,
+    TransferKey,
+    next_position,
+    read_intents,
+    run_intents_dir,
+)
+from rmq_spark.window import Delivery
+
+KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def delivery(position: int, *, confirmed: bool) -> Delivery:
+    return Delivery(
+        tag=position + 1,
+        seq=position + 1,
+        position=position,
+        redelivered=False,
+        body_size=3,
+        body_sha256=f"body-{position}",
+        properties_sha256="props",
+        message_id=f"m{position}",
+        consumed_at=T0,
+        confirmed_at=T0 if confirmed else None,
+    )
+
+
+def committed_rows(ledger: Path, run_id: str) -> list[dict[str, object]]:
+    table = DeltaTable(str(ledger / "messages"))
+    rows = table.to_pyarrow_table(filters=[("run_id", "=", run_id)]).to_pylist()
+    return sorted(rows, key=lambda row: int(str(row["position"])))
+
+
+def test_intents_without_rows_become_uncertain_rows_once(tmp_path: Path) -> None:
+    tables.ensure_tables(str(tmp_path))
+    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
+    intents.append([delivery(p, confirmed=False) for p in range(4)])
+    intents.close(finished=False)
+    # Positions 0 and 1 were confirmed and written; the task died before 2 and 3.
+    MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0").write(
+        [delivery(p, confirmed=True) for p in range(2)]
+    )
+
+    assert tables.commit_run(str(tmp_path), "r1") == 4
+    assert tables.commit_run(str(tmp_path), "r1") == 0  # idempotent
+
+    rows = committed_rows(tmp_path, "r1")
+    assert [(r["position"], r["confirmed_at"] is None) for r in rows] == [
+        (0, False),
+        (1, False),
+        (2, True),
+        (3, True),
+    ]
+    assert rows[3]["body_sha256"] == "body-3"
+
+
+def test_retried_task_numbers_after_logged_intents(tmp_path: Path) -> None:
+    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
+    intents.append([delivery(p, confirmed=False) for p in range(7)])
+    intents.close(finished=False)
+    MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0").write([delivery(0, confirmed=True)])
+
+    assert next_position(str(tmp_path), "r1", KEY) == 7
+    other = TransferKey("dr", "/", "other", "main", "/", "other")
+    assert next_position(str(tmp_path), "r1", other) == 0
+
+
+def test_a_torn_last_batch_is_not_read(tmp_path: Path) -> None:
+    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
+    intents.append([delivery(0, confirmed=False)])
+    intents.append([delivery(1, confirmed=False)])
+    intents.close(finished=False)
+    (log_file,) = run_intents_dir(str(tmp_path), "r1").iterdir()
+    data = log_file.read_bytes()
+    log_file.write_bytes(data[: len(data) - 40])  # the crash cut the second batch short
+
+    assert read_intents(log_file)["position"].to_pylist() == [0]
