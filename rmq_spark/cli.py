@@ -7,6 +7,7 @@ broker unreachable, refused pre-flight...); the error line names what is wrong.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import secrets
@@ -142,6 +143,53 @@ def run_transfer_command(args: argparse.Namespace) -> int:
     return EXIT_VERIFIED if result.verification.verified else EXIT_UNVERIFIED
 
 
+# -- plan (dry run) ------------------------------------------------------------------
+
+
+def plan_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of jobs/plan.py and `rmq-spark plan`."""
+    parser = argparse.ArgumentParser(prog="rmq-spark plan", description=run_plan_command.__doc__)
+    add_plan_arguments(parser)
+    return run_plan_command(parser.parse_args(argv))
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="YAML config file (see conf/example.yaml)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--log-level", default="WARNING")
+
+
+def run_plan_command(args: argparse.Namespace) -> int:
+    """Discovery and pre-flight only: print what a transfer would do; move nothing.
+
+    Exit 0 with the plan, or 2 with the pre-flight problems.
+    """
+    setup_logging(args.log_level)
+    from rmq_spark.discovery import discover
+    from rmq_spark.pipeline import management_clients
+    from rmq_spark.plan import assign_partitions
+    from rmq_spark.report import plan_document, print_plan_table
+
+    config: JobConfig | None = None
+    try:
+        config = load_config(args.config)
+        mask_secrets_in_logs(config)
+        with management_clients(config) as clients:
+            transfers = discover(config, clients, dry_run=True)
+    except RmqSparkError as exc:
+        if args.json:
+            problems = list(getattr(exc, "problems", None) or [str(exc)])
+            print(json.dumps({"problems": [str(p) for p in problems]}, indent=2))
+        print_error(exc, config)
+        return EXIT_ERROR
+    document = plan_document(config, transfers, assign_partitions(transfers, config.max_active))
+    if args.json:
+        print(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        print_plan_table(document)
+    return EXIT_VERIFIED
+
+
 # -- main ----------------------------------------------------------------------------
 
 
@@ -151,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     add_transfer_arguments(commands.add_parser("transfer", help="run the transfer job in-process"))
+    add_plan_arguments(
+        commands.add_parser("plan", help="discovery and pre-flight only; moves nothing")
+    )
     demo = commands.add_parser(
         "demo", help="local brokers + demo data + spark-submit + verification"
     )
@@ -160,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "transfer":
         return run_transfer_command(args)
+    if args.command == "plan":
+        return run_plan_command(args)
     from rmq_spark.demo import run_demo
 
     setup_logging()

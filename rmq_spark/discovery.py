@@ -67,23 +67,32 @@ class QueueTransfer:
     messages: int  # exact ready count at plan time
     message_bytes: int  # sampled by the management API; planning only
     destination_messages: int  # exact ready count at plan time
+    destination_created: bool = False  # missing at plan time; created (or, dry run, would be)
+
+    @property
+    def source_label(self) -> str:
+        return f"{self.source_cluster}/{self.source_vhost}/{self.source_queue}"
+
+    @property
+    def destination_label(self) -> str:
+        return f"{self.destination_cluster}/{self.destination_vhost}/{self.destination_queue}"
 
     def describe(self) -> str:
-        return (
-            f"{self.source_cluster}/{self.source_vhost}/{self.source_queue} -> "
-            f"{self.destination_cluster}/{self.destination_vhost}/{self.destination_queue}"
-        )
+        return f"{self.source_label} -> {self.destination_label}"
 
     @property
     def average_message_bytes(self) -> float:
         return self.message_bytes / self.messages if self.messages else 0.0
 
 
-def discover(config: JobConfig, clients: Mapping[str, ManagementClient]) -> list[QueueTransfer]:
+def discover(
+    config: JobConfig, clients: Mapping[str, ManagementClient], *, dry_run: bool = False
+) -> list[QueueTransfer]:
     """Every queue transfer of every route, pre-flight checked, with exact depths.
 
     Raises one RmqSparkError listing every problem (see the module docstring) before
-    anything is created or moved.
+    anything is created or moved. With `dry_run`, missing destinations are not created:
+    their transfers come back with `destination_created` set and a destination depth of 0.
     """
     preflight = _Preflight(config, clients)
     preflight.check_clusters()
@@ -93,9 +102,12 @@ def discover(config: JobConfig, clients: Mapping[str, ManagementClient]) -> list
     destinations = preflight.check_destinations(selected)
     preflight.check_permissions(selected, destinations)
     preflight.raise_problems()
-    preflight.create_missing(destinations)
-    preflight.raise_problems()
-    transfers = _with_exact_depths(config, [c.transfer for c in selected])
+    to_create = {d.candidate.transfer for d in destinations if d.create}
+    if not dry_run:
+        preflight.create_missing(destinations)
+        preflight.raise_problems()
+    transfers = [replace(c.transfer, destination_created=c.transfer in to_create) for c in selected]
+    transfers = _with_exact_depths(config, transfers, missing_destinations_ok=dry_run)
     log.info("discovered %d queue transfers (%d selected)", len(candidates), len(transfers))
     return transfers
 
@@ -707,20 +719,26 @@ def _allows(pattern: str, name: str) -> bool:
         return True  # Erlang-only syntax: leave the decision to the broker
 
 
-def _with_exact_depths(config: JobConfig, transfers: list[QueueTransfer]) -> list[QueueTransfer]:
-    depths = measure_depths(config, transfers)
+def _with_exact_depths(
+    config: JobConfig, transfers: list[QueueTransfer], *, missing_destinations_ok: bool
+) -> list[QueueTransfer]:
+    depths = measure_depths(config, transfers, missing_destinations_ok=missing_destinations_ok)
     return [replace(t, messages=depths[t][0], destination_messages=depths[t][1]) for t in transfers]
 
 
 def measure_depths(
-    config: JobConfig, transfers: list[QueueTransfer]
+    config: JobConfig, transfers: list[QueueTransfer], *, missing_destinations_ok: bool = False
 ) -> dict[QueueTransfer, tuple[int, int]]:
-    """Exact (source, destination) ready counts per transfer, one connection per vhost."""
+    """Exact (source, destination) ready counts per transfer, one connection per vhost.
+
+    A destination that a dry run would create does not exist yet: it counts as 0.
+    """
     by_vhost: dict[tuple[str, str], set[str]] = defaultdict(set)
     for t in transfers:
         by_vhost[(t.source_cluster, t.source_vhost)].add(t.source_queue)
-        by_vhost[(t.destination_cluster, t.destination_vhost)].add(t.destination_queue)
-    depths: dict[tuple[str, str, str], int] = {}
+        if not (missing_destinations_ok and t.destination_created):
+            by_vhost[(t.destination_cluster, t.destination_vhost)].add(t.destination_queue)
+    depths: dict[tuple[str, str, str], int] = defaultdict(int)
     for (cluster, vhost), names in by_vhost.items():
         counted = queue_depths(cluster, config.clusters[cluster], vhost, sorted(names))
         depths.update({(cluster, vhost, name): depth for name, depth in counted.items()})

@@ -32,6 +32,7 @@ PLAN_SCHEMA = T.StructType(
         T.StructField("messages", T.LongType(), False),
         T.StructField("message_bytes", T.LongType(), False),
         T.StructField("destination_messages", T.LongType(), False),
+        T.StructField("destination_created", T.BooleanType(), False),
     ]
 )
 

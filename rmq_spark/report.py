@@ -8,12 +8,16 @@ the plan, the outcomes and the verification, none of which carry credentials.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import IO, Any
 
 from rich.console import Console
 from rich.table import Table
 
+from rmq_spark.config import JobConfig
+from rmq_spark.discovery import QueueTransfer
 from rmq_spark.pipeline import RunResult
+from rmq_spark.window import prefetch_for
 
 RESULT_PREFIX = "RESULT "
 
@@ -72,3 +76,61 @@ def print_queue_table(result: RunResult, file: IO[str] | None = None) -> None:
     Console(file=file, width=160).print(table)
     for failure in result.verification.failed_expectations:
         Console(file=file, width=160).print(f"[red]failed:[/red] {failure}")
+
+
+def plan_document(
+    config: JobConfig, transfers: Sequence[QueueTransfer], partitions: Sequence[int]
+) -> dict[str, Any]:
+    """The dry-run plan as plain data (what `rmq-spark plan --json` prints)."""
+    queues = []
+    for transfer, partition in zip(transfers, partitions, strict=True):
+        queues.append(
+            {
+                "route": transfer.route,
+                "source": transfer.source_label,
+                "source_type": transfer.source_type,
+                "messages": transfer.messages,
+                "bytes": transfer.message_bytes,
+                "destination": transfer.destination_label,
+                "destination_messages": transfer.destination_messages,
+                "destination_created": transfer.destination_created,
+                "partition": partition,
+                "prefetch": prefetch_for(
+                    config.window.messages, config.window.bytes, transfer.average_message_bytes
+                ),
+            }
+        )
+    return {
+        "queues": queues,
+        "partitions": len(set(partitions)),
+        "messages": sum(q["messages"] for q in queues),
+        "bytes": sum(q["bytes"] for q in queues),
+        "problems": [],
+    }
+
+
+def print_plan_table(document: dict[str, Any], file: IO[str] | None = None) -> None:
+    table = Table(
+        title=f"plan: {len(document['queues'])} queues in {document['partitions']} partitions"
+    )
+    for header in ("source", "type", "messages", "bytes", "destination", "part", "prefetch"):
+        table.add_column(header, justify="right" if header in _NUMERIC_PLAN else "left")
+    for queue in document["queues"]:
+        destination = queue["destination"] + (" (new)" if queue["destination_created"] else "")
+        table.add_row(
+            queue["source"],
+            queue["source_type"],
+            str(queue["messages"]),
+            str(queue["bytes"]),
+            destination,
+            str(queue["partition"]),
+            str(queue["prefetch"]),
+        )
+    console = Console(file=file, width=160)
+    console.print(table)
+    console.print(
+        f"total: {document['messages']} messages, {document['bytes']} bytes; nothing moved"
+    )
+
+
+_NUMERIC_PLAN = {"messages", "bytes", "part", "prefetch"}

@@ -1,0 +1,76 @@
+"""`rmq-spark plan`: discovery and pre-flight only; it prints the plan and moves nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import requests
+
+from rmq_spark.cli import main
+from tests.integration.faults import declare, depth, seed
+from tests.integration.support import Brokers, fresh_vhost, write_config
+
+
+def test_plan_prints_every_queue_and_creates_and_moves_nothing(
+    brokers: Brokers, password_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vhost = fresh_vhost(brokers, "plan-dry-run")
+    seed(brokers.dr, vhost, "big", 300)
+    seed(brokers.dr, vhost, "small", 20)
+    declare(brokers.main, vhost, "big")
+    config = write_config(
+        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger", max_active=2
+    )
+
+    exit_code = main(["plan", "--config", str(config), "--json"])
+
+    assert exit_code == 0
+    plan = json.loads(capsys.readouterr().out)
+    queues = {q["source"]: q for q in plan["queues"]}
+    assert set(queues) == {f"dr/{vhost}/big", f"dr/{vhost}/small"}
+    assert queues[f"dr/{vhost}/big"]["messages"] == 300
+    assert queues[f"dr/{vhost}/big"]["destination_created"] is False
+    assert queues[f"dr/{vhost}/small"]["destination_created"] is True
+    assert queues[f"dr/{vhost}/small"]["destination"] == f"main/{vhost}/small"
+    assert {q["partition"] for q in plan["queues"]} == {0, 1}
+    assert plan["messages"] == 320
+    # Nothing was created, nothing moved, no ledger written.
+    assert depth(brokers.dr, vhost, "big") == 300
+    assert depth(brokers.dr, vhost, "small") == 20
+    assert depth(brokers.main, vhost, "big") == 0
+    assert not queue_exists(brokers, vhost, "small")
+    assert not (tmp_path / "ledger").exists()
+
+
+def queue_exists(brokers: Brokers, vhost: str, queue: str) -> bool:
+    response = requests.get(
+        f"{brokers.main.management_url}/api/queues/{vhost}/{queue}",
+        auth=(brokers.main.username, brokers.main.password),
+        timeout=10,
+    )
+    return response.status_code == 200
+
+
+def test_plan_with_problems_lists_them_and_exits_2(
+    brokers: Brokers, password_env: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vhost = fresh_vhost(brokers, "plan-problems")
+    seed(brokers.dr, vhost, "orders", 5)
+    config = write_config(
+        tmp_path / "job.yaml",
+        brokers,
+        vhosts=[vhost],
+        ledger=tmp_path / "ledger",
+        destination={"create_missing": False},
+    )
+
+    exit_code = main(["plan", "--config", str(config), "--json"])
+
+    captured = capsys.readouterr()
+    assert exit_code == 2
+    problems = json.loads(captured.out)["problems"]
+    assert any(f"vhost '{vhost}' queue 'orders'" in p for p in problems)
+    assert "rmq-spark: error:" in captured.err
+    assert depth(brokers.dr, vhost, "orders") == 5
