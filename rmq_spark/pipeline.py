@@ -27,6 +27,7 @@ from rmq_spark.ledger import schema, tables
 from rmq_spark.management import ManagementClient
 from rmq_spark.mover import MoveOutcome
 from rmq_spark.plan import assign_partitions, plan_dataframe
+from rmq_spark.progress import ProgressReporter, amqp_sampler
 from rmq_spark.verify import Verification, verify_run
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,8 @@ def run_transfer(
     plan = plan_dataframe(spark, transfers, assignment)
     log.info("run %s: %d queues in %d partitions", run_id, len(transfers), len(set(assignment)))
 
-    outcomes = move(spark, plan, config, run_id)
+    with ProgressReporter(transfers, amqp_sampler(config, transfers)):
+        outcomes = move(spark, plan, config, run_id)
     tables.commit_run(ledger_path, run_id)
 
     after = measure_depths(config, transfers)
