@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -22,7 +22,9 @@ from pyspark.sql import DataFrame, SparkSession
 from rmq_spark import verify
 from rmq_spark.config import JobConfig, validate_run_id
 from rmq_spark.discovery import QueueTransfer, discover, measure_depths
+from rmq_spark.errors import ConfigError
 from rmq_spark.executor import ExecutorSettings, move_partition
+from rmq_spark.federation import paused_federation
 from rmq_spark.ledger import schema, tables
 from rmq_spark.management import ManagementClient
 from rmq_spark.mover import MoveOutcome
@@ -31,6 +33,10 @@ from rmq_spark.progress import ProgressReporter, amqp_sampler
 from rmq_spark.verify import Verification, verify_run
 
 log = logging.getLogger(__name__)
+
+# The partition of a transfer an earlier driver of the same run id finished.
+NOT_MOVED_NOW = -1
+_TRANSFER_FIELDS = tuple(f.name for f in fields(QueueTransfer))
 
 # The queues-table columns known before verification (what the brokers and movers
 # said), plus the planner's partition.
@@ -67,17 +73,27 @@ def run_transfer(
     # moved if either fails.
     tables.ensure_tables(ledger_path)
     with management_clients(config) as clients:
-        transfers = discover(config, clients)
-    assignment = assign_partitions(transfers, config.max_active)
-    plan = plan_dataframe(spark, transfers, assignment)
-    log.info("run %s: %d queues in %d partitions", run_id, len(transfers), len(set(assignment)))
+        to_move = discover(config, clients)
+    # The run's whole plan: what an earlier, crashed driver of this run id planned
+    # (with the depths it saw first), plus what is new. Durable before anything moves.
+    transfers = record_plan(config, run_id, to_move, clock())
+    assignment = assign_partitions(to_move, config.max_active)
+    plan = plan_dataframe(spark, to_move, assignment)
+    log.info("run %s: %d queues in %d partitions", run_id, len(to_move), len(set(assignment)))
 
-    with ProgressReporter(transfers, amqp_sampler(config, transfers)):
+    # federation: pause keeps federated source queues from pulling from upstream while
+    # the movers consume them; restored on the way out, also after a failure.
+    with (
+        management_clients(config) as clients,
+        paused_federation(config, clients),
+        ProgressReporter(to_move, amqp_sampler(config, to_move)),
+    ):
         outcomes = move(spark, plan, config, run_id)
     tables.commit_run(ledger_path, run_id)
 
     after = measure_depths(config, transfers)
-    counters = counters_rows(run_id, transfers, assignment, outcomes, after)
+    partition_of = {t.describe(): p for t, p in zip(to_move, assignment, strict=True)}
+    counters = counters_rows(run_id, transfers, partition_of, outcomes, after)
     verification = verify_run(
         run_id,
         tables.read_run_messages(spark, ledger_path, run_id),
@@ -98,11 +114,47 @@ def run_transfer(
     return RunResult(
         run_id=run_id,
         transfers=tuple(transfers),
-        partitions=tuple(assignment),
+        partitions=tuple(partition_of.get(t.describe(), NOT_MOVED_NOW) for t in transfers),
         outcomes=tuple(outcomes),
         verification=verification,
         seconds=seconds,
     )
+
+
+def record_plan(
+    config: JobConfig, run_id: str, discovered: Sequence[QueueTransfer], now: datetime
+) -> list[QueueTransfer]:
+    """Append the newly planned transfers to the plans table; return the run's whole plan.
+
+    A re-run of a run id continues it: transfers planned by an earlier driver keep
+    their first depths (so verification covers the whole run), even when their source
+    is now empty and discovery no longer selects them.
+    """
+    digest = config.digest()
+    earlier: dict[str, QueueTransfer] = {}
+    for row in tables.read_rows(config.ledger.path, "plans", run_id):
+        if row["config_digest"] != digest:
+            raise ConfigError(
+                f"run id {run_id} was planned with another config (digest "
+                f"{row['config_digest'][:12]}, now {digest[:12]}); resume it with the same "
+                "config, or start a new run id"
+            )
+        transfer = QueueTransfer(**{f: row[f] for f in _TRANSFER_FIELDS})
+        earlier.setdefault(transfer.describe(), transfer)
+    new = [t for t in discovered if t.describe() not in earlier]
+    tables.append_rows(
+        config.ledger.path,
+        "plans",
+        [{**asdict(t), "run_id": run_id, "config_digest": digest, "planned_at": now} for t in new],
+    )
+    if earlier:
+        log.info(
+            "run %s resumed: %d queue(s) planned earlier, %d new",
+            run_id,
+            len(earlier),
+            len(new),
+        )
+    return [*earlier.values(), *new]
 
 
 @contextmanager
@@ -139,19 +191,28 @@ def move(spark: SparkSession, plan: DataFrame, config: JobConfig, run_id: str) -
 def counters_rows(
     run_id: str,
     transfers: Sequence[QueueTransfer],
-    assignment: Sequence[int],
+    partition_of: dict[str, int],
     outcomes: Sequence[MoveOutcome],
     after: dict[QueueTransfer, tuple[int, int]],
 ) -> list[dict[str, object]]:
     """Broker counters before/after and the outcome, per transfer (_COUNTERS_SCHEMA).
 
+    A transfer an earlier driver of this run planned and this one did not move (its
+    source was drained by then) is "moved": verification checks that from the ledger.
     The queues table's ledger columns (rows, duplicates, lost, unexpected) are added
     from the verification.
     """
     by_key = {outcome.key.describe(): outcome for outcome in outcomes}
     rows = []
-    for transfer, partition in zip(transfers, assignment, strict=True):
-        outcome = by_key.get(transfer.describe())
+    for transfer in transfers:
+        label = transfer.describe()
+        outcome = by_key.get(label)
+        if label not in partition_of:
+            status, error = "moved", None
+        elif outcome is None:
+            status, error = "failed", "no outcome from the executor"
+        else:
+            status, error = outcome.status, outcome.error
         rows.append(
             {
                 "run_id": run_id,
@@ -161,9 +222,9 @@ def counters_rows(
                 "destination_cluster": transfer.destination_cluster,
                 "destination_vhost": transfer.destination_vhost,
                 "destination_queue": transfer.destination_queue,
-                "partition": partition,
-                "status": outcome.status if outcome else "failed",
-                "error": outcome.error if outcome else "no outcome from the executor",
+                "partition": partition_of.get(label, NOT_MOVED_NOW),
+                "status": status,
+                "error": error,
                 "source_depth_before": transfer.messages,
                 "source_depth_after": after[transfer][0],
                 "destination_depth_before": transfer.destination_messages,

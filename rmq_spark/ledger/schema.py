@@ -131,10 +131,30 @@ RUNS: tuple[Column, ...] = (
     _c("verification_path", _STRING, "Where the verification JSON and Data Docs are."),
 )
 
-TABLES: dict[str, tuple[Column, ...]] = {"runs": RUNS, "queues": QUEUES, "messages": MESSAGES}
+# Written before anything moves, so a re-run with the same run id after a driver crash
+# verifies the whole run against the depths the first plan saw.
+PLANS: tuple[Column, ...] = (
+    *_TRANSFER_KEY,
+    _c("route", _STRING, "Config route that selected the queue."),
+    _c("source_type", _STRING, "classic | quorum | stream."),
+    _c("source_node", _STRING, "Node hosting the source queue at plan time."),
+    _c("messages", _INT64, "Ready messages in the source when first planned."),
+    _c("message_bytes", _INT64, "Ready bytes in the source (sampled by the management API)."),
+    _c("destination_messages", _INT64, "Ready messages in the destination when first planned."),
+    _c("destination_created", _BOOL, "The destination was missing and rmq-spark created it."),
+    _c("config_digest", _STRING, "sha256 of the config the run was planned with."),
+    _c("planned_at", _TIMESTAMP, "When the driver planned it (UTC)."),
+)
+
+TABLES: dict[str, tuple[Column, ...]] = {
+    "runs": RUNS,
+    "queues": QUEUES,
+    "messages": MESSAGES,
+    "plans": PLANS,
+}
 
 # Only the messages table is partitioned: analysts and the commit step look at one run.
-PARTITION_BY: dict[str, list[str]] = {"messages": ["run_id"], "queues": [], "runs": []}
+PARTITION_BY: dict[str, list[str]] = {"messages": ["run_id"], "queues": [], "runs": [], "plans": []}
 
 
 def arrow_schema(columns: tuple[Column, ...]) -> pa.Schema:

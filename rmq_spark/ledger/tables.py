@@ -197,3 +197,15 @@ def read_run_messages(spark: SparkSession, ledger_path: str, run_id: str) -> Dat
 
 def _files_of_run(table: DeltaTable, run_id: str) -> list[str]:
     return table.file_uris(partition_filters=[("run_id", "=", run_id)])
+
+
+def read_rows(ledger_path: str, table: str, run_id: str) -> list[dict[str, Any]]:
+    """A run's rows of a small ledger table (runs, queues, plans), without Spark."""
+    try:
+        data = DeltaTable(table_path(ledger_path, table)).to_pyarrow_table(
+            filters=[("run_id", "=", run_id)]
+        )
+    except TableNotFoundError:
+        return []
+    rows: list[dict[str, Any]] = data.to_pylist()
+    return rows
