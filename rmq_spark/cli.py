@@ -190,6 +190,101 @@ def run_plan_command(args: argparse.Namespace) -> int:
     return EXIT_VERIFIED
 
 
+# -- restore-federation --------------------------------------------------------------
+
+
+def add_restore_federation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="YAML config file (see conf/example.yaml)")
+    parser.add_argument("--log-level", default="WARNING")
+
+
+def run_restore_federation_command(args: argparse.Namespace) -> int:
+    """Restore every federation upstream a transfer paused on the source clusters.
+
+    For after a crash that left them paused (federation: pause); idempotent. Prints
+    each restored upstream; exit 0, or 2 when a cluster could not be restored.
+    """
+    setup_logging(args.log_level)
+    from rmq_spark.federation import restore_federation, source_clusters
+    from rmq_spark.pipeline import management_clients
+
+    config: JobConfig | None = None
+    try:
+        config = load_config(args.config)
+        mask_secrets_in_logs(config)
+        with management_clients(config) as clients:
+            restored = restore_federation(config, clients)
+    except RmqSparkError as exc:
+        print_error(exc, config)
+        return EXIT_ERROR
+    for cluster, vhost, name in restored:
+        print(f"restored cluster {cluster} vhost {vhost!r} federation upstream {name!r}")
+    if not restored:
+        clusters = ", ".join(source_clusters(config))
+        print(f"nothing to restore: no paused federation upstream on cluster(s) {clusters}")
+    return EXIT_VERIFIED
+
+
+# -- report --------------------------------------------------------------------------
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run to report on (runs.run_id)")
+    ledger = parser.add_mutually_exclusive_group(required=True)
+    ledger.add_argument("--ledger", help="the ledger directory (a config's ledger.path)")
+    ledger.add_argument(
+        "--config", help="the job's YAML config; only ledger.path is used, no password needed"
+    )
+    parser.add_argument(
+        "--out", help="where to write the report (default: <ledger>/reports/run_id=RUN/report.html)"
+    )
+    parser.add_argument("--log-level", default="WARNING")
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    """Write one run's self-contained HTML report from the ledger and print its path.
+
+    Reads the Delta tables with delta-rs: no Spark, no broker, no password. Exit 0 with
+    the path (whatever the run's verdict, which the report shows), or 2 with the error.
+    """
+    setup_logging(args.log_level)
+    from pathlib import Path
+
+    from rmq_spark.run_report import build_report
+
+    try:
+        ledger_path = args.ledger or ledger_path_of(args.config)
+        path = build_report(
+            ledger_path, validate_run_id(args.run_id), Path(args.out) if args.out else None
+        )
+    except RmqSparkError as exc:
+        print_error(exc)
+        return EXIT_ERROR
+    print(path, flush=True)
+    return EXIT_VERIFIED
+
+
+def ledger_path_of(config_file: str) -> str:
+    """The config's ledger.path, the config validated as for a transfer but without its
+    passwords: a variable named by a `password_env` that is not set gets an empty
+    placeholder (a report never connects, so the placeholder is never used)."""
+    import yaml
+
+    try:
+        with open(config_file, encoding="utf-8") as text:
+            parsed = yaml.safe_load(text)
+        clusters = parsed.get("clusters") if isinstance(parsed, dict) else None
+    except (OSError, yaml.YAMLError):
+        clusters = None  # load_config names the problem
+    names = [
+        cluster["password_env"]
+        for cluster in (clusters.values() if isinstance(clusters, dict) else [])
+        if isinstance(cluster, dict) and isinstance(cluster.get("password_env"), str)
+    ]
+    environ = {**{name: "" for name in names}, **os.environ}
+    return load_config(config_file, environ).ledger.path
+
+
 # -- main ----------------------------------------------------------------------------
 
 
@@ -202,6 +297,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_plan_arguments(
         commands.add_parser("plan", help="discovery and pre-flight only; moves nothing")
     )
+    add_restore_federation_arguments(
+        commands.add_parser(
+            "restore-federation",
+            help="restore the federation upstreams a crashed transfer left paused",
+        )
+    )
+    add_report_arguments(
+        commands.add_parser("report", help="write a run's HTML report from the ledger")
+    )
     demo = commands.add_parser(
         "demo", help="local brokers + demo data + spark-submit + verification"
     )
@@ -213,6 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_transfer_command(args)
     if args.command == "plan":
         return run_plan_command(args)
+    if args.command == "restore-federation":
+        return run_restore_federation_command(args)
+    if args.command == "report":
+        return run_report_command(args)
     from rmq_spark.demo import run_demo
 
     setup_logging()

@@ -214,6 +214,10 @@ class JobConfig(_Strict):
     max_active: int = Field(default=4, ge=1)
     ledger: LedgerConfig
     management_timeout_seconds: float = Field(default=10.0, gt=0)
+    # pause: the source clusters' federation upstreams are paused while the movers
+    # run (their consumers would make federated queues pull from upstream), and
+    # restored afterwards; see federation.py.
+    federation: Literal["keep", "pause"] = "keep"
 
     @model_validator(mode="after")
     def _routes_name_known_clusters(self) -> JobConfig:

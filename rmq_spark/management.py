@@ -159,7 +159,49 @@ class ManagementClient:
             configure=str(row["configure"]), write=str(row["write"]), read=str(row["read"])
         )
 
+    def parameters(self, component: str) -> list[dict[str, Any]]:
+        """A component's runtime parameters in every vhost (federation upstreams...)."""
+        rows = self._request(
+            "GET",
+            f"/api/parameters/{_q(component)}",
+            what=f"list the {component} parameters",
+            missing_ok=True,
+        )
+        return list(rows or [])
+
+    def policies(self) -> list[dict[str, Any]]:
+        """Every policy of every vhost."""
+        return list(self._request("GET", "/api/policies", what="list the policies") or [])
+
+    def federation_links(self) -> list[dict[str, Any]] | None:
+        """Federation links of every vhost; None without rabbitmq_federation_management."""
+        rows = self._request(
+            "GET", "/api/federation-links", what="list the federation links", missing_ok=True
+        )
+        return None if rows is None else list(rows)
+
     # -- writes ---------------------------------------------------------------------
+
+    def put_parameter(self, component: str, vhost: str, name: str, value: dict[str, Any]) -> None:
+        """Create or replace a runtime parameter.
+
+        The value is never logged: it may hold a password (a federation upstream's URI).
+        """
+        self._request(
+            "PUT",
+            f"/api/parameters/{_q(component)}/{_q(vhost)}/{_q(name)}",
+            what=f"define {component} {name!r} in vhost {vhost!r}",
+            json={"component": component, "vhost": vhost, "name": name, "value": value},
+        )
+
+    def delete_parameter(self, component: str, vhost: str, name: str) -> None:
+        """Delete a runtime parameter; one that is already gone is fine."""
+        self._request(
+            "DELETE",
+            f"/api/parameters/{_q(component)}/{_q(vhost)}/{_q(name)}",
+            what=f"delete {component} {name!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
 
     def declare_queue(
         self, vhost: str, name: str, *, durable: bool, arguments: dict[str, Any]
