@@ -34,10 +34,14 @@ def connection_parameters(
     *,
     purpose: str,
     blocked_timeout: float = BLOCKED_CONNECTION_TIMEOUT_SECONDS,
+    prefer: str | None = None,
 ) -> list[pika.ConnectionParameters]:
-    """One parameter set per configured AMQP URI, tried in order."""
+    """One parameter set per AMQP URI, tried in order: `prefer` (the node hosting the
+    queue, see rmq_spark.colocation) first, then the cluster's URIs."""
     result = []
-    for uri in cluster.amqp:
+    uris = [prefer] if prefer else []
+    uris += [uri for uri in cluster.amqp if uri != prefer]
+    for uri in uris:
         parts = urlsplit(uri)
         tls = parts.scheme == "amqps"
         result.append(

@@ -55,8 +55,17 @@ class ClusterConfig(_Strict):
     username: str = "guest"
     password_env: str | None = None
     tls: TlsConfig = TlsConfig()
+    # Node name -> AMQP URI, for connecting to the node that hosts a queue; by default
+    # discovered from the cluster's listeners (see rmq_spark.colocation).
+    nodes: dict[str, str] = {}
     # Resolved from password_env at load time; excluded from dumps and digests.
     password: SecretStr = Field(default=SecretStr(""), exclude=True)
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_uris(cls, nodes: dict[str, str]) -> dict[str, str]:
+        cls._amqp_uris(list(nodes.values()))
+        return nodes
 
     @field_validator("amqp")
     @classmethod

@@ -68,6 +68,7 @@ class QueueTransfer:
     message_bytes: int  # sampled by the management API; planning only
     destination_messages: int  # exact ready count at plan time
     destination_created: bool = False  # missing at plan time; created (or, dry run, would be)
+    destination_node: str = ""  # node hosting the destination (quorum leader), if it existed
 
     @property
     def source_label(self) -> str:
@@ -103,10 +104,18 @@ def discover(
     preflight.check_permissions(selected, destinations)
     preflight.raise_problems()
     to_create = {d.candidate.transfer for d in destinations if d.create}
+    nodes = {d.candidate.transfer: hosting_node(d.existing or {}) for d in destinations}
     if not dry_run:
         preflight.create_missing(destinations)
         preflight.raise_problems()
-    transfers = [replace(c.transfer, destination_created=c.transfer in to_create) for c in selected]
+    transfers = [
+        replace(
+            c.transfer,
+            destination_created=c.transfer in to_create,
+            destination_node=nodes.get(c.transfer, ""),
+        )
+        for c in selected
+    ]
     transfers = _with_exact_depths(config, transfers, missing_destinations_ok=dry_run)
     log.info("discovered %d queue transfers (%d selected)", len(candidates), len(transfers))
     return transfers
@@ -598,7 +607,7 @@ def _transfer(route: RouteConfig, vhost: str, queue: dict[str, Any]) -> QueueTra
         source_vhost=vhost,
         source_queue=name,
         source_type=_queue_type(queue),
-        source_node=queue.get("node") or "",
+        source_node=hosting_node(queue),
         destination_cluster=destination.cluster,
         destination_vhost=destination.vhost.format(vhost=vhost, queue=name),
         destination_queue=destination.queue.format(vhost=vhost, queue=name),
@@ -717,6 +726,11 @@ def _allows(pattern: str, name: str) -> bool:
         return re.search(pattern, name) is not None
     except re.error:
         return True  # Erlang-only syntax: leave the decision to the broker
+
+
+def hosting_node(queue: Mapping[str, Any]) -> str:
+    """The node to connect to for a queue: a quorum queue's leader, else its home node."""
+    return str(queue.get("leader") or queue.get("node") or "")
 
 
 def _with_exact_depths(

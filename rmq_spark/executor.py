@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rmq_spark.amqp import connection_parameters
+from rmq_spark.colocation import preferred_uri
 from rmq_spark.config import ClusterConfig, MoverConfig
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, TransferKey, next_position
 from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover
@@ -36,6 +37,8 @@ class ExecutorSettings:
     window_messages: int
     window_bytes: int
     mover: MoverConfig = field(default_factory=MoverConfig)
+    # cluster -> node name -> AMQP URI (rmq_spark.colocation); empty: cluster URIs only.
+    node_uris: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def move_partition(
@@ -60,9 +63,21 @@ def move_queue(row: dict[str, object], settings: ExecutorSettings, attempt: str)
     )
     messages = int(str(row["messages"]))
     average = int(str(row["message_bytes"])) / messages if messages else 0.0
-    source = _endpoint(settings, key.source_cluster, key.source_vhost, key.source_queue, "consumer")
+    source = _endpoint(
+        settings,
+        key.source_cluster,
+        key.source_vhost,
+        key.source_queue,
+        node=str(row.get("source_node") or ""),
+        role="consumer",
+    )
     destination = _endpoint(
-        settings, key.destination_cluster, key.destination_vhost, key.destination_queue, "publisher"
+        settings,
+        key.destination_cluster,
+        key.destination_vhost,
+        key.destination_queue,
+        node=str(row.get("destination_node") or ""),
+        role="publisher",
     )
     first_position = next_position(settings.ledger_path, settings.run_id, key)
     intents = IntentLog(settings.ledger_path, settings.run_id, key, attempt)
@@ -85,14 +100,16 @@ def move_queue(row: dict[str, object], settings: ExecutorSettings, attempt: str)
 
 
 def _endpoint(
-    settings: ExecutorSettings, cluster: str, vhost: str, queue: str, role: str
+    settings: ExecutorSettings, cluster: str, vhost: str, queue: str, *, node: str, role: str
 ) -> Endpoint:
+    """Where to connect: the node hosting the queue first, when its address is known."""
     params = connection_parameters(
         cluster,
         settings.clusters[cluster],
         vhost,
         purpose=f"{settings.run_id} {role} {queue}",
         blocked_timeout=settings.mover.blocked_timeout_seconds,
+        prefer=preferred_uri(settings.node_uris, cluster, node),
     )
     return Endpoint(cluster, vhost, queue, tuple(params))
 

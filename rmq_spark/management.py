@@ -50,7 +50,7 @@ _PROBE_RETRY = Retry(
 CONNECT_TIMEOUT_SECONDS = 5.0
 QUEUE_COLUMNS = (
     "name,vhost,type,durable,auto_delete,exclusive,arguments,policy,"
-    "effective_policy_definition,node,"
+    "effective_policy_definition,node,leader,"
     "messages,messages_ready,message_bytes,message_bytes_ready,consumers"
 )
 # What the management API's 401 answers mean (its "reason" field).

@@ -20,6 +20,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from rmq_spark import verify
+from rmq_spark.colocation import node_uris
 from rmq_spark.config import JobConfig, validate_run_id
 from rmq_spark.discovery import QueueTransfer, discover, measure_depths
 from rmq_spark.errors import ConfigError
@@ -88,7 +89,7 @@ def run_transfer(
         paused_federation(config, clients),
         ProgressReporter(to_move, amqp_sampler(config, to_move)),
     ):
-        outcomes = move(spark, plan, config, run_id)
+        outcomes = move(spark, plan, config, run_id, node_uris(config, clients))
     tables.commit_run(ledger_path, run_id)
 
     after = measure_depths(config, transfers)
@@ -170,8 +171,18 @@ def management_clients(config: JobConfig) -> Iterator[dict[str, ManagementClient
             client.close()
 
 
-def move(spark: SparkSession, plan: DataFrame, config: JobConfig, run_id: str) -> list[MoveOutcome]:
-    """Run the movers on the executors; one outcome per planned queue."""
+def move(
+    spark: SparkSession,
+    plan: DataFrame,
+    config: JobConfig,
+    run_id: str,
+    nodes: dict[str, dict[str, str]] | None = None,
+) -> list[MoveOutcome]:
+    """Run the movers on the executors; one outcome per planned queue.
+
+    `nodes` (cluster -> node -> AMQP URI) lets each mover connect to the node that
+    hosts its queues first (rmq_spark.colocation).
+    """
     settings = spark.sparkContext.broadcast(
         ExecutorSettings(
             run_id=run_id,
@@ -180,6 +191,7 @@ def move(spark: SparkSession, plan: DataFrame, config: JobConfig, run_id: str) -
             window_messages=config.window.messages,
             window_bytes=config.window.bytes,
             mover=config.mover,
+            node_uris=nodes or {},
         )
     )
     try:

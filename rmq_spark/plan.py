@@ -33,6 +33,7 @@ PLAN_SCHEMA = T.StructType(
         T.StructField("message_bytes", T.LongType(), False),
         T.StructField("destination_messages", T.LongType(), False),
         T.StructField("destination_created", T.BooleanType(), False),
+        T.StructField("destination_node", T.StringType(), False),
     ]
 )
 

@@ -142,6 +142,7 @@ PLANS: tuple[Column, ...] = (
     _c("message_bytes", _INT64, "Ready bytes in the source (sampled by the management API)."),
     _c("destination_messages", _INT64, "Ready messages in the destination when first planned."),
     _c("destination_created", _BOOL, "The destination was missing and rmq-spark created it."),
+    _c("destination_node", _STRING, "Node hosting the destination (its leader), if it existed."),
     _c("config_digest", _STRING, "sha256 of the config the run was planned with."),
     _c("planned_at", _TIMESTAMP, "When the driver planned it (UTC)."),
 )
