@@ -19,6 +19,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -199,13 +200,66 @@ def _files_of_run(table: DeltaTable, run_id: str) -> list[str]:
     return table.file_uris(partition_filters=[("run_id", "=", run_id)])
 
 
-def read_rows(ledger_path: str, table: str, run_id: str) -> list[dict[str, Any]]:
-    """A run's rows of a small ledger table (runs, queues, plans), without Spark."""
+def arrow_dataset(ledger_path: str, table: str, run_id: str | None = None) -> ds.Dataset:
+    """A ledger table's current snapshot (or one run's part of it) as a pyarrow dataset.
+
+    delta-rs lists the snapshot's data files and pyarrow reads them; these tables are
+    append-only, without deletion vectors or column mapping, so the files are the
+    snapshot (as in `read_table`). Not `DeltaTable.to_pyarrow_table`: with deltalake
+    1.6 and pyarrow 26 the interpreter sometimes aborts at exit after it ("terminate
+    called without an active exception", exit 134).
+    """
+    path = table_path(ledger_path, table)
+    partition_columns = schema.PARTITION_BY[table]
     try:
-        data = DeltaTable(table_path(ledger_path, table)).to_pyarrow_table(
-            filters=[("run_id", "=", run_id)]
+        files = DeltaTable(path).file_uris(
+            partition_filters=[("run_id", "=", run_id)]
+            if run_id is not None and "run_id" in partition_columns
+            else None
         )
-    except TableNotFoundError:
+    except TableNotFoundError as exc:
+        raise LedgerError(
+            f"ledger table {path} does not exist: expected the ledger of an rmq-spark run "
+            f"(tables {', '.join(schema.TABLES)}) at {ledger_path}"
+        ) from exc
+    except (DeltaError, OSError) as exc:
+        raise LedgerError(f"ledger table {path}: could not read it ({exc})") from exc
+    arrow = schema.arrow_schema(schema.TABLES[table])
+    partitioning = (
+        ds.partitioning(pa.schema([arrow.field(n) for n in partition_columns]), flavor="hive")
+        if partition_columns
+        else None
+    )
+    return ds.dataset(
+        files,
+        schema=arrow,
+        format="parquet",
+        partitioning=partitioning,
+        partition_base_dir=path,
+    )
+
+
+def read_arrow(
+    ledger_path: str,
+    table: str,
+    *,
+    run_id: str | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """A ledger table (or one run's rows of it) as an Arrow table, without Spark.
+
+    >>> read_arrow(".demo/ledger", "runs").to_pandas()  # doctest: +SKIP
+    """
+    return arrow_dataset(ledger_path, table, run_id).to_table(
+        columns=list(columns) if columns is not None else None,
+        filter=ds.field("run_id") == run_id if run_id is not None else None,
+    )
+
+
+def read_rows(ledger_path: str, table: str, run_id: str) -> list[dict[str, Any]]:
+    """A run's rows of a small ledger table (runs, queues, plans); none if it is missing."""
+    try:
+        rows: list[dict[str, Any]] = read_arrow(ledger_path, table, run_id=run_id).to_pylist()
+    except LedgerError:
         return []
-    rows: list[dict[str, Any]] = data.to_pylist()
     return rows

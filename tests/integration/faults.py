@@ -18,7 +18,6 @@ from typing import Any
 
 import pyarrow as pa
 import requests
-from deltalake import DeltaTable
 
 from rmq_spark.config import JobConfig, MoverConfig, load_config
 from rmq_spark.demo import demo_messages, node_connector, seed_queue, wait_for_depth
@@ -175,8 +174,7 @@ class Transfer:
 
     def ledger(self) -> pa.Table:
         tables.commit_run(self.config.ledger.path, self.run_id)
-        table = DeltaTable(str(Path(self.config.ledger.path) / "messages"))
-        return table.to_pyarrow_table(filters=[("run_id", "=", self.run_id)])
+        return tables.read_arrow(self.config.ledger.path, "messages", run_id=self.run_id)
 
 
 def fault_config(tmp_path: Path, brokers: Brokers, vhost: str, **mover: Any) -> JobConfig:

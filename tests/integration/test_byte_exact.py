@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from rmq_spark import wire
 from rmq_spark.config import load_config
@@ -228,7 +227,7 @@ def transfer(
     }
     outcome = move_queue(row, settings, "local")
     tables.commit_run(config.ledger.path, run_id)
-    ledger = DeltaTable(str(Path(config.ledger.path) / "messages")).to_pyarrow_table()
+    ledger = tables.read_arrow(config.ledger.path, "messages")
     return outcome, ledger.sort_by("position")
 
 

@@ -34,8 +34,10 @@ def test_demo_moves_and_verifies_and_ends_with_the_result_line(tmp_path: Path) -
     )
 
     assert completed.returncode == 0, completed.stderr[-4000:]
-    last_line = completed.stdout.rstrip("\n").splitlines()[-1]
+    *_, report_line, last_line = completed.stdout.rstrip("\n").splitlines()
     assert last_line.startswith(RESULT_PREFIX)
+    assert report_line.startswith("report: ")
+    assert Path(report_line.removeprefix("report: ")).is_file()
     result = json.loads(last_line[len(RESULT_PREFIX) :])
     assert result["queues"] == 20
     assert result["messages"] == 20 * 50

@@ -137,9 +137,8 @@ def test_refused_messages_stay_in_the_source_and_the_rest_is_ledgered(
     assert in_destination == 10
     assert in_source + in_destination == 50  # nothing lost, nothing doubled
     tables.commit_run(config.ledger.path, "nack-1")
-    from deltalake import DeltaTable
 
-    ledger = DeltaTable(str(Path(config.ledger.path) / "messages")).to_pyarrow_table()
+    ledger = tables.read_arrow(config.ledger.path, "messages")
     assert ledger.num_rows == in_destination
     # The rows are exactly the messages that reached the destination.
     expected = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), "orders")

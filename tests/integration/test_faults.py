@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pika
 import pytest
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from rmq_spark.errors import TransferError
+from rmq_spark.ledger import tables
 from rmq_spark.pipeline import run_transfer
 from tests.integration.faults import (
     Accounting,
@@ -351,9 +351,7 @@ def test_killed_executor_worker_is_retried_by_spark_without_loss(
     assert (verification.lost, verification.unexpected) == (0, 0)
     assert verification.messages == MESSAGES
     assert 0 < verification.duplicates <= WINDOW * 2  # a window per failed attempt
-    rows = DeltaTable(str(Path(config.ledger.path) / "messages")).to_pyarrow_table(
-        filters=[("run_id", "=", "sigkill")]
-    )
+    rows = tables.read_arrow(config.ledger.path, "messages", run_id="sigkill")
     assert len(set(rows["task_attempt"].to_pylist())) >= 2  # Spark did run the task again
 
 

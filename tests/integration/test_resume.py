@@ -8,8 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from deltalake import DeltaTable
-
+from rmq_spark.ledger import tables
 from rmq_spark.report import RESULT_PREFIX
 from tests.integration.faults import declare, depth, expected_fingerprints, seed, wait_until
 from tests.integration.support import (
@@ -61,7 +60,7 @@ def test_rerun_with_the_same_run_id_finishes_a_killed_run(
     )
     os.killpg(first.pid, signal.SIGKILL)  # the driver dies, and its executors with it
     first.wait(30)
-    plans = DeltaTable(str(tmp_path / "ledger" / "plans")).to_pyarrow_table().to_pylist()
+    plans = tables.read_arrow(str(tmp_path / "ledger"), "plans").to_pylist()
     assert {(p["source_queue"], p["messages"]) for p in plans} == {(q, MESSAGES) for q in QUEUES}
 
     second = submit(config, "resume-1")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pyspark
 import pytest
 import requests
-from deltalake import DeltaTable
 
+from rmq_spark.ledger import tables
 from rmq_spark.report import RESULT_PREFIX
 from tests.integration.faults import declare, seed
 from tests.integration.support import Brokers, fresh_vhost, job_environment, write_config
@@ -125,7 +125,7 @@ def run_job(config: Path, run_id: str, *master: str) -> dict[str, object]:
 
 
 def ledger_content(ledger: Path, run_id: str) -> dict[str, Counter[tuple[str, str]]]:
-    rows = DeltaTable(str(ledger / "messages")).to_pyarrow_table(filters=[("run_id", "=", run_id)])
+    rows = tables.read_arrow(str(ledger), "messages", run_id=run_id)
     content: dict[str, Counter[tuple[str, str]]] = {}
     for row in rows.to_pylist():
         content.setdefault(row["source_queue"], Counter())[
@@ -156,7 +156,7 @@ def test_standalone_cluster_gives_the_same_ledger_as_local(
     assert contents["on-standalone"] == contents["on-local"]
     assert set(contents["on-local"]) == set(QUEUES)
     # The second run really ran on the cluster: standalone application ids start "app-".
-    runs = DeltaTable(str(tmp_path / "ledger" / "runs")).to_pyarrow_table().to_pylist()
+    runs = tables.read_arrow(str(tmp_path / "ledger"), "runs").to_pylist()
     app_ids = {run["run_id"]: run["spark_app_id"] for run in runs}
     assert app_ids["on-local"].startswith("local-")
     assert app_ids["on-standalone"].startswith("app-")

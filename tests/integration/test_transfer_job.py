@@ -9,9 +9,9 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from rmq_spark.demo import demo_messages, demo_queue_names, node_connector, seed_demo
+from rmq_spark.ledger import tables
 from rmq_spark.report import RESULT_PREFIX
 from tests.integration.support import (
     Brokers,
@@ -83,9 +83,7 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
     assert result["verified"] is True
 
     # An independent consumer finds exactly what was published, queue by queue.
-    ledger_rows = DeltaTable(str(ledger / "messages")).to_pyarrow_table(
-        filters=[("run_id", "=", "e2e-1")]
-    )
+    ledger_rows = tables.read_arrow(str(ledger), "messages", run_id="e2e-1")
     assert ledger_rows.num_rows == 100_000
     for vhost, queue in demo_queue_names(VHOSTS, QUEUES_PER_VHOST):
         expected = expected_fingerprints(vhost, queue, MESSAGES_PER_QUEUE)
@@ -109,7 +107,7 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
     verification = json.loads(Path(str(result["verification"])).read_text())
     assert verification["totals"]["lost"] == 0
     assert Path(str(result["data_docs"])).is_file()
-    runs = DeltaTable(str(ledger / "runs")).to_pyarrow_table().to_pylist()
+    runs = tables.read_arrow(str(ledger), "runs").to_pylist()
     assert [(r["run_id"], r["messages"], r["verified"]) for r in runs] == [("e2e-1", 100_000, True)]
 
     # No secret anywhere a user or analyst can see.

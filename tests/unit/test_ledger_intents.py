@@ -5,8 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deltalake import DeltaTable
-
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.writer import (
     IntentLog,
@@ -38,8 +36,7 @@ def delivery(position: int, *, confirmed: bool) -> Delivery:
 
 
 def committed_rows(ledger: Path, run_id: str) -> list[dict[str, object]]:
-    table = DeltaTable(str(ledger / "messages"))
-    rows = table.to_pyarrow_table(filters=[("run_id", "=", run_id)]).to_pylist()
+    rows = tables.read_arrow(str(ledger), "messages", run_id=run_id).to_pylist()
     return sorted(rows, key=lambda row: int(str(row["position"])))
 
 

@@ -1,0 +1,714 @@
+"""A run's report: one self-contained HTML page built from the ledger, without Spark.
+
+`build_report` reads the run's rows of the three ledger tables without a JVM (delta-rs
+lists each table's snapshot, pyarrow reads its files: fast, and it works wherever the
+ledger's files can be read), draws the plots with matplotlib's Agg renderer and embeds
+them as base64 PNG, so the page is a single file with inline CSS and no link to any
+other host.
+
+Like `verify`, the figures are computed by Spark-free functions over plain Arrow tables
+(`throughput`, `confirm_latency`, `queue_summary`, `repeated_checksums`); the notebook
+`notebooks/ledger_inspection.ipynb` calls the same functions. Rendering has one function
+per section of the page.
+
+Example:
+    path = build_report("/data/rmq-spark/ledger", "20260101T000000Z-abc123")
+    # /data/rmq-spark/ledger/reports/run_id=20260101T000000Z-abc123/report.html
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from rmq_spark.errors import LedgerError
+from rmq_spark.ledger import tables
+from rmq_spark.ledger.schema import TRANSFER_KEY
+
+REPORTS_DIR = "reports"
+REPORT_FILE = "report.html"
+VERIFICATION_DIR = "verification"
+VERIFICATION_FILE = "verification.json"
+
+# What the report reads of the run's message rows: which transfer, and its two times.
+REPORT_MESSAGE_COLUMNS: tuple[str, ...] = (*TRANSFER_KEY, "consumed_at", "confirmed_at")
+# What a duplicate listing shows of each row.
+DUPLICATE_COLUMNS: tuple[str, ...] = (
+    *TRANSFER_KEY,
+    "body_sha256",
+    "properties_sha256",
+    "position",
+    "publish_seq",
+    "redelivered",
+    "message_id",
+    "consumed_at",
+    "confirmed_at",
+    "task_attempt",
+    "session",
+)
+
+# Bucket widths the throughput plot may use; the smallest that keeps the plot readable.
+BUCKET_SECONDS: tuple[int, ...] = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+MAX_BUCKETS = 300
+PERCENTILES: tuple[int, ...] = (50, 95, 99)
+HISTOGRAM_BINS = 60
+# Latencies spread over more than this ratio (max / min) are binned on a log axis.
+LOG_SCALE_SPREAD = 50.0
+# Figures are 1000 x 360 px: wide enough for a long run, short enough to scroll past.
+FIGURE_INCHES = (10.0, 3.6)
+FIGURE_DPI = 100
+_MIN_LOG_MS = 0.001  # a latency of 0 (same microsecond) is drawn at 1 µs on a log axis
+_US_PER_SECOND = 1_000_000
+_US_PER_MS = 1_000
+# A queue transfer within one run (verification.json's queues carry no run id).
+_QUEUE_KEY: tuple[str, ...] = tuple(name for name in TRANSFER_KEY if name != "run_id")
+# pyarrow's dataset field naming the data file a row was read from.
+_FILENAME = "__filename"
+
+
+# --- reading the ledger -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunLedger:
+    """One run's rows of the three tables, as Arrow tables (the runs row as a dict)."""
+
+    ledger_path: str
+    run: dict[str, Any]
+    queues: pa.Table
+    messages: pa.Table  # REPORT_MESSAGE_COLUMNS, or more when the caller asked
+    records: int = 1  # runs rows of this run id: more than 1 if it was re-run after recording
+
+
+def read_ledger_table(
+    ledger_path: str,
+    table: str,
+    *,
+    run_id: str | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """A ledger table (or one run's rows of it) as an Arrow table, without Spark."""
+    return tables.read_arrow(ledger_path, table, run_id=run_id, columns=columns)
+
+
+def _snapshot(
+    ledger_path: str, table: str, run_id: str | None = None
+) -> tuple[ds.Dataset, dict[str, int]]:
+    """The table's snapshot as a pyarrow dataset, and when each data file was written."""
+    dataset = tables.arrow_dataset(ledger_path, table, run_id)
+    actions = pa.table(DeltaTable(str(Path(ledger_path) / table)).get_add_actions(flatten=True))
+    written = {
+        Path(unquote(relative)).name: modified
+        for relative, modified in zip(
+            actions["path"].to_pylist(), actions["modification_time"].to_pylist(), strict=True
+        )
+    }
+    return dataset, written
+
+
+def load_run(
+    ledger_path: str, run_id: str, *, message_columns: Sequence[str] = REPORT_MESSAGE_COLUMNS
+) -> RunLedger:
+    """The run's runs row, queues rows and message rows; LedgerError if the run is unknown."""
+    runs = read_ledger_table(ledger_path, "runs", run_id=run_id)
+    if runs.num_rows == 0:
+        known = read_ledger_table(ledger_path, "runs", columns=["run_id"])["run_id"].to_pylist()
+        hint = f"its runs table has {len(known)} run(s)"
+        if known:
+            hint += f", the latest {latest_run_id(ledger_path)!r}"
+        raise LedgerError(
+            f"run {run_id!r} is not in the ledger at {ledger_path}: {hint} "
+            "(the runs table has a row for each run whose verification ended)"
+        )
+    # A run id re-run after it was recorded is recorded again; the last record holds.
+    run = max(runs.to_pylist(), key=lambda row: row["finished_at"])
+    return RunLedger(
+        ledger_path=ledger_path,
+        run=run,
+        queues=_last_record(ledger_path, "queues", run_id),
+        messages=read_ledger_table(ledger_path, "messages", run_id=run_id, columns=message_columns),
+        records=runs.num_rows,
+    )
+
+
+def _last_record(ledger_path: str, table: str, run_id: str) -> pa.Table:
+    """The run's rows in the newest data file of `table` that holds any.
+
+    The driver records a run's queues rows in one append (one file); a run id re-run
+    after it was recorded appends a second set, and the newest describes the run.
+    """
+    dataset, written = _snapshot(ledger_path, table)
+    rows = dataset.to_table(
+        columns=[*dataset.schema.names, _FILENAME], filter=ds.field("run_id") == run_id
+    )
+    files = set(rows[_FILENAME].to_pylist())
+    if len(files) > 1:
+        newest = max(files, key=lambda file: written.get(Path(file).name, 0))
+        rows = rows.filter(pc.equal(rows[_FILENAME], newest))
+    return rows.drop_columns([_FILENAME])
+
+
+def latest_run_id(ledger_path: str) -> str:
+    """The run id with the latest start in the runs table; LedgerError if there is none."""
+    runs = read_ledger_table(ledger_path, "runs", columns=["run_id", "started_at"])
+    if runs.num_rows == 0:
+        raise LedgerError(f"the ledger at {ledger_path} has no runs yet")
+    latest = runs.take([pc.index(runs["started_at"], pc.max(runs["started_at"])).as_py()])
+    return str(latest["run_id"][0].as_py())
+
+
+# --- the figures (Spark-free, over plain Arrow tables) ------------------------------------
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Messages confirmed per time bucket since `origin`; uncertain rows counted apart."""
+
+    bucket_seconds: int
+    counts: tuple[int, ...]  # confirmed rows per bucket, bucket i starts at i * bucket_seconds
+    uncertain: int  # rows with no confirm time: not placed in any bucket
+
+    @property
+    def confirmed(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """Messages per second in each bucket."""
+        return tuple(count / self.bucket_seconds for count in self.counts)
+
+    @property
+    def peak_rate(self) -> float:
+        return max(self.rates, default=0.0)
+
+    @property
+    def busy_seconds(self) -> tuple[int, int]:
+        """Start of the first and end of the last bucket with a confirm, from the origin."""
+        busy = [index for index, count in enumerate(self.counts) if count]
+        if not busy:
+            return (0, 0)
+        return (busy[0] * self.bucket_seconds, (busy[-1] + 1) * self.bucket_seconds)
+
+    @property
+    def mean_rate(self) -> float:
+        """Confirmed messages per second between the first and the last busy bucket."""
+        first, last = self.busy_seconds
+        return self.confirmed / (last - first) if last > first else 0.0
+
+
+def bucket_seconds_for(span_seconds: float, max_buckets: int = MAX_BUCKETS) -> int:
+    """The narrowest bucket in BUCKET_SECONDS that cuts `span_seconds` into few enough."""
+    for width in BUCKET_SECONDS:
+        if span_seconds / width <= max_buckets:
+            return width
+    return BUCKET_SECONDS[-1]
+
+
+def throughput(
+    messages: pa.Table, *, origin: datetime | None = None, bucket_seconds: int | None = None
+) -> Throughput:
+    """Confirmed messages per bucket of `confirmed_at`, counted from `origin`.
+
+    `origin` defaults to the first confirm (the report passes the run's start, so the
+    x axis reads "seconds since the run started"); `bucket_seconds` defaults to the
+    narrowest width that gives at most MAX_BUCKETS buckets.
+    """
+    confirmed_us = _epoch_us(messages["confirmed_at"])
+    uncertain = messages.num_rows - len(confirmed_us)
+    if len(confirmed_us) == 0:
+        return Throughput(bucket_seconds=bucket_seconds or 1, counts=(), uncertain=uncertain)
+    start_us = int(confirmed_us.min())
+    if origin is not None:
+        start_us = min(start_us, _datetime_us(origin))
+    span_seconds = (int(confirmed_us.max()) - start_us) / _US_PER_SECOND
+    width = bucket_seconds or bucket_seconds_for(span_seconds)
+    buckets = (confirmed_us - start_us) // (width * _US_PER_SECOND)
+    counts = np.bincount(buckets)
+    return Throughput(
+        bucket_seconds=width, counts=tuple(int(c) for c in counts), uncertain=uncertain
+    )
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Confirm latency (confirmed_at - consumed_at) of the confirmed rows, in ms."""
+
+    milliseconds: npt.NDArray[np.float64]
+    percentiles: dict[int, float] = field(default_factory=dict)  # PERCENTILES -> ms
+    uncertain: int = 0  # rows with no confirm time: no latency
+
+    def caption(self) -> str:
+        if not self.percentiles:
+            return f"no confirmed messages; {self.uncertain} uncertain row(s)"
+        parts = ", ".join(f"p{p} {_ms(self.percentiles[p])}" for p in PERCENTILES)
+        text = f"{len(self.milliseconds):,} confirmed messages: {parts}, max {_ms(self.maximum)}"
+        if self.uncertain:
+            text += f"; {self.uncertain} uncertain row(s) have no confirm time"
+        return text
+
+    @property
+    def maximum(self) -> float:
+        return float(self.milliseconds.max()) if len(self.milliseconds) else 0.0
+
+
+def confirm_latency(messages: pa.Table) -> Latency:
+    """Time from the delivery reaching the mover to the destination's confirm, per row."""
+    confirmed = messages.filter(pc.is_valid(messages["confirmed_at"]))
+    uncertain = messages.num_rows - confirmed.num_rows
+    latency_us = _epoch_us(confirmed["confirmed_at"]) - _epoch_us(confirmed["consumed_at"])
+    milliseconds = latency_us.astype(np.float64) / _US_PER_MS
+    if len(milliseconds) == 0:
+        return Latency(milliseconds=milliseconds, uncertain=uncertain)
+    values = np.percentile(milliseconds, PERCENTILES)
+    return Latency(
+        milliseconds=milliseconds,
+        percentiles={p: float(v) for p, v in zip(PERCENTILES, values, strict=True)},
+        uncertain=uncertain,
+    )
+
+
+def queue_summary(
+    ledger: RunLedger, verification: VerificationResult | None = None
+) -> list[dict[str, Any]]:
+    """One row per queue transfer: the queues table's figures, the uncertain rows counted
+    from the messages, and the verdict from verification.json when there is one."""
+    uncertain = _uncertain_per_transfer(ledger.messages)
+    passed = verification.passed_by_transfer if verification else {}
+    rows = []
+    for row in sorted(ledger.queues.to_pylist(), key=_transfer_key):
+        key = _transfer_key(row)
+        rows.append(
+            {
+                "source": f"{row['source_cluster']}/{row['source_vhost']}/{row['source_queue']}",
+                "destination": (
+                    f"{row['destination_cluster']}/{row['destination_vhost']}/"
+                    f"{row['destination_queue']}"
+                ),
+                "status": row["status"],
+                "source_depth_before": row["source_depth_before"],
+                "source_depth_after": row["source_depth_after"],
+                "destination_depth_before": row["destination_depth_before"],
+                "destination_depth_after": row["destination_depth_after"],
+                "ledger_rows": row["ledger_rows"],
+                "uncertain_rows": uncertain.get(key, 0),
+                "duplicates": row["duplicates"],
+                "lost": row["lost"],
+                "unexpected": row["unexpected"],
+                "passed": passed.get(key),
+                "error": row["error"],
+            }
+        )
+    return rows
+
+
+def repeated_checksums(messages: pa.Table) -> pa.Table:
+    """Every row whose (body, properties) checksums occur more than once in its transfer.
+
+    Such a message was published more than once: the first copy, then a redelivered
+    repeat (a crash between its ledger row and the source ack) or an uncertain row (a
+    lost connection before its confirm). Sorted by transfer, checksum and position, with
+    `copies`: how many rows share the checksums. Needs TRANSFER_KEY, body_sha256 and
+    properties_sha256; other columns are carried along.
+    """
+    keys = [*TRANSFER_KEY, "body_sha256", "properties_sha256"]
+    copies = messages.group_by(keys).aggregate([([], "count_all")])
+    copies = copies.rename_columns([*keys, "copies"]).filter(pc.greater(copies["count_all"], 1))
+    repeated = messages.join(copies, keys=keys, join_type="inner")
+    return repeated.sort_by([(key, "ascending") for key in [*keys, "position"]])
+
+
+# --- the verification beside the ledger ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    """What verification.json says about the run."""
+
+    path: Path
+    verified: bool
+    failed_expectations: tuple[str, ...]
+    data_docs: Path | None
+    passed_by_transfer: dict[tuple[str, ...], bool]
+
+
+def read_verification(ledger_path: str, run: Mapping[str, Any]) -> VerificationResult | None:
+    """verification.json of the run (runs.verification_path, else the ledger's own folder,
+    for a ledger that was moved); None if neither exists."""
+    default = Path(ledger_path) / VERIFICATION_DIR / f"run_id={run['run_id']}" / VERIFICATION_FILE
+    recorded = Path(run["verification_path"]) if run.get("verification_path") else default
+    path = recorded if recorded.is_file() else default
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LedgerError(
+            f"verification of run {run['run_id']}: cannot read {path} ({exc})"
+        ) from exc
+    docs = document.get("data_docs_path")
+    data_docs = Path(docs) if docs and Path(docs).is_file() else None
+    if data_docs is None and (path.parent / "data_docs" / "index.html").is_file():
+        data_docs = path.parent / "data_docs" / "index.html"
+    return VerificationResult(
+        path=path,
+        verified=bool(document.get("verified")),
+        failed_expectations=tuple(document.get("failed_expectations") or ()),
+        data_docs=data_docs,
+        passed_by_transfer={
+            _transfer_key(queue): bool(queue.get("passed")) for queue in document.get("queues", [])
+        },
+    )
+
+
+# --- plots ----------------------------------------------------------------------------------
+
+
+def plot_throughput(figures: Throughput) -> Figure:
+    """Messages confirmed per second over the run (a step line per bucket)."""
+    figure, axes = _new_figure()
+    if not figures.counts:
+        _say_nothing(axes, "no confirmed messages")
+        return figure
+    starts = np.arange(len(figures.counts) + 1) * figures.bucket_seconds
+    rates = np.array([*figures.rates, figures.rates[-1]])
+    axes.fill_between(starts, rates, step="post", alpha=0.25, color="#2b6cb0")
+    axes.step(starts, rates, where="post", color="#2b6cb0", linewidth=1.5)
+    axes.set_xlim(0, starts[-1])
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel("seconds since the run started")
+    width = figures.bucket_seconds
+    axes.set_ylabel("messages / second" + (f" (mean of {width} s)" if width > 1 else ""))
+    axes.set_title("Messages confirmed per second")
+    axes.grid(alpha=0.3)
+    return figure
+
+
+def plot_latency(figures: Latency) -> Figure:
+    """Histogram of confirm latencies, with p50/p95/p99 marked."""
+    figure, axes = _new_figure()
+    values = figures.milliseconds
+    if not len(values):
+        _say_nothing(axes, "no confirmed messages")
+        return figure
+    # A log axis shows a long tail (a reconnect, a slow fsync) without squashing the bulk.
+    low, high = max(float(values.min()), _MIN_LOG_MS), float(values.max())
+    if high / low > LOG_SCALE_SPREAD:
+        values = np.maximum(values, low)
+        bins = np.geomspace(low, high, HISTOGRAM_BINS + 1)
+        axes.set_xscale("log")
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    else:
+        bins = np.linspace(float(values.min()), max(high, low + 1e-3), HISTOGRAM_BINS + 1)
+    axes.hist(values, bins=bins, color="#2f855a", alpha=0.8)
+    for percentile, style in zip(PERCENTILES, (":", "--", "-"), strict=True):
+        value = figures.percentiles[percentile]
+        axes.axvline(value, color="#c53030", linestyle=style, label=f"p{percentile} {_ms(value)}")
+    axes.legend(loc="upper right")
+    axes.set_xlabel("confirm latency (ms): confirmed_at − consumed_at")
+    axes.set_ylabel("messages")
+    axes.set_title("Confirm latency distribution")
+    axes.grid(alpha=0.3)
+    return figure
+
+
+def figure_png(figure: Figure) -> bytes:
+    """The figure as PNG bytes, rendered by Agg (no display, no pyplot state)."""
+    buffer = io.BytesIO()
+    FigureCanvasAgg(figure).print_png(buffer)
+    return buffer.getvalue()
+
+
+# --- the HTML page, one function per section ----------------------------------------------
+
+
+def build_report(ledger_path: str, run_id: str, out_path: Path | None = None) -> Path:
+    """Write the run's report and return its path.
+
+    Default: <ledger>/reports/run_id=<run>/report.html. Raises LedgerError if the
+    ledger or the run is not there.
+    """
+    ledger = load_run(ledger_path, run_id)
+    out = (
+        Path(out_path)
+        if out_path is not None
+        else Path(ledger_path) / REPORTS_DIR / f"run_id={run_id}" / REPORT_FILE
+    ).resolve()
+    verification = read_verification(ledger_path, ledger.run)
+    page = render_report(ledger, verification, report_dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise LedgerError(f"report of run {run_id}: cannot write {out} ({exc.strerror})") from exc
+    return out
+
+
+def render_report(
+    ledger: RunLedger, verification: VerificationResult | None, *, report_dir: Path
+) -> str:
+    """The whole page as one HTML string."""
+    run = ledger.run
+    rates = throughput(ledger.messages, origin=run["started_at"])
+    latency = confirm_latency(ledger.messages)
+    sections = [
+        header_section(ledger, rates),
+        queues_section(queue_summary(ledger, verification)),
+        throughput_section(rates, run["seconds"]),
+        latency_section(latency),
+        verification_section(verification, report_dir),
+    ]
+    title = _e(f"rmq-spark run {run['run_id']}")
+    return (
+        "<!DOCTYPE html>\n"
+        f'<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f"<style>{_CSS}</style></head>\n<body>\n" + "\n".join(sections) + "\n</body></html>\n"
+    )
+
+
+def header_section(ledger: RunLedger, rates: Throughput) -> str:
+    run = ledger.run
+    verdict = (
+        '<span class="badge ok">verified</span>'
+        if run["verified"]
+        else '<span class="badge bad">NOT verified</span>'
+    )
+    facts = [
+        ("started", _when(run["started_at"])),
+        ("finished", _when(run["finished_at"])),
+        ("seconds", f"{run['seconds']:.1f}"),
+        ("queues", f"{run['queues']:,}"),
+        ("messages", f"{run['messages']:,}"),
+        ("bytes", f"{run['bytes']:,} ({_size(run['bytes'])})"),
+        ("lost", f"{run['lost']:,}"),
+        ("duplicates", f"{run['duplicates']:,}"),
+        ("unexpected", f"{run['unexpected']:,}"),
+        ("uncertain rows", f"{rates.uncertain:,}"),
+        ("ledger", ledger.ledger_path),
+        ("Spark application", run["spark_app_id"]),
+        ("config sha256 (first 16)", run["config_digest"][:16]),
+    ]
+    if ledger.records > 1:
+        facts.append(("recorded", f"{ledger.records} times (run id re-run); the last shown"))
+    problems = {"lost", "duplicates", "unexpected", "uncertain rows"}
+    cells = "".join(
+        f'<div class="fact{" warn" if name in problems and value != "0" else ""}">'
+        f"<span>{_e(name)}</span><b>{_e(value)}</b></div>"
+        for name, value in facts
+    )
+    return (
+        f"<header><h1>Run {_e(run['run_id'])} {verdict}</h1>"
+        f'<div class="facts">{cells}</div></header>'
+    )
+
+
+_QUEUE_HEADERS: tuple[tuple[str, str], ...] = (
+    ("source", "source"),
+    ("destination", "destination"),
+    ("status", "status"),
+    ("source_depth", "source depth before → after"),
+    ("destination_depth", "destination depth before → after"),
+    ("ledger_rows", "ledger rows"),
+    ("uncertain_rows", "uncertain"),
+    ("duplicates", "duplicates"),
+    ("lost", "lost"),
+    ("unexpected", "unexpected"),
+    ("passed", "verdict"),
+    ("error", "error"),
+)
+_COUNTS = {"uncertain_rows", "duplicates", "lost", "unexpected"}
+
+
+def queues_section(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = "".join(f"<th>{_e(label)}</th>" for _, label in _QUEUE_HEADERS)
+    body = "".join(
+        "<tr>" + "".join(_queue_cell(name, row) for name, _ in _QUEUE_HEADERS) + "</tr>"
+        for row in rows
+    )
+    return (
+        f"<section><h2>Queues ({len(rows)})</h2>"
+        "<p>Depths are the brokers' exact ready counts before and after the run. "
+        "Uncertain rows were published but never confirmed (connection lost); "
+        "duplicates are copies that reached the destination twice.</p>"
+        f'<div class="wide"><table class="queues"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div></section>"
+    )
+
+
+def _queue_cell(name: str, row: Mapping[str, Any]) -> str:
+    """One cell of the queues table (a queue_summary row), styled by what it says."""
+    css = ""
+    if name in ("source_depth", "destination_depth"):
+        value: Any = f"{row[name + '_before']:,} → {row[name + '_after']:,}"
+        css = "num"
+    else:
+        value = row[name]
+    if name == "passed":
+        value, css = {True: ("ok", "ok"), False: ("failed", "bad")}.get(value, ("—", ""))
+    elif name == "status":
+        css = "ok" if value == "moved" else "bad"
+    elif name == "error":
+        css = "error"
+    elif name in _COUNTS and value:
+        css = "warn"
+    elif isinstance(value, int):
+        css = "num"
+    text = "" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+    return f'<td class="{css}">{_e(text)}</td>' if css else f"<td>{_e(text)}</td>"
+
+
+def throughput_section(rates: Throughput, run_seconds: float) -> str:
+    first, last = rates.busy_seconds
+    caption = (
+        f"{rates.confirmed:,} confirmed messages; peak {rates.peak_rate:,.0f} msg/s, "
+        f"mean {rates.mean_rate:,.0f} msg/s while moving"
+    )
+    if rates.bucket_seconds > 1:
+        caption += f" ({rates.bucket_seconds} s buckets)"
+    caption += (
+        f". Confirms came from second {first:,} to {last:,} of the run's {run_seconds:,.1f} s "
+        "(before: discovery and Spark start; after: commit and verification). "
+        f"{rates.uncertain:,} uncertain row(s) have no confirm time and are not plotted."
+    )
+    return _figure_section("Throughput", plot_throughput(rates), "throughput", caption)
+
+
+def latency_section(latency: Latency) -> str:
+    return _figure_section(
+        "Confirm latency",
+        plot_latency(latency),
+        "confirm latency histogram",
+        "From the delivery reaching the mover to the destination's publisher confirm "
+        f"(includes time in the window and the intent-log fsync). {latency.caption()}.",
+    )
+
+
+def verification_section(verification: VerificationResult | None, report_dir: Path) -> str:
+    if verification is None:
+        return (
+            "<section><h2>Verification</h2>"
+            '<p class="bad">No verification.json was found for this run.</p></section>'
+        )
+    verdict = (
+        '<p class="ok">Every expectation passed.</p>'
+        if verification.verified
+        else '<p class="bad">Verification failed.</p>'
+    )
+    failures = ""
+    if verification.failed_expectations:
+        items = "".join(f"<li>{_e(line)}</li>" for line in verification.failed_expectations)
+        failures = f'<h3>Failed expectations</h3><ul class="failures">{items}</ul>'
+    links = f"<li>results: <code>{_e(str(verification.path))}</code></li>"
+    if verification.data_docs is not None:
+        relative = os.path.relpath(verification.data_docs, report_dir)
+        href = quote(Path(relative).as_posix(), safe="/=.-_")
+        links += f'<li>Great Expectations Data Docs: <a href="{_e(href)}">{_e(relative)}</a></li>'
+    return f"<section><h2>Verification</h2>{verdict}{failures}<ul>{links}</ul></section>"
+
+
+def _figure_section(title: str, figure: Figure, alt: str, caption: str) -> str:
+    encoded = base64.b64encode(figure_png(figure)).decode("ascii")
+    return (
+        f"<section><h2>{_e(title)}</h2><figure>"
+        f'<img src="data:image/png;base64,{encoded}" alt="{_e(alt)}">'
+        f"<figcaption>{_e(caption)}</figcaption></figure></section>"
+    )
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+
+def _epoch_us(column: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.int64]:
+    """Non-null timestamps as microseconds since the epoch."""
+    valid = pc.drop_null(column)
+    return np.asarray(valid.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()), dtype=np.int64)
+
+
+def _datetime_us(moment: datetime) -> int:
+    return int(pa.scalar(moment, pa.timestamp("us", tz="UTC")).cast(pa.int64()).as_py())
+
+
+def _transfer_key(row: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(row[name]) for name in _QUEUE_KEY)
+
+
+def _uncertain_per_transfer(messages: pa.Table) -> dict[tuple[str, ...], int]:
+    uncertain = messages.filter(pc.is_null(messages["confirmed_at"]))
+    counts = uncertain.group_by(list(_QUEUE_KEY)).aggregate([([], "count_all")])
+    return {_transfer_key(row): row["count_all"] for row in counts.to_pylist()}
+
+
+def _new_figure() -> tuple[Figure, Any]:
+    figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI, layout="constrained")
+    return figure, figure.add_subplot()
+
+
+def _say_nothing(axes: Any, text: str) -> None:
+    axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes)
+    axes.set_axis_off()
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _when(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.1f} ms" if value < 10_000 else f"{value / 1000:,.1f} s"
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:,.1f} {unit}" if unit != "B" else f"{count:,.0f} B"
+        count /= 1024
+    return f"{count:,.1f} TiB"
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem;
+       color: #1a202c; max-width: 1400px; }
+h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem;
+     border-bottom: 1px solid #e2e8f0; padding-bottom: .3rem; }
+.badge { font-size: .9rem; padding: .15rem .6rem; border-radius: 1rem; vertical-align: middle; }
+.badge.ok { background: #c6f6d5; color: #22543d; }
+.badge.bad { background: #fed7d7; color: #822727; }
+.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(210px, 1fr)); gap: .5rem; }
+.fact { background: #f7fafc; border: 1px solid #e2e8f0; border-radius: .4rem; padding: .4rem .6rem;
+        overflow-wrap: anywhere; }
+.fact span { display: block; font-size: .75rem; color: #4a5568; }
+.fact.warn { background: #fffaf0; border-color: #ed8936; }
+table.queues { border-collapse: collapse; font-size: .85rem; width: 100%; }
+table.queues th, table.queues td { border: 1px solid #e2e8f0; padding: .25rem .45rem; }
+table.queues th { background: #edf2f7; text-align: left; font-size: .8rem; }
+table.queues tbody tr:nth-child(even) { background: #f7fafc; }
+.wide { overflow-x: auto; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.error { min-width: 10rem; max-width: 32rem; overflow-wrap: anywhere; color: #9b2c2c; }
+td.warn { text-align: right; background: #feebc8; font-weight: bold; }
+.ok { color: #22543d; } .bad { color: #9b2c2c; font-weight: bold; }
+figure { margin: 0; } figure img { max-width: 100%; height: auto; border: 1px solid #e2e8f0; }
+figcaption { font-size: .85rem; color: #4a5568; margin-top: .3rem; }
+code { font-size: .85rem; }
+"""

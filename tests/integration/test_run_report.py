@@ -1,0 +1,193 @@
+"""The run report and the ledger notebook, read from the ledger of a real run.
+
+One small transfer (2 queues x 500 messages) between the test nodes builds the ledger;
+then the report is written (as a function and as `rmq-spark report`), and the analysts'
+notebook is executed headless against it, failing on any cell error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from urllib.parse import unquote
+
+import nbformat
+import pytest
+from ipykernel.kernelspec import write_kernel_spec
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+from pyspark.sql import SparkSession
+
+from rmq_spark.cli import main
+from rmq_spark.config import load_config
+from rmq_spark.pipeline import run_transfer
+from rmq_spark.run_report import build_report
+from tests.integration.faults import seed
+from tests.integration.support import PASSWORD_ENV, Brokers, fresh_vhost, write_config
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOK = REPO / "notebooks" / "ledger_inspection.ipynb"
+RUN_ID = "report-1"
+QUEUES = ("invoices", "payments")
+MESSAGES_PER_QUEUE = 500
+KERNEL_NAME = "rmq-spark-test"
+CELL_TIMEOUT_SECONDS = 120
+# A src or href to another host: absolute (scheme://) or protocol-relative (//host).
+EXTERNAL_LINK = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:[a-z][a-z0-9+.-]*:)?//""", re.I)
+
+
+@pytest.fixture(scope="module")
+def ledger(brokers: Brokers, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ledger of one verified run, shared by the tests of this module."""
+    base = tmp_path_factory.mktemp("run-report")
+    vhost = fresh_vhost(brokers, "run-report")
+    for queue in QUEUES:
+        seed(brokers.dr, vhost, queue, MESSAGES_PER_QUEUE)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(PASSWORD_ENV, brokers.dr.password)
+        config = load_config(
+            write_config(base / "job.yaml", brokers, vhosts=[vhost], ledger=base / "ledger")
+        )
+        result = run_transfer(spark, config, run_id=RUN_ID)
+    assert result.verification.verified
+    return base / "ledger"
+
+
+def test_report_is_one_self_contained_page_naming_every_queue(ledger: Path) -> None:
+    path = build_report(str(ledger), RUN_ID)
+
+    assert path == (ledger / "reports" / f"run_id={RUN_ID}" / "report.html").resolve()
+    page = path.read_text(encoding="utf-8")
+    assert not EXTERNAL_LINK.search(page), EXTERNAL_LINK.search(page)
+    assert "<link" not in page
+    assert "<script" not in page
+    assert page.count('<img src="data:image/png;base64,') == 2  # throughput, latency
+    for queue in QUEUES:
+        assert f"/run-report/{queue}</td>" in page
+    assert '<span class="badge ok">verified</span>' in page
+    assert "Every expectation passed." in page
+    assert "<b>1,000</b>" in page  # messages moved
+    assert "1,000 confirmed messages: p50 " in page
+    # The Data Docs link is relative to the page and leads to the rendered docs.
+    docs = re.search(r'Data Docs: <a href="([^"]+)"', page)
+    assert docs is not None
+    assert not docs.group(1).startswith("/")
+    assert (path.parent / unquote(docs.group(1))).resolve().is_file()
+
+
+def test_report_command_prints_the_path(
+    ledger: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run.html"
+
+    exit_code = main(["report", RUN_ID, "--ledger", str(ledger), "--out", str(out)])
+
+    assert exit_code == 0
+    assert capsys.readouterr().out == f"{out}\n"
+    assert "Every expectation passed." in out.read_text(encoding="utf-8")
+
+
+def test_report_command_takes_the_ledger_from_a_config_without_its_password(
+    ledger: Path,
+    brokers: Brokers,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = write_config(tmp_path / "job.yaml", brokers, vhosts=["run-report"], ledger=ledger)
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+
+    exit_code = main(["report", RUN_ID, "--config", str(config)])
+
+    assert exit_code == 0
+    expected = (ledger / "reports" / f"run_id={RUN_ID}" / "report.html").resolve()
+    assert capsys.readouterr().out == f"{expected}\n"
+
+
+def test_report_of_an_unknown_run_names_the_run_and_the_ledger(
+    ledger: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exit_code = main(["report", "no-such-run", "--ledger", str(ledger)])
+
+    captured = capsys.readouterr()
+    assert exit_code == 2
+    assert captured.out == ""
+    assert captured.err.startswith(
+        f"rmq-spark: error: run 'no-such-run' is not in the ledger at {ledger}: "
+        f"its runs table has 1 run(s), the latest '{RUN_ID}'"
+    )
+
+
+def test_notebook_runs_headless_against_the_ledger(ledger: Path, tmp_path: Path) -> None:
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        notebook,
+        km=this_interpreters_kernel(tmp_path),
+        timeout=CELL_TIMEOUT_SECONDS,
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},  # as Jupyter runs it
+    )
+
+    # Any cell error raises CellExecutionError, which fails the test.
+    client.execute(
+        env={
+            **os.environ,
+            "RMQ_SPARK_LEDGER": str(ledger),
+            "RMQ_SPARK_RUN_ID": RUN_ID,
+            # The checkout first, whether or not rmq_spark is installed in this venv.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+    )
+
+    text = "\n".join(
+        output.get("text", "") + output.get("data", {}).get("text/plain", "")
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+    )
+    assert f"ledger {ledger}, run {RUN_ID}, Spark off" in text
+    assert f"run {RUN_ID}: 2 queues, 1,000 messages" in text
+    for queue in QUEUES:
+        assert f"/run-report/{queue}" in text
+    assert "0 of 1,000 rows share their checksums" in text
+    images = [
+        output
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if "image/png" in output.get("data", {})
+    ]
+    assert len(images) == 2  # throughput, latency
+    assert "USE_SPARK is False" in text
+
+
+def test_notebook_spark_cell_queries_the_ledger(
+    ledger: Path, spark: SparkSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The Spark cell runs here, in the suite's Spark session (its build_session gets the
+    # running one), rather than starting a second JVM inside the kernel.
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    (spark_cell,) = [c for c in notebook.cells if "spark" in c.metadata.get("tags", [])]
+    namespace = {"USE_SPARK": True, "LEDGER_PATH": str(ledger), "RUN_ID": RUN_ID}
+
+    exec(compile(spark_cell.source, f"{NOTEBOOK.name}:spark", "exec"), namespace)
+
+    shown = capsys.readouterr().out
+    for queue in QUEUES:
+        # source_vhost | source_queue | ledger_rows | uncertain_rows | redelivered_rows
+        row = rf"\|run-report\s*\|{queue}\s*\|{MESSAGES_PER_QUEUE}\s*\|0\s*\|0\s*\|"
+        assert re.search(row, shown), shown
+
+
+def this_interpreters_kernel(directory: Path) -> KernelManager:
+    """A kernel manager starting ipykernel with this interpreter, whatever other
+    `python3` kernelspecs are installed on the machine."""
+    kernels = directory / "kernels"
+    write_kernel_spec(str(kernels / KERNEL_NAME), overrides={"display_name": KERNEL_NAME})
+    specs = KernelSpecManager(kernel_dirs=[str(kernels)])
+    manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
+    assert manager.kernel_spec is not None
+    assert manager.kernel_spec.argv[0] == sys.executable
+    return manager

@@ -1,0 +1,392 @@
+"""The run report's figures and page, from small inline Arrow tables (no Spark, no broker)."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from rmq_spark.errors import LedgerError
+from rmq_spark.ledger import schema
+from rmq_spark.run_report import (
+    RunLedger,
+    VerificationResult,
+    bucket_seconds_for,
+    confirm_latency,
+    load_run,
+    queue_summary,
+    render_report,
+    repeated_checksums,
+    throughput,
+)
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+TRANSFER = {
+    "run_id": "run-1",
+    "source_cluster": "dr",
+    "source_vhost": "orders",
+    "source_queue": "a",
+    "destination_cluster": "main",
+    "destination_vhost": "orders",
+    "destination_queue": "a",
+}
+
+
+def message(position: int, **columns: Any) -> dict[str, Any]:
+    """A full messages row (MESSAGES columns) for transfer `TRANSFER`, overridable."""
+    row: dict[str, Any] = {
+        **TRANSFER,
+        "position": position,
+        "publish_seq": position + 1,
+        "publish_attempts": 1,
+        "redelivered": False,
+        "body_size": 10,
+        "body_sha256": f"body-{position}",
+        "properties_sha256": "props",
+        "message_id": f"m{position}",
+        "consumed_at": T0,
+        "confirmed_at": T0,
+        "task_attempt": "0.0.0",
+        "session": 0,
+    }
+    row.update(columns)
+    return row
+
+
+def messages(*rows: dict[str, Any]) -> pa.Table:
+    return pa.Table.from_pylist(list(rows), schema=schema.arrow_schema(schema.MESSAGES))
+
+
+def seconds(value: float) -> datetime:
+    return T0 + timedelta(seconds=value)
+
+
+# --- throughput ---------------------------------------------------------------------------
+
+
+def test_throughput_counts_confirms_per_second_and_uncertain_rows_apart() -> None:
+    table = messages(
+        message(0, confirmed_at=seconds(0.1)),
+        message(1, confirmed_at=seconds(0.5)),
+        message(2, confirmed_at=seconds(1.2)),
+        message(3, confirmed_at=seconds(3.9)),
+        message(4, confirmed_at=None),
+    )
+
+    rates = throughput(table, origin=T0)
+
+    assert rates.bucket_seconds == 1
+    assert rates.counts == (2, 1, 0, 1)
+    assert rates.uncertain == 1
+    assert rates.confirmed == 4
+    assert rates.peak_rate == 2.0
+    assert rates.busy_seconds == (0, 4)
+    assert rates.mean_rate == 1.0
+
+
+def test_throughput_counts_from_the_origin_so_the_start_shows_as_idle() -> None:
+    table = messages(message(0, confirmed_at=seconds(5.5)), message(1, confirmed_at=seconds(6.0)))
+
+    rates = throughput(table, origin=T0)
+
+    assert rates.counts == (0, 0, 0, 0, 0, 1, 1)
+    assert rates.busy_seconds == (5, 7)
+    assert rates.mean_rate == 1.0
+
+
+def test_throughput_starts_at_the_first_confirm_without_an_origin() -> None:
+    table = messages(message(0, confirmed_at=seconds(5.5)), message(1, confirmed_at=seconds(7.0)))
+
+    assert throughput(table).counts == (1, 1)
+
+
+def test_throughput_widens_its_buckets_for_a_long_run() -> None:
+    table = messages(
+        message(0, confirmed_at=seconds(0)),
+        message(1, confirmed_at=seconds(59)),
+        message(2, confirmed_at=seconds(3 * 3600)),
+    )
+
+    rates = throughput(table, origin=T0)
+
+    assert rates.bucket_seconds == 60  # 3 h in at most 300 buckets
+    assert rates.counts[0] == 2
+    assert rates.counts[-1] == 1
+    assert rates.rates[0] == pytest.approx(2 / 60)
+
+
+@pytest.mark.parametrize(
+    ("span", "width"),
+    [(0, 1), (300, 1), (301, 2), (1500, 5), (10_000, 60), (10**7, 3600)],
+)
+def test_bucket_width_is_the_narrowest_giving_at_most_300_buckets(span: float, width: int) -> None:
+    assert bucket_seconds_for(span) == width
+
+
+def test_throughput_of_a_run_with_no_confirm_is_empty() -> None:
+    rates = throughput(messages(message(0, confirmed_at=None), message(1, confirmed_at=None)))
+
+    assert (rates.counts, rates.uncertain, rates.peak_rate, rates.mean_rate) == ((), 2, 0.0, 0.0)
+
+
+# --- latency ------------------------------------------------------------------------------
+
+
+def test_latency_percentiles_are_over_confirmed_rows_in_milliseconds() -> None:
+    rows = [
+        message(i, consumed_at=T0, confirmed_at=T0 + timedelta(milliseconds=i + 1))
+        for i in range(100)
+    ]
+    rows.append(message(100, consumed_at=T0, confirmed_at=None))
+
+    latency = confirm_latency(messages(*rows))
+
+    assert len(latency.milliseconds) == 100
+    assert latency.uncertain == 1
+    assert latency.percentiles == pytest.approx({50: 50.5, 95: 95.05, 99: 99.01})
+    assert latency.maximum == 100.0
+    assert latency.caption() == (
+        "100 confirmed messages: p50 50.5 ms, p95 95.0 ms, p99 99.0 ms, max 100.0 ms; "
+        "1 uncertain row(s) have no confirm time"
+    )
+
+
+def test_latency_keeps_microseconds() -> None:
+    latency = confirm_latency(
+        messages(message(0, consumed_at=T0, confirmed_at=T0 + timedelta(microseconds=1500)))
+    )
+
+    assert latency.percentiles[50] == 1.5
+
+
+def test_latency_of_a_run_with_no_confirm_says_so() -> None:
+    latency = confirm_latency(messages(message(0, confirmed_at=None)))
+
+    assert latency.percentiles == {}
+    assert latency.caption() == "no confirmed messages; 1 uncertain row(s)"
+
+
+# --- duplicates and the per-queue summary -------------------------------------------------
+
+
+def test_repeated_checksums_lists_every_copy_within_one_transfer() -> None:
+    other_queue = {"source_queue": "b", "destination_queue": "b"}
+    table = messages(
+        message(0, body_sha256="x"),
+        message(1, body_sha256="y"),
+        message(2, body_sha256="x", redelivered=True),
+        message(3, body_sha256="z", confirmed_at=None),
+        message(0, body_sha256="x", **other_queue),  # same body, another queue: no repeat
+    )
+
+    repeated = repeated_checksums(table)
+
+    assert repeated.column("position").to_pylist() == [0, 2]
+    assert repeated.column("redelivered").to_pylist() == [False, True]
+    assert repeated.column("copies").to_pylist() == [2, 2]
+    assert set(repeated.column("source_queue").to_pylist()) == {"a"}
+
+
+def test_repeated_checksums_of_distinct_messages_is_empty() -> None:
+    assert repeated_checksums(messages(message(0), message(1))).num_rows == 0
+
+
+def queue_row(queue: str, **columns: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        **TRANSFER,
+        "source_queue": queue,
+        "destination_queue": queue,
+        "partition": 0,
+        "status": "moved",
+        "error": None,
+        "source_depth_before": 2,
+        "source_depth_after": 0,
+        "destination_depth_before": 0,
+        "destination_depth_after": 2,
+        "ledger_rows": 2,
+        "duplicates": 0,
+        "lost": 0,
+        "unexpected": 0,
+    }
+    row.update(columns)
+    return row
+
+
+def run_row(**columns: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "run_id": "run-1",
+        "started_at": T0,
+        "finished_at": seconds(30),
+        "config_digest": "ab" * 32,
+        "spark_app_id": "local-1",
+        "queues": 2,
+        "messages": 4,
+        "bytes": 40,
+        "lost": 0,
+        "duplicates": 0,
+        "unexpected": 0,
+        "verified": True,
+        "seconds": 30.0,
+        "verification_path": "/nowhere/verification.json",
+    }
+    row.update(columns)
+    return row
+
+
+def run_ledger(
+    queue_rows: list[dict[str, Any]], message_rows: list[dict[str, Any]], **run: Any
+) -> RunLedger:
+    return RunLedger(
+        ledger_path="/ledger",
+        run=run_row(**run),
+        queues=pa.Table.from_pylist(queue_rows, schema=schema.arrow_schema(schema.QUEUES)),
+        messages=messages(*message_rows),
+    )
+
+
+def test_queue_summary_counts_uncertain_rows_and_takes_the_verdict_per_queue() -> None:
+    ledger = run_ledger(
+        [queue_row("b"), queue_row("a")],
+        [
+            message(0),
+            message(1, confirmed_at=None),
+            message(0, source_queue="b", destination_queue="b"),
+        ],
+    )
+    key_a = ("dr", "orders", "a", "main", "orders", "a")
+    verification = VerificationResult(
+        path=Path("/v.json"),
+        verified=False,
+        failed_expectations=(),
+        data_docs=None,
+        passed_by_transfer={key_a: False},
+    )
+
+    rows = queue_summary(ledger, verification)
+
+    assert [row["source"] for row in rows] == ["dr/orders/a", "dr/orders/b"]
+    assert [row["uncertain_rows"] for row in rows] == [1, 0]
+    assert [row["passed"] for row in rows] == [False, None]
+    assert rows[0]["destination"] == "main/orders/a"
+
+
+# --- the page -----------------------------------------------------------------------------
+
+
+def test_page_escapes_names_and_errors_and_embeds_its_plots(tmp_path: Path) -> None:
+    hostile = "<script>alert('q')</script>"
+    ledger = run_ledger(
+        [queue_row(hostile, status="failed", error="refused: a & b <b>")],
+        [
+            message(0, source_queue=hostile, destination_queue=hostile),
+            message(1, source_queue=hostile, destination_queue=hostile, confirmed_at=None),
+        ],
+        verified=False,
+    )
+    verification = VerificationResult(
+        path=tmp_path / "verification.json",
+        verified=False,
+        failed_expectations=("queue_summary: expect_column_values_to_be_in_set(status) <x>",),
+        data_docs=tmp_path / "data docs" / "index.html",
+        passed_by_transfer={},
+    )
+
+    page = render_report(ledger, verification, report_dir=tmp_path / "reports")
+
+    assert hostile not in page
+    assert "&lt;script&gt;alert(&#x27;q&#x27;)&lt;/script&gt;" in page
+    assert "refused: a &amp; b &lt;b&gt;" in page
+    assert "set(status) &lt;x&gt;" in page
+    assert "NOT verified" in page
+    assert "Verification failed." in page
+    assert page.count('<img src="data:image/png;base64,') == 2
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    assert 'href="../data%20docs/index.html"' in page
+
+
+def test_page_without_confirms_or_verification_still_renders(tmp_path: Path) -> None:
+    ledger = run_ledger([queue_row("a")], [message(0, confirmed_at=None)])
+
+    page = render_report(ledger, None, report_dir=tmp_path)
+
+    assert "No verification.json was found for this run." in page
+    assert "no confirmed messages; 1 uncertain row(s)" in page
+
+
+# --- reading the ledger ---------------------------------------------------------------------
+
+
+def test_an_unknown_run_is_one_error_naming_the_run_and_the_ledger(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    write_deltalake(
+        str(ledger / "runs"),
+        pa.Table.from_pylist([run_row()], schema=schema.arrow_schema(schema.RUNS)),
+    )
+
+    with pytest.raises(LedgerError) as error:
+        load_run(str(ledger), "run-2")
+
+    assert str(error.value) == (
+        f"run 'run-2' is not in the ledger at {ledger}: its runs table has 1 run(s), the "
+        "latest 'run-1' (the runs table has a row for each run whose verification ended)"
+    )
+
+
+def test_a_path_without_a_ledger_is_one_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(LedgerError, match=f"ledger table {tmp_path}/runs does not exist"):
+        load_run(str(tmp_path), "run-1")
+
+
+def test_a_run_recorded_twice_is_read_from_its_last_record(tmp_path: Path) -> None:
+    # Re-running a run id after it was recorded appends a second runs row and a second
+    # set of queues rows; the last describes the run.
+    ledger = tmp_path / "ledger"
+    for finished, depth_after in ((seconds(30), 5), (seconds(90), 0)):
+        write_deltalake(
+            str(ledger / "runs"),
+            pa.Table.from_pylist(
+                [run_row(finished_at=finished)], schema=schema.arrow_schema(schema.RUNS)
+            ),
+            mode="append",
+        )
+        write_deltalake(
+            str(ledger / "queues"),
+            pa.Table.from_pylist(
+                [queue_row("a", source_depth_after=depth_after), queue_row("b")],
+                schema=schema.arrow_schema(schema.QUEUES),
+            ),
+            mode="append",
+        )
+        time.sleep(0.01)  # file modification times are in milliseconds
+    write_deltalake(
+        str(ledger / "messages"), messages(message(0)), partition_by=["run_id"], mode="append"
+    )
+
+    run = load_run(str(ledger), "run-1")
+
+    assert run.records == 2
+    assert run.run["finished_at"] == seconds(90)
+    queues = run.queues.to_pylist()
+    depth_after = {row["source_queue"]: row["source_depth_after"] for row in queues}
+    assert depth_after == {"a": 0, "b": 0}
+    assert run.messages.num_rows == 1
+    assert run.messages["run_id"].to_pylist() == ["run-1"]
+
+
+def test_ledger_doc_describes_every_column_of_every_table() -> None:
+    # docs/LEDGER.md follows schema.py; a new column without its description fails here.
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "LEDGER.md").read_text()
+    sections = dict(re.findall(r"^### `?([a-z_]+)`?\n(.*?)(?=^#)", doc, flags=re.S | re.M))
+    shared = doc.split("### The columns every table but `runs` shares", 1)[1].split("###")[0]
+    for table, columns in schema.TABLES.items():
+        assert table in sections, f"docs/LEDGER.md has no section for table {table}"
+        for column in columns:
+            where = shared if column.name in schema.TRANSFER_KEY and table != "runs" else None
+            described = f"| `{column.name}` |" in (where or sections[table])
+            assert described, f"docs/LEDGER.md does not describe {table}.{column.name}"
