@@ -20,12 +20,17 @@ import pyarrow as pa
 import requests
 
 from rmq_spark.config import JobConfig, MoverConfig, load_config
-from rmq_spark.demo import demo_messages, node_connector, seed_queue, wait_for_depth
+from rmq_spark.demo import demo_messages
 from rmq_spark.executor import ExecutorSettings, move_queue
 from rmq_spark.ledger import tables
 from rmq_spark.local_brokers import LocalNode
 from rmq_spark.mover import MoveOutcome
-from tests.integration.support import Brokers, drain_fingerprints, queue_depth, write_config
+from tests.integration.support import (
+    Brokers,
+    depth,
+    drain_fingerprints,
+    write_config,
+)
 
 Fingerprint = tuple[str, str]
 CONDITION_TIMEOUT_SECONDS = 60.0
@@ -50,33 +55,6 @@ def expected_fingerprints(vhost: str, queue: str, count: int) -> Counter[Fingerp
         )
         for m in demo_messages(vhost, queue, count)
     )
-
-
-def seed(node: LocalNode, vhost: str, queue: str, count: int, **declare: Any) -> None:
-    connection = node_connector(node)(vhost)
-    try:
-        channel = connection.channel()
-        channel.queue_declare(queue, durable=True, **declare)
-        seed_queue(channel, vhost, queue, count)
-        wait_for_depth(channel, queue, count)
-    finally:
-        connection.close()
-
-
-def declare(node: LocalNode, vhost: str, queue: str, **arguments: Any) -> None:
-    connection = node_connector(node)(vhost)
-    try:
-        connection.channel().queue_declare(queue, durable=True, arguments=arguments or None)
-    finally:
-        connection.close()
-
-
-def depth(node: LocalNode, vhost: str, queue: str) -> int:
-    connection = node_connector(node)(vhost)
-    try:
-        return queue_depth(connection, queue)
-    finally:
-        connection.close()
 
 
 def management(node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:

@@ -9,12 +9,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pika
 import yaml
 
 from rmq_spark import wire
-from rmq_spark.demo import node_connector
+from rmq_spark.demo import node_connector, seed_queue, wait_for_depth
 from rmq_spark.local_brokers import LocalNode
 
 PASSWORD_ENV = "RMQ_SPARK_TEST_PASSWORD"
@@ -133,3 +134,30 @@ def job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         **(extra or {}),
     }
+
+
+def seed(node: LocalNode, vhost: str, queue: str, count: int, **declare: Any) -> None:
+    connection = node_connector(node)(vhost)
+    try:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True, **declare)
+        seed_queue(channel, vhost, queue, count)
+        wait_for_depth(channel, queue, count)
+    finally:
+        connection.close()
+
+
+def declare(node: LocalNode, vhost: str, queue: str, **arguments: Any) -> None:
+    connection = node_connector(node)(vhost)
+    try:
+        connection.channel().queue_declare(queue, durable=True, arguments=arguments or None)
+    finally:
+        connection.close()
+
+
+def depth(node: LocalNode, vhost: str, queue: str) -> int:
+    connection = node_connector(node)(vhost)
+    try:
+        return queue_depth(connection, queue)
+    finally:
+        connection.close()

@@ -44,7 +44,7 @@ from rmq_spark.ledger import tables
 from rmq_spark.local_brokers import LocalNode
 from rmq_spark.mover import MoveOutcome
 from tests import amqp_encoding as amqp
-from tests.integration.support import Brokers, fresh_vhost, queue_depth, write_config
+from tests.integration.support import Brokers, depth, fresh_vhost, write_config
 
 KIB, MIB = 1 << 10, 1 << 20
 # An hour: nothing may expire while the test runs.
@@ -235,14 +235,6 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def depth(brokers: Brokers, node: LocalNode, vhost: str, queue: str) -> int:
-    connection = brokers.connect(node, vhost)
-    try:
-        return queue_depth(connection, queue)
-    finally:
-        connection.close()
-
-
 def test_classic_queue_messages_arrive_byte_for_byte(
     brokers: Brokers, password_env: str, tmp_path: Path
 ) -> None:
@@ -259,7 +251,7 @@ def test_classic_queue_messages_arrive_byte_for_byte(
 
     assert (outcome.status, outcome.error) == ("moved", None)
     assert outcome.messages == len(batch)
-    assert depth(brokers, brokers.dr, vhost, "orders") == 0
+    assert depth(brokers.dr, vhost, "orders") == 0
     assert delivered_by_source == published  # classic queues keep the bytes (see above)
     assert len(arrived) == len(batch)
     for message, (properties, body), (sent_properties, sent_body) in zip(
@@ -302,7 +294,7 @@ def test_quorum_redeliveries_are_forwarded_as_the_source_delivered_them(
     # The premise: the source broker delivers bytes other than the published ones.
     assert all(b"x-delivery-count" in properties for properties, _ in delivered_by_source)
     assert (outcome.status, outcome.error) == ("moved", None)
-    assert depth(brokers, brokers.dr, vhost, "orders") == 0
+    assert depth(brokers.dr, vhost, "orders") == 0
     assert arrived == delivered_by_source
     assert ledger.column("properties_sha256").to_pylist() == [
         sha256(properties) for properties, _ in delivered_by_source

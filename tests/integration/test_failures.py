@@ -10,7 +10,6 @@ from pyspark.sql import SparkSession
 
 from rmq_spark.cli import transfer_main
 from rmq_spark.config import load_config
-from rmq_spark.demo import node_connector, seed_queue, wait_for_depth
 from rmq_spark.errors import DestinationIncompatibleError
 from rmq_spark.executor import ExecutorSettings, move_queue
 from rmq_spark.ledger import tables
@@ -18,30 +17,12 @@ from rmq_spark.pipeline import run_transfer
 from tests.integration.support import (
     PASSWORD_ENV,
     Brokers,
+    depth,
     drain_fingerprints,
     fresh_vhost,
-    queue_depth,
+    seed,
     write_config,
 )
-
-
-def seed(brokers: Brokers, vhost: str, queue: str, count: int) -> None:
-    connection = node_connector(brokers.dr)(vhost)
-    try:
-        channel = connection.channel()
-        seed_queue(channel, vhost, queue, count)
-        wait_for_depth(channel, queue, count)
-    finally:
-        connection.close()
-
-
-def depth(brokers: Brokers, node_label: str, vhost: str, queue: str) -> int:
-    node = brokers.dr if node_label == "dr" else brokers.main
-    connection = brokers.connect(node, vhost)
-    try:
-        return queue_depth(connection, queue)
-    finally:
-        connection.close()
 
 
 def test_wrong_password_names_the_cluster_and_moves_nothing(
@@ -52,7 +33,7 @@ def test_wrong_password_names_the_cluster_and_moves_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     vhost = fresh_vhost(brokers, "fail-auth")
-    seed(brokers, vhost, "orders", 20)
+    seed(brokers.dr, vhost, "orders", 20)
     config = write_config(
         tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger"
     )
@@ -65,7 +46,7 @@ def test_wrong_password_names_the_cluster_and_moves_nothing(
     assert "cluster dr" in err
     assert "username or password was refused" in err
     assert "not-the-password" not in err
-    assert depth(brokers, "dr", vhost, "orders") == 20
+    assert depth(brokers.dr, vhost, "orders") == 20
 
 
 def test_missing_destination_is_refused_before_anything_moves(
@@ -73,7 +54,7 @@ def test_missing_destination_is_refused_before_anything_moves(
 ) -> None:
     vhost = fresh_vhost(brokers, "fail-missing")
     for queue in ("a", "b"):
-        seed(brokers, vhost, queue, 5)
+        seed(brokers.dr, vhost, queue, 5)
     config = load_config(
         write_config(
             tmp_path / "job.yaml",
@@ -90,8 +71,8 @@ def test_missing_destination_is_refused_before_anything_moves(
     message = str(info.value)
     assert f"cluster main vhost '{vhost}' queue 'a'" in message
     assert f"cluster main vhost '{vhost}' queue 'b'" in message  # every problem, at once
-    assert depth(brokers, "dr", vhost, "a") == 5
-    assert depth(brokers, "dr", vhost, "b") == 5
+    assert depth(brokers.dr, vhost, "a") == 5
+    assert depth(brokers.dr, vhost, "b") == 5
 
 
 def test_refused_messages_stay_in_the_source_and_the_rest_is_ledgered(
@@ -99,7 +80,7 @@ def test_refused_messages_stay_in_the_source_and_the_rest_is_ledgered(
 ) -> None:
     """A destination that takes 10 messages and nacks the rest (reject-publish)."""
     vhost = fresh_vhost(brokers, "fail-nack")
-    seed(brokers, vhost, "orders", 50)
+    seed(brokers.dr, vhost, "orders", 50)
     connection = brokers.connect(brokers.main, vhost)
     connection.channel().queue_declare(
         "orders", durable=True, arguments={"x-max-length": 10, "x-overflow": "reject-publish"}
@@ -132,8 +113,8 @@ def test_refused_messages_stay_in_the_source_and_the_rest_is_ledgered(
     assert outcome.status == "failed"
     assert "nacked" in (outcome.error or "")
     assert "dr/fail-nack/orders" in (outcome.error or "")
-    in_destination = depth(brokers, "main", vhost, "orders")
-    in_source = depth(brokers, "dr", vhost, "orders")
+    in_destination = depth(brokers.main, vhost, "orders")
+    in_source = depth(brokers.dr, vhost, "orders")
     assert in_destination == 10
     assert in_source + in_destination == 50  # nothing lost, nothing doubled
     tables.commit_run(config.ledger.path, "nack-1")

@@ -30,15 +30,19 @@ from tests.integration.faults import (
     Accounting,
     Transfer,
     account,
-    declare,
-    depth,
     expected_fingerprints,
     fault_config,
     mover_connections,
-    seed,
     wait_until,
 )
-from tests.integration.support import Brokers, drain_fingerprints, fresh_vhost
+from tests.integration.support import (
+    Brokers,
+    declare,
+    depth,
+    drain_fingerprints,
+    fresh_vhost,
+    seed,
+)
 
 MESSAGES = 30_000
 WINDOW = 500

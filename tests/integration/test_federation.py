@@ -29,14 +29,15 @@ from rmq_spark.errors import DiscoveryError
 from rmq_spark.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.mover import MoveOutcome
 from rmq_spark.pipeline import management_clients, run_transfer
-from tests.integration.faults import (
+from tests.integration.faults import expected_fingerprints, management, wait_until
+from tests.integration.support import (
+    Brokers,
+    cluster_block,
     depth,
-    expected_fingerprints,
-    management,
+    drain_fingerprints,
+    fresh_vhost,
     seed,
-    wait_until,
 )
-from tests.integration.support import Brokers, cluster_block, drain_fingerprints, fresh_vhost
 
 VHOST = "federation"
 FEDERATED = ("fed.a", "fed.b")

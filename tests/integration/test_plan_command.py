@@ -9,8 +9,7 @@ import pytest
 import requests
 
 from rmq_spark.cli import main
-from tests.integration.faults import declare, depth, seed
-from tests.integration.support import Brokers, fresh_vhost, write_config
+from tests.integration.support import Brokers, declare, depth, fresh_vhost, seed, write_config
 
 
 def test_plan_prints_every_queue_and_creates_and_moves_nothing(

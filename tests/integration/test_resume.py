@@ -10,12 +10,15 @@ from pathlib import Path
 
 from rmq_spark.ledger import tables
 from rmq_spark.report import RESULT_PREFIX
-from tests.integration.faults import declare, depth, expected_fingerprints, seed, wait_until
+from tests.integration.faults import expected_fingerprints, wait_until
 from tests.integration.support import (
     Brokers,
+    declare,
+    depth,
     drain_fingerprints,
     fresh_vhost,
     job_environment,
+    seed,
     write_config,
 )
 

@@ -21,8 +21,14 @@ import requests
 
 from rmq_spark.ledger import tables
 from rmq_spark.report import RESULT_PREFIX
-from tests.integration.faults import declare, seed
-from tests.integration.support import Brokers, fresh_vhost, job_environment, write_config
+from tests.integration.support import (
+    Brokers,
+    declare,
+    fresh_vhost,
+    job_environment,
+    seed,
+    write_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
