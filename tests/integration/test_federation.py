@@ -249,7 +249,11 @@ def test_upstreams_are_restored_when_the_move_fails(
     during: dict[str, Any] = {}
 
     def failing_move(
-        _spark: SparkSession, _plan: DataFrame, _config: JobConfig, _run_id: str
+        _spark: SparkSession,
+        _plan: DataFrame,
+        _config: JobConfig,
+        _run_id: str,
+        _nodes: dict[str, dict[str, str]] | None = None,
     ) -> list[MoveOutcome]:
         during["upstreams"] = sorted(definitions(dr))
         during["links"] = running_links(dr)
