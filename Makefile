@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
-.PHONY: setup system demo test lint typecheck unit bench clean
+.PHONY: setup system demo test lint typecheck unit soak bench bench-memory clean
 
 setup: system $(INSTALLED)
 
@@ -49,5 +49,17 @@ unit: setup
 test: lint typecheck
 	$(BIN)/pytest tests
 
+# The fault matrix three times over (each run starts its own brokers): flaky
+# recovery shows up here before it shows up in CI.
+soak: setup
+	for round in 1 2 3; do $(BIN)/pytest -q tests/integration/test_faults.py || exit 1; done
+
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache
+
+bench-memory: setup
+	$(BIN)/python -m bench.memory
+
+# rmq-spark vs RabbitMQ's Shovel, side by side (~30 min); figures in bench/results/.
+bench: setup
+	$(BIN)/python -m bench.throughput

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): each one is a module run as ``python -m bench.<name>``."""
