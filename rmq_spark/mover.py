@@ -520,8 +520,33 @@ class QueueMover:
             self._cancel_ok = True  # never consumed (or the broker cancelled): nothing to wait for
 
     def _on_cancel_ok(self, _frame: pika.frame.Method) -> None:
-        """pika: cancel-ok. Every delivery sent before it has reached _on_message."""
+        """pika: cancel-ok. Every delivery sent before it has reached _on_message.
+
+        A drain is confirmed only now: RabbitMQ's ready count leaves out deliveries
+        already on their way to us, and pika rejects (requeues) any that arrive after
+        the cancel was sent. Ask again; what is there is consumed by a new consumer.
+        """
+        if self._error is None and self._source_channel is not None:
+            self._source_channel.queue_declare(
+                self._source.queue, passive=True, callback=self._on_depth_after_cancel
+            )
+            return
         self._cancel_ok = True
+
+    def _on_depth_after_cancel(self, frame: pika.frame.Method) -> None:
+        """pika: declare-ok after cancel-ok. Zero: drained. Otherwise consume again."""
+        remaining = frame.method.message_count
+        if remaining == 0 or self._error is not None:
+            self._cancel_ok = True
+            return
+        log.info(
+            "%s: %d message(s) still ready after the drain check; consuming again",
+            self._key.describe(),
+            remaining,
+        )
+        self._stopping_since = None
+        self._published_since_depth_check = True
+        self._start_consuming()
 
     def _finish_if_settled(self, now: float) -> None:
         assert self._stopping_since is not None
