@@ -1,0 +1,215 @@
+"""One PNG a person can read: rate by message size, rate by window, the ratios, the job's time.
+
+``python -m bench.chart bench/results/throughput-<stamp>.json`` redraws a chart
+from a saved report (``draw`` is what `bench.throughput` calls).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on a build box
+
+import matplotlib.pyplot as plt  # after choosing the backend
+
+SHOVEL_COLOUR, MOVER_COLOUR, JOB_COLOUR = "#8c8c8c", "#1f77b4", "#ff7f0e"
+SIZE_LABELS = {100: "100 B", 1024: "1 KiB", 65536: "64 KiB", 1048576: "1 MiB"}
+STAGE_COLOURS = {
+    "spark_start": "#c7c7c7",
+    "discovery_plan": "#9edae5",
+    "transfer": MOVER_COLOUR,
+    "commit": "#98df8a",
+    "verify": "#d62728",
+    "record_and_exit": "#7f7f7f",
+}
+
+
+def _size_rates(figures: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """Median msg/s per size and contender; 1 KiB comes from the single-queue scenario."""
+    rates = {}
+    for scenario, entry in figures.items():
+        if scenario.startswith("size_"):
+            size = int(scenario.removeprefix("size_"))
+        elif scenario == "single_classic":
+            size = 1024
+        else:
+            continue
+        rates[size] = {name: entry[name]["median_rate"] for name in ("shovel", "mover")}
+    return dict(sorted(rates.items()))
+
+
+def _rate_by_size(axis: Any, figures: dict[str, Any]) -> None:
+    rates = _size_rates(figures)
+    positions = range(len(rates))
+    width = 0.38
+    for offset, name, colour in (
+        (-width / 2, "shovel", SHOVEL_COLOUR),
+        (width / 2, "mover", MOVER_COLOUR),
+    ):
+        values = [by_name[name] for by_name in rates.values()]
+        axis.bar([p + offset for p in positions], values, width, label=name, color=colour)
+    for position, by_name in zip(positions, rates.values(), strict=True):
+        top = max(by_name.values())
+        axis.annotate(
+            f"{by_name['mover'] / by_name['shovel']:.2f}x",
+            (position, top),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            xytext=(0, 3),
+            textcoords="offset points",
+        )
+    axis.set_xticks(list(positions), [SIZE_LABELS.get(size, str(size)) for size in rates])
+    axis.set_yscale("log")
+    axis.set_ylabel("messages / s (log)")
+    axis.set_title("Rate by message size (mover / Shovel above)")
+    axis.legend(loc="upper right")
+
+
+def _rate_by_window(axis: Any, figures: dict[str, Any], default_window: int) -> None:
+    points = sorted(
+        (int(scenario.removeprefix("window_")), entry["mover"]["median_rate"])
+        for scenario, entry in figures.items()
+        if scenario.startswith("window_")
+    )
+    windows, rates = zip(*points, strict=True)
+    axis.plot(windows, rates, marker="o", color=MOVER_COLOUR, label="mover")
+    shovel = figures["single_classic"]["shovel"]["median_rate"]
+    axis.axhline(shovel, color=SHOVEL_COLOUR, linestyle="--", label="Shovel, prefetch 1000")
+    axis.axvline(default_window, color="black", linestyle=":", linewidth=1)
+    axis.annotate(
+        "default",
+        (default_window, min(rates)),
+        fontsize=8,
+        xytext=(3, 0),
+        textcoords="offset points",
+    )
+    axis.set_xscale("log")
+    axis.set_xlabel("window (prefetch), messages")
+    axis.set_ylabel("messages / s")
+    axis.set_title("Mover rate by window, 1 KiB classic -> classic")
+    axis.legend(loc="lower right")
+
+
+def _ratios(axis: Any, figures: dict[str, Any], targets: dict[str, float]) -> None:
+    """Everything as 'times as fast as the Shovel': above 1, rmq-spark is faster."""
+    bars = []
+    for scenario, label in (
+        ("single_classic", "classic->classic"),
+        ("single_quorum", "classic->quorum"),
+    ):
+        ratios = figures[scenario]["ratios"]
+        bars.append((f"mover\n{label}", ratios["mover_vs_shovel"], MOVER_COLOUR, targets["mover"]))
+        bars.append((f"job\n{label}", ratios["job_vs_shovel"], JOB_COLOUR, None))
+    dr = figures["dr"]["ratios"]["job_time_vs_shovels"]
+    bars.append(("job DR\n20 queues", round(1 / dr, 3), JOB_COLOUR, targets["dr"]))
+    positions = range(len(bars))
+    axis.bar(positions, [value for _, value, _, _ in bars], color=[c for _, _, c, _ in bars])
+    for position, (_, value, _, target) in zip(positions, bars, strict=True):
+        axis.annotate(
+            f"{value:.2f}x",
+            (position, value),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            xytext=(0, 3),
+            textcoords="offset points",
+        )
+        if target is not None:
+            axis.hlines(target, position - 0.45, position + 0.45, color="red", linestyle="--")
+    axis.axhline(1.0, color="black", linewidth=1)
+    axis.set_xticks(list(positions), [label for label, _, _, _ in bars], fontsize=8)
+    axis.set_ylabel("x as fast as the Shovel")
+    axis.set_title("Speed vs Shovel (red dashes: target)")
+
+
+def _job_stages(axis: Any, figures: dict[str, Any], overhead_target: float) -> None:
+    jobs = [
+        (f"{label}\n{figures[scenario]['job']['messages']:,} msgs", figures[scenario]["job"])
+        for scenario, label in (
+            ("single_classic", "classic->classic"),
+            ("single_quorum", "classic->quorum"),
+            ("dr", "DR, every queue"),
+        )
+        if "job" in figures.get(scenario, {})
+    ]
+    for row, (_label, job) in enumerate(jobs):
+        left = 0.0
+        for stage, seconds in job["median_stages"].items():
+            axis.barh(
+                row,
+                seconds,
+                left=left,
+                color=STAGE_COLOURS.get(stage, "grey"),
+                label=stage if row == 0 else None,
+            )
+            left += seconds
+        axis.annotate(
+            f"overhead {job['median_fixed_overhead_seconds']:.0f} s",
+            (left, row),
+            va="center",
+            fontsize=8,
+            xytext=(4, 0),
+            textcoords="offset points",
+        )
+    axis.set_yticks(range(len(jobs)), [label for label, _ in jobs])
+    axis.invert_yaxis()
+    axis.set_xlabel("seconds (median run)")
+    axis.set_title(
+        f"Where the job's wall time goes (fixed-overhead target {overhead_target:.0f} s)"
+    )
+    axis.set_xlim(right=axis.get_xlim()[1] * 1.15)  # room for the annotations
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncols=6)
+
+
+def _panel(axis: Any, draw_panel: Callable[..., None], *args: Any) -> None:
+    """Draw one panel; a scenario missing from the report leaves it saying so."""
+    try:
+        draw_panel(axis, *args)
+    except (KeyError, ValueError) as missing:  # ValueError: no points at all
+        axis.clear()
+        axis.set_axis_off()
+        axis.text(0.5, 0.5, f"not measured ({missing!r})", ha="center", va="center")
+
+
+def draw(report: dict[str, Any], path: Path) -> None:
+    figures, goals = report["figures"], report["goals"]
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10), constrained_layout=True)
+    _panel(axes[0][0], _rate_by_size, figures)
+    _panel(axes[0][1], _rate_by_window, figures, goals["default_window"])
+    _panel(
+        axes[1][0],
+        _ratios,
+        figures,
+        {"mover": goals["mover_vs_shovel_min"], "dr": 1 / goals["dr_job_vs_shovels_max"]},
+    )
+    _panel(axes[1][1], _job_stages, figures, goals["fixed_overhead_max_seconds"])
+    machine = report["machine"]
+    fig.suptitle(
+        f"rmq-spark vs Shovel ({report['started_at'][:16]} UTC, {machine['cores']} cores "
+        f"{machine['cpu']}, RabbitMQ {report['versions']['rabbitmq']}; load "
+        f"{report['load_average_start'][0]} -> {report['load_average_end'][0]})"
+        + (" QUICK" if report["quick"] else ""),
+        fontsize=11,
+    )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m bench.chart bench/results/throughput-<stamp>.json")
+        return 2
+    source = Path(argv[0])
+    draw(json.loads(source.read_text(encoding="utf-8")), source.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

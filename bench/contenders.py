@@ -1,0 +1,430 @@
+"""The ways to move a queue that the throughput benchmark puts side by side.
+
+* `run_shovel`: one dynamic Shovel (on the source node, ack-mode on-confirm, the
+  same prefetch as the mover's window), timed from its creation until the
+  destination holds every message; the Shovel deletes itself (``src-delete-after:
+  queue-length``).
+* `run_orchestrated_shovels`: the seed's transfer script for many queues: one
+  dynamic Shovel per queue, at most `ORCHESTRATED_MAX_ACTIVE` at once, completion
+  found by polling depths once a second.
+* `run_mover`: `rmq_spark.executor.move_queue` in a fresh interpreter
+  (`bench.mover_child`), ledger on, or off for the ledger-cost pair.
+* `run_job`: the whole job, ``./spark-submit.sh --config FILE --run-id ID``, to a
+  verified ledger; its stages are timed from the outside (ledger timestamps and
+  file times), since the job itself only reports its total.
+
+Each returns a `Run`: wall seconds, what moved, client CPU, peak RSS and the CPU
+the two brokers spent meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow.compute as pc
+import yaml
+from deltalake import DeltaTable
+
+from bench.workload import DESTINATION, SOURCE, Brokers, Workload, wait_until_depth
+from rmq_spark.ledger import tables
+from rmq_spark.local_brokers import LocalNode
+from rmq_spark.report import RESULT_PREFIX
+
+REPO = Path(__file__).resolve().parents[1]
+SPARK_SUBMIT = REPO / "spark-submit.sh"
+PASSWORD_ENV = "RMQ_SPARK_BENCH_PASSWORD"
+# A single Shovel's completion is polled tightly: its time is not padded by the poll.
+SHOVEL_POLL_SECONDS = 0.05
+# The seed's orchestration: at most this many shovels at once, depths polled this often.
+ORCHESTRATED_MAX_ACTIVE = 5
+ORCHESTRATED_POLL_SECONDS = 1.0
+# Generous: a 1M-message DR run on a loaded 2-core box.
+RUN_TIMEOUT_SECONDS = 1800.0
+# The mover's byte window (config default); the Shovel gets the same derived prefetch.
+WINDOW_BYTES = 64 * 1024 * 1024
+
+
+class BenchError(RuntimeError):
+    """A contender did not move what it was given; the benchmark stops."""
+
+
+@dataclass
+class Run:
+    """One contender moving one workload once."""
+
+    contender: str
+    messages: int
+    bytes: int
+    seconds: float
+    broker_cpu_seconds: dict[str, float]
+    client_cpu_seconds: float | None = None
+    peak_rss_kib: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        """Messages per second."""
+        return self.messages / self.seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "rate": round(self.rate, 1)}
+
+
+def _cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {side: round(after[side] - before[side], 2) for side in (SOURCE, DESTINATION)}
+
+
+# -- the Shovel -------------------------------------------------------------------------
+
+
+def _amqp_uri(node: LocalNode, vhost: str) -> str:
+    """Shovel URIs carry credentials; they go to the management API only, never a log."""
+    user, password = quote(node.username, safe=""), quote(node.password, safe="")
+    return f"amqp://{user}:{password}@127.0.0.1:{node.amqp_port}/{quote(vhost, safe='')}"
+
+
+def _shovel_path(vhost: str, name: str) -> str:
+    return f"/api/parameters/shovel/{quote(vhost, safe='')}/{quote(name, safe='')}"
+
+
+def start_shovel(brokers: Brokers, vhost: str, queue: str, prefetch: int) -> str:
+    """Create a dynamic Shovel on the source node that moves what `queue` holds now.
+
+    Publishing through the default exchange (``dest-exchange: ""``) leaves the
+    destination queue as declared (a ``dest-queue`` would be re-declared classic).
+    """
+    name = f"bench-{queue}"
+    value = {
+        "src-protocol": "amqp091",
+        "src-uri": _amqp_uri(brokers.src, vhost),
+        "src-queue": queue,
+        "src-prefetch-count": prefetch,
+        "src-delete-after": "queue-length",
+        "dest-protocol": "amqp091",
+        "dest-uri": _amqp_uri(brokers.dst, vhost),
+        "dest-exchange": "",
+        "dest-exchange-key": queue,
+        "ack-mode": "on-confirm",
+    }
+    brokers.management(brokers.src, "PUT", _shovel_path(vhost, name), json={"value": value})
+    return name
+
+
+def delete_shovel(brokers: Brokers, vhost: str, name: str) -> None:
+    """Remove the parameter; a Shovel that deleted itself after its queue-length is gone."""
+    try:
+        brokers.management(brokers.src, "DELETE", _shovel_path(vhost, name))
+    except Exception as exc:
+        if getattr(getattr(exc, "response", None), "status_code", None) != 404:
+            raise
+
+
+def run_shovel(brokers: Brokers, vhost: str, queue: str, workload: Workload, prefetch: int) -> Run:
+    """One Shovel, from its creation until the destination holds every message."""
+    connection = brokers.connect(brokers.dst, vhost)
+    try:
+        channel = connection.channel()
+        cpu_before = brokers.cpu_seconds()
+        started = time.monotonic()
+        name = start_shovel(brokers, vhost, queue, prefetch)
+        finished = wait_until_depth(
+            channel,
+            queue,
+            workload.messages,
+            poll_seconds=SHOVEL_POLL_SECONDS,
+            timeout=RUN_TIMEOUT_SECONDS,
+        )
+        cpu_after = brokers.cpu_seconds()
+    finally:
+        connection.close()
+    delete_shovel(brokers, vhost, name)
+    return Run(
+        contender="shovel",
+        messages=workload.messages,
+        bytes=workload.bytes,
+        seconds=finished - started,
+        broker_cpu_seconds=_cpu_delta(cpu_before, cpu_after),
+        details={"prefetch": prefetch},
+    )
+
+
+def run_orchestrated_shovels(
+    brokers: Brokers, queues: Sequence[tuple[str, str]], workload: Workload, prefetch: int
+) -> Run:
+    """The seed's script: a Shovel per queue, at most 5 running, depths polled each second."""
+    pending = list(queues)
+    active: dict[tuple[str, str], str] = {}
+    connections = {vhost: brokers.connect(brokers.dst, vhost) for vhost, _ in queues}
+    try:
+        channels = {vhost: connection.channel() for vhost, connection in connections.items()}
+        cpu_before = brokers.cpu_seconds()
+        started = time.monotonic()
+        polls = 0
+        while pending or active:
+            for (vhost, queue), name in list(active.items()):
+                if _depth(channels[vhost], queue) >= workload.messages:
+                    delete_shovel(brokers, vhost, name)
+                    del active[(vhost, queue)]
+            while pending and len(active) < ORCHESTRATED_MAX_ACTIVE:
+                vhost, queue = pending.pop(0)
+                active[(vhost, queue)] = start_shovel(brokers, vhost, queue, prefetch)
+            if active:
+                time.sleep(ORCHESTRATED_POLL_SECONDS)
+                polls += 1
+            if time.monotonic() - started > RUN_TIMEOUT_SECONDS:
+                raise BenchError(f"orchestrated shovels still running after {polls} polls")
+        seconds = time.monotonic() - started
+        cpu_after = brokers.cpu_seconds()
+    finally:
+        for connection in connections.values():
+            connection.close()
+    return Run(
+        contender="orchestrated_shovels",
+        messages=workload.messages * len(queues),
+        bytes=workload.bytes * len(queues),
+        seconds=seconds,
+        broker_cpu_seconds=_cpu_delta(cpu_before, cpu_after),
+        details={
+            "prefetch": prefetch,
+            "max_active": ORCHESTRATED_MAX_ACTIVE,
+            "poll_seconds": ORCHESTRATED_POLL_SECONDS,
+            "polls": polls,
+        },
+    )
+
+
+def _depth(channel: Any, queue: str) -> int:
+    return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+
+# -- the mover alone --------------------------------------------------------------------
+
+
+def _cluster(node: LocalNode) -> dict[str, str]:
+    return {
+        "amqp": node.amqp_uri,
+        "management": node.management_url,
+        "username": node.username,
+        "password": node.password,
+    }
+
+
+def run_mover(
+    brokers: Brokers,
+    vhost: str,
+    queue: str,
+    workload: Workload,
+    *,
+    window: int,
+    ledger: Path | None,
+    run_id: str,
+) -> Run:
+    """`move_queue` in a fresh interpreter; ``ledger=None`` discards the rows instead."""
+    if ledger is not None:
+        tables.ensure_tables(str(ledger))  # the driver's job, not the mover's: untimed
+    request = {
+        "run_id": run_id,
+        "ledger": ledger is not None,
+        "ledger_path": str(ledger or ""),
+        "clusters": {SOURCE: _cluster(brokers.src), DESTINATION: _cluster(brokers.dst)},
+        "window_messages": window,
+        "window_bytes": WINDOW_BYTES,
+        "row": {
+            "source_cluster": SOURCE,
+            "source_vhost": vhost,
+            "source_queue": queue,
+            "destination_cluster": DESTINATION,
+            "destination_vhost": vhost,
+            "destination_queue": queue,
+            "messages": workload.messages,
+            "message_bytes": workload.bytes,
+        },
+    }
+    cpu_before = brokers.cpu_seconds()
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.mover_child"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=RUN_TIMEOUT_SECONDS,
+        check=False,
+    )
+    cpu_after = brokers.cpu_seconds()
+    if completed.returncode != 0:
+        raise BenchError(
+            f"mover child failed ({completed.returncode}):\n{completed.stderr[-3000:]}"
+        )
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    if result["status"] != "moved":
+        raise BenchError(f"mover failed: {result}")
+    # A "moved" outcome with fewer messages than seeded is a finding, not a crash:
+    # the run is kept (rate over what moved) and the caller records what was left.
+    return Run(
+        contender="mover" if ledger is not None else "mover_no_ledger",
+        messages=result["messages"],
+        bytes=result["bytes"],
+        seconds=result["seconds"],
+        broker_cpu_seconds=_cpu_delta(cpu_before, cpu_after),
+        client_cpu_seconds=round(result["client_cpu_seconds"], 2),
+        peak_rss_kib=result["peak_rss_kib"],
+        details={"window": window, "sessions": result["sessions"]},
+    )
+
+
+# -- the whole job ----------------------------------------------------------------------
+
+
+def job_config(
+    brokers: Brokers,
+    *,
+    vhosts: Sequence[str],
+    ledger: Path,
+    destination_type: str,
+    window: int,
+    max_active: int,
+    queues: Sequence[str] | None = None,
+    queue_pattern: str | None = None,
+) -> dict[str, Any]:
+    """A job config moving the bench queues from ``src`` to ``dst`` (same vhost and name)."""
+
+    def cluster(node: LocalNode) -> dict[str, Any]:
+        return {
+            "amqp": [node.amqp_uri],
+            "management": node.management_url,
+            "username": node.username,
+            "password_env": PASSWORD_ENV,
+        }
+
+    source: dict[str, Any] = {"cluster": SOURCE, "vhosts": list(vhosts)}
+    if queues is not None:
+        source["queues"] = list(queues)
+    else:
+        source["queue_pattern"] = queue_pattern
+    return {
+        "clusters": {SOURCE: cluster(brokers.src), DESTINATION: cluster(brokers.dst)},
+        "routes": [
+            {
+                "name": "bench",
+                "source": source,
+                "destination": {"cluster": DESTINATION, "queue_type": destination_type},
+            }
+        ],
+        "window": {"messages": window, "bytes": WINDOW_BYTES},
+        "max_active": max_active,
+        "ledger": {"path": str(ledger)},
+    }
+
+
+def run_job(
+    brokers: Brokers, config: dict[str, Any], work_dir: Path, run_id: str, messages: int
+) -> Run:
+    """``./spark-submit.sh --config FILE --run-id ID`` to a verified ledger, timed whole."""
+    config_path = work_dir / f"{run_id}.yaml"
+    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        PASSWORD_ENV: brokers.src.password,
+    }
+    children_before = _children_cpu_seconds()
+    cpu_before = brokers.cpu_seconds()
+    launched, started = datetime.now(UTC), time.monotonic()
+    completed = subprocess.run(
+        [str(SPARK_SUBMIT), "--config", str(config_path), "--run-id", run_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_SECONDS,
+        check=False,
+    )
+    seconds, exited = time.monotonic() - started, datetime.now(UTC)
+    cpu_after = brokers.cpu_seconds()
+    (work_dir / f"{run_id}.stderr").write_text(completed.stderr, encoding="utf-8")
+    result = _result_line(completed.stdout)
+    if completed.returncode not in (0, 1) or not result:  # 1: ran, verification failed
+        raise BenchError(
+            f"job {run_id} exited {completed.returncode} with {result}:\n{completed.stderr[-3000:]}"
+        )
+    stages = job_stages(Path(config["ledger"]["path"]), run_id, launched, exited)
+    return Run(
+        contender="job",
+        # What the job says it moved; the caller counts what the sources still hold.
+        messages=int(result["messages"]),
+        bytes=int(result["bytes"]),
+        seconds=seconds,
+        broker_cpu_seconds=_cpu_delta(cpu_before, cpu_after),
+        # The whole spark-submit tree: JVM, Python driver and Python workers.
+        client_cpu_seconds=round(_children_cpu_seconds() - children_before, 2),
+        details={
+            "stages": stages,
+            "fixed_overhead_seconds": round(seconds - stages["transfer"], 2),
+            "verified": result["verified"],
+            "exit_code": completed.returncode,
+            "seeded": messages,
+            "job_seconds": result["seconds"],
+            "max_active": config["max_active"],
+        },
+    )
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _result_line(stdout: str) -> dict[str, Any] | None:
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    return json.loads(lines[-1][len(RESULT_PREFIX) :]) if lines else None
+
+
+def job_stages(ledger: Path, run_id: str, launched: datetime, exited: datetime) -> dict[str, float]:
+    """Where a job's wall time went, from what the run left behind.
+
+    The runs row's start (Spark is up), the first consume and last confirm in the
+    ledger (the transfer), the Delta commit file and verification.json (their
+    modification times), and the process exit.
+    """
+    run = next(
+        row
+        for row in DeltaTable(str(ledger / "runs")).to_pyarrow_table().to_pylist()
+        if row["run_id"] == run_id
+    )
+    moved = DeltaTable(str(ledger / "messages")).to_pyarrow_table(
+        columns=["consumed_at", "confirmed_at"], filters=[("run_id", "=", run_id)]
+    )
+    first_consumed = pc.min(moved["consumed_at"]).as_py()
+    last_confirmed = pc.max(moved["confirmed_at"]).as_py()
+    committed = _mtime(max((ledger / "messages" / "_delta_log").glob("*.json")))
+    verified = _mtime(ledger / "verification" / f"run_id={run_id}" / "verification.json")
+    marks = [
+        ("spark_start", run["started_at"]),
+        ("discovery_plan", first_consumed),
+        ("transfer", last_confirmed),
+        ("commit", committed),
+        ("verify", verified),
+        ("record_and_exit", exited),  # queues/runs rows, Spark stop, JVM exit
+    ]
+    stages, previous = {}, launched
+    for name, mark in marks:
+        stages[name] = round((mark - previous).total_seconds(), 2)
+        previous = mark
+    return stages
+
+
+def _mtime(path: Path) -> datetime:
+    return datetime.fromtimestamp(path.stat().st_mtime, UTC)

@@ -1,0 +1,646 @@
+"""rmq-spark against RabbitMQ's Shovel, side by side in one run (``make bench``).
+
+    python -m bench.throughput            # the full run (~30 min on 2 cores)
+    python -m bench.throughput --quick    # 1 round, small counts: does it all work?
+
+Starts its own two local nodes, then for each scenario seeds an identical, fresh
+queue for every contender run and runs the contenders alternately (A B A B ...),
+so a load change on the shared 2-core box hits every contender alike. Reports
+per-contender medians and, per pair, the median of the per-round ratios; checks
+the issue's targets; writes ``bench/results/throughput-<stamp>.json`` and a chart
+``throughput-<stamp>.png`` beside it.
+
+Scenarios (full run):
+
+1. one 100k x 1 KiB persistent queue, window/prefetch 1000, classic -> classic and
+   classic -> quorum: Shovel, mover alone (ledger on), full job; plus, on
+   classic -> classic, the mover with no ledger (ledger cost, item 5);
+2. message sizes 100 B, 64 KiB, 1 MiB (1 KiB is scenario 1): Shovel vs mover;
+3. the mover's window curve: 1 ... 5000;
+4. DR: 20 queues x 50k x 1 KiB over 2 vhosts: orchestrated shovels vs the job;
+5. resource use from the runs above: client CPU per 100k, peak RSS, job overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench import chart
+from bench.contenders import (
+    REPO,
+    WINDOW_BYTES,
+    BenchError,
+    Run,
+    job_config,
+    run_job,
+    run_mover,
+    run_orchestrated_shovels,
+    run_shovel,
+)
+from bench.workload import (
+    Brokers,
+    Workload,
+    declare_destination,
+    delete_queues,
+    depths_after,
+    load_average,
+    local_brokers,
+    machine,
+    seed_queue,
+)
+from rmq_spark.config import WindowConfig
+from rmq_spark.window import prefetch_for
+
+log = logging.getLogger("bench.throughput")
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SINGLE_VHOST = "bench"
+DR_VHOSTS = ("dr-a", "dr-b")
+DEFAULT_WINDOW = WindowConfig().messages
+WINDOWS = (1, 10, 100, 300, 1000, 5000)
+KIB = 1024
+# Lets a broker finish deleting the last run's queues before the next run starts.
+SETTLE_SECONDS = 2.0
+# The job on 2 cores: local[*] gives 2 task slots, so 2 movers at once; more
+# partitions than slots would leave the last wave with an idle core.
+DR_JOB_MAX_ACTIVE = 2
+
+# The issue's targets.
+MOVER_VS_SHOVEL_MIN = 1.2
+DR_JOB_VS_SHOVELS_MAX = 0.8
+FIXED_OVERHEAD_MAX_SECONDS = 15.0
+CLIENT_CPU_PER_100K_MAX = 3.0
+LEDGER_OVERHEAD_MAX = 0.10
+DEFAULT_WINDOW_OF_PLATEAU_MIN = 0.90
+GOALS = {
+    "mover_vs_shovel_min": MOVER_VS_SHOVEL_MIN,
+    "dr_job_vs_shovels_max": DR_JOB_VS_SHOVELS_MAX,
+    "fixed_overhead_max_seconds": FIXED_OVERHEAD_MAX_SECONDS,
+    "client_cpu_per_100k_max": CLIENT_CPU_PER_100K_MAX,
+    "ledger_overhead_max": LEDGER_OVERHEAD_MAX,
+    "default_window_of_plateau_min": DEFAULT_WINDOW_OF_PLATEAU_MIN,
+    "default_window": DEFAULT_WINDOW,
+}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much each scenario moves, and how often; `QUICK` only checks it all works."""
+
+    single_messages: int = 100_000
+    rounds: int = 3
+    # The job includes Spark start and verification (~1-2 min each): fewer rounds.
+    job_rounds: int = 2
+    quorum_job_rounds: int = 1
+    # Large messages: fewer of them (about 256 MiB per queue).
+    size_messages: dict[int, int] = field(
+        default_factory=lambda: {100: 100_000, 64 * KIB: 4_000, 1024 * KIB: 256}
+    )
+    size_rounds: int = 2
+    # Small windows are slow per message: fewer messages, same rate measure.
+    window_messages: dict[int, int] = field(
+        default_factory=lambda: {
+            1: 2_000,
+            10: 20_000,
+            100: 100_000,
+            300: 100_000,
+            1000: 100_000,
+            5000: 100_000,
+        }
+    )
+    window_rounds: int = 1
+    dr_queues_per_vhost: int = 10
+    dr_messages: int = 50_000
+    dr_rounds: int = 1
+
+
+QUICK = Scale(
+    single_messages=10_000,
+    rounds=1,
+    job_rounds=1,
+    quorum_job_rounds=1,
+    size_messages={100: 10_000, 64 * KIB: 400, 1024 * KIB: 32},
+    size_rounds=1,
+    window_messages={1: 300, 10: 2_000, 100: 10_000, 300: 10_000, 1000: 10_000, 5000: 10_000},
+    dr_queues_per_vhost=2,
+    dr_messages=5_000,
+)
+
+
+@dataclass
+class Bench:
+    """One benchmark run: the brokers, a scratch directory, and every Run so far."""
+
+    brokers: Brokers
+    work_dir: Path
+    results: dict[str, dict[str, list[Run]]] = field(default_factory=dict)
+
+    def record(self, scenario: str, run: Run) -> None:
+        run.details["load_1m"] = load_average()[0]  # other tenants of the box, for the record
+        log.info(
+            "%s %-20s %8d msgs %8.2fs %9.0f msg/s cpu %s",
+            scenario,
+            run.contender,
+            run.messages,
+            run.seconds,
+            run.rate,
+            run.client_cpu_seconds,
+        )
+        self.results.setdefault(scenario, {}).setdefault(run.contender, []).append(run)
+
+    def ledger(self, run_id: str) -> Path:
+        return self.work_dir / "ledgers" / run_id
+
+
+Contender = tuple[str, int, Callable[[int], Run]]  # name, rounds, run(round)
+
+
+def alternate(bench: Bench, scenario: str, rounds: int, contenders: Sequence[Contender]) -> None:
+    """A B C A B C ...: each contender once per round, while it has rounds left."""
+    for round_ in range(rounds):
+        for _name, contender_rounds, run in contenders:
+            if round_ < contender_rounds:
+                bench.record(scenario, run(round_))
+
+
+def single_queue_run(
+    bench: Bench,
+    scenario: str,
+    contender: str,
+    round_: int,
+    workload: Workload,
+    *,
+    destination_type: str = "classic",
+    window: int = DEFAULT_WINDOW,
+) -> Run:
+    """Seed a fresh queue, let one contender move it, delete it on both nodes."""
+    brokers, vhost = bench.brokers, SINGLE_VHOST
+    queue = f"{scenario}.{contender}.{round_}"
+    run_id = f"{scenario}-{contender}-{round_}".replace(".", "-").replace("_", "-")
+    seed_queue(brokers, vhost, queue, workload, seed=f"{scenario}/{workload.size}")
+    declare_destination(brokers, vhost, queue, destination_type)
+    prefetch = prefetch_for(window, WINDOW_BYTES, workload.size)
+    try:
+        if contender == "shovel":
+            run = run_shovel(brokers, vhost, queue, workload, prefetch)
+        elif contender in ("mover", "mover_no_ledger"):
+            ledger = bench.ledger(run_id) if contender == "mover" else None
+            run = run_mover(
+                brokers, vhost, queue, workload, window=window, ledger=ledger, run_id=run_id
+            )
+        else:
+            config = job_config(
+                brokers,
+                vhosts=[vhost],
+                queues=[queue],
+                ledger=bench.ledger(run_id),
+                destination_type=destination_type,
+                window=window,
+                max_active=1,
+            )
+            run = run_job(brokers, config, bench.work_dir, run_id, workload.messages)
+        run.details |= depths_after(brokers, vhost, [queue])
+        return run
+    finally:
+        delete_queues(brokers, vhost, [queue])
+        time.sleep(SETTLE_SECONDS)
+
+
+def single_queue(bench: Bench, scale: Scale) -> None:
+    """Scenario 1 (and 5, the ledger pair): one 1 KiB queue, classic and quorum."""
+    workload = Workload(scale.single_messages, KIB)
+    for scenario, destination_type, contenders in (
+        (
+            "single_classic",
+            "classic",
+            (
+                ("shovel", scale.rounds),
+                ("mover", scale.rounds),
+                ("mover_no_ledger", scale.rounds),
+                ("job", scale.job_rounds),
+            ),
+        ),
+        (
+            "single_quorum",
+            "quorum",
+            (("shovel", scale.rounds), ("mover", scale.rounds), ("job", scale.quorum_job_rounds)),
+        ),
+    ):
+        alternate(
+            bench,
+            scenario,
+            scale.rounds,
+            [
+                (
+                    name,
+                    rounds,
+                    lambda r, s=scenario, n=name, t=destination_type: single_queue_run(
+                        bench, s, n, r, workload, destination_type=t
+                    ),
+                )
+                for name, rounds in contenders
+            ],
+        )
+
+
+def sizes(bench: Bench, scale: Scale) -> None:
+    """Scenario 2: Shovel vs mover across message sizes, same prefetch for both."""
+    for size, messages in scale.size_messages.items():
+        scenario = f"size_{size}"
+        workload = Workload(messages, size)
+        alternate(
+            bench,
+            scenario,
+            scale.size_rounds,
+            [
+                (
+                    name,
+                    scale.size_rounds,
+                    lambda r, s=scenario, n=name, w=workload: single_queue_run(bench, s, n, r, w),
+                )
+                for name in ("shovel", "mover")
+            ],
+        )
+
+
+def windows(bench: Bench, scale: Scale) -> None:
+    """Scenario 3: the mover's rate against its window (prefetch)."""
+    for round_ in range(scale.window_rounds):
+        for window in WINDOWS:
+            workload = Workload(scale.window_messages[window], KIB)
+            bench.record(
+                f"window_{window}",
+                single_queue_run(
+                    bench, f"window_{window}", "mover", round_, workload, window=window
+                ),
+            )
+
+
+def dr(bench: Bench, scale: Scale) -> None:
+    """Scenario 4: the DR fail-back, 2 vhosts of 1 KiB queues: job vs orchestrated shovels."""
+    brokers = bench.brokers
+    workload = Workload(scale.dr_messages, KIB)
+    queues = [
+        (vhost, f"dr.q{index:02d}")
+        for vhost in DR_VHOSTS
+        for index in range(scale.dr_queues_per_vhost)
+    ]
+
+    def prepare() -> None:
+        for vhost, queue in queues:
+            seed_queue(brokers, vhost, queue, workload, seed=f"dr/{vhost}/{queue}")
+            declare_destination(brokers, vhost, queue, "classic")
+
+    def clean() -> None:
+        for vhost in DR_VHOSTS:
+            delete_queues(brokers, vhost, [q for v, q in queues if v == vhost])
+        time.sleep(SETTLE_SECONDS)
+
+    def left_behind(run: Run) -> Run:
+        for vhost in DR_VHOSTS:
+            found = depths_after(brokers, vhost, [q for v, q in queues if v == vhost])
+            for key, count in found.items():
+                run.details[key] = run.details.get(key, 0) + count
+        return run
+
+    def shovels(_round: int) -> Run:
+        prepare()
+        try:
+            return left_behind(run_orchestrated_shovels(brokers, queues, workload, DEFAULT_WINDOW))
+        finally:
+            clean()
+
+    def job(round_: int) -> Run:
+        prepare()
+        run_id = f"dr-job-{round_}"
+        config = job_config(
+            brokers,
+            vhosts=list(DR_VHOSTS),
+            queue_pattern=r"dr\.q\d+",
+            ledger=bench.ledger(run_id),
+            destination_type="classic",
+            window=DEFAULT_WINDOW,
+            max_active=DR_JOB_MAX_ACTIVE,
+        )
+        try:
+            return left_behind(
+                run_job(brokers, config, bench.work_dir, run_id, workload.messages * len(queues))
+            )
+        finally:
+            clean()
+
+    alternate(
+        bench,
+        "dr",
+        scale.dr_rounds,
+        [("orchestrated_shovels", scale.dr_rounds, shovels), ("job", scale.dr_rounds, job)],
+    )
+
+
+# -- figures ------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def summarise(runs: Sequence[Run]) -> dict[str, Any]:
+    seconds = [run.seconds for run in runs]
+    summary: dict[str, Any] = {
+        "runs": len(runs),
+        "messages": max(run.messages for run in runs),
+        "bytes": max(run.bytes for run in runs),
+        "median_seconds": round(median(seconds), 2),
+        "min_seconds": round(min(seconds), 2),
+        "max_seconds": round(max(seconds), 2),
+        "median_rate": round(median([run.rate for run in runs]), 1),
+        "median_mib_per_second": round(
+            median([run.bytes / run.seconds / 2**20 for run in runs]), 2
+        ),
+        "median_broker_cpu_seconds": {
+            side: round(median([run.broker_cpu_seconds[side] for run in runs]), 2)
+            for side in runs[0].broker_cpu_seconds
+        },
+    }
+    incomplete = [run for run in runs if run.details.get("left_in_source")]
+    if incomplete:
+        # The contender said it was done, yet the source still held messages.
+        summary["runs_leaving_messages_in_source"] = [
+            {"moved": run.messages, "left_in_source": run.details["left_in_source"]}
+            for run in incomplete
+        ]
+    cpu = [run.client_cpu_seconds for run in runs if run.client_cpu_seconds is not None]
+    if cpu:
+        summary["median_client_cpu_seconds"] = round(median(cpu), 2)
+    rss = [run.peak_rss_kib for run in runs if run.peak_rss_kib is not None]
+    if rss:
+        summary["max_peak_rss_mib"] = round(max(rss) / 1024, 1)
+    overhead = [run.details["fixed_overhead_seconds"] for run in runs if "stages" in run.details]
+    if overhead:
+        summary["median_fixed_overhead_seconds"] = round(median(overhead), 2)
+        summary["median_stages"] = {
+            stage: round(median([run.details["stages"][stage] for run in runs]), 2)
+            for stage in runs[0].details["stages"]
+        }
+    return summary
+
+
+def speedup(baseline: Sequence[Run], contender: Sequence[Run]) -> float:
+    """How many times faster `contender` is than `baseline`: median of per-round ratios."""
+    pairs = list(zip(baseline, contender, strict=False))
+    return round(median([b.seconds / c.seconds for b, c in pairs]), 3)
+
+
+def figures(results: dict[str, dict[str, list[Run]]]) -> dict[str, Any]:
+    """Per scenario: contender summaries and the ratios the targets are about."""
+    out: dict[str, Any] = {}
+    for scenario, by_contender in results.items():
+        entry: dict[str, Any] = {name: summarise(runs) for name, runs in by_contender.items()}
+        ratios = {}
+        if "shovel" in by_contender:
+            for name in ("mover", "job"):
+                if name in by_contender:
+                    ratios[f"{name}_vs_shovel"] = speedup(
+                        by_contender["shovel"], by_contender[name]
+                    )
+        if "mover_no_ledger" in by_contender:
+            pairs = zip(by_contender["mover"], by_contender["mover_no_ledger"], strict=False)
+            ratios["ledger_overhead"] = round(
+                median([(on.seconds - off.seconds) / on.seconds for on, off in pairs]), 3
+            )
+        if "orchestrated_shovels" in by_contender:
+            pairs = zip(by_contender["job"], by_contender["orchestrated_shovels"], strict=False)
+            ratios["job_time_vs_shovels"] = round(
+                median([j.seconds / s.seconds for j, s in pairs]), 3
+            )
+        entry["ratios"] = ratios
+        out[scenario] = entry
+    return out
+
+
+def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, each with the measured figure and met/missed.
+
+    A target whose scenario did not complete is reported as not measured (and missed).
+    """
+
+    def single(scenario: str, name: str, figure: str) -> Any:
+        return summary[scenario][name][figure]
+
+    def client_cpu_per_100k() -> float:
+        mover = summary["single_classic"]["mover"]
+        return round(mover["median_client_cpu_seconds"] * 100_000 / mover["messages"], 2)
+
+    def default_window_share() -> float:
+        rates = {w: summary[f"window_{w}"]["mover"]["median_rate"] for w in WINDOWS}
+        return round(rates[DEFAULT_WINDOW] / max(rates.values()), 3)
+
+    checks: list[tuple[str, Callable[[], Any], str, float]] = [
+        (
+            "mover vs Shovel, 1 KiB classic->classic (x faster)",
+            lambda: summary["single_classic"]["ratios"]["mover_vs_shovel"],
+            ">=",
+            MOVER_VS_SHOVEL_MIN,
+        ),
+        (
+            "mover vs Shovel, 1 KiB classic->quorum (x faster)",
+            lambda: summary["single_quorum"]["ratios"]["mover_vs_shovel"],
+            ">=",
+            MOVER_VS_SHOVEL_MIN,
+        ),
+        (
+            "DR: job wall time / orchestrated shovels' wall time",
+            lambda: summary["dr"]["ratios"]["job_time_vs_shovels"],
+            "<=",
+            DR_JOB_VS_SHOVELS_MAX,
+        ),
+        (
+            "job fixed overhead (s): Spark start + plan + commit + verify",
+            lambda: single("single_classic", "job", "median_fixed_overhead_seconds"),
+            "<=",
+            FIXED_OVERHEAD_MAX_SECONDS,
+        ),
+        (
+            "mover client CPU-s per 100k 1 KiB messages",
+            client_cpu_per_100k,
+            "<=",
+            CLIENT_CPU_PER_100K_MAX,
+        ),
+        (
+            "ledger overhead (share of mover transfer time)",
+            lambda: summary["single_classic"]["ratios"]["ledger_overhead"],
+            "<=",
+            LEDGER_OVERHEAD_MAX,
+        ),
+        (
+            f"default window ({DEFAULT_WINDOW}) rate / window-curve plateau",
+            default_window_share,
+            ">=",
+            DEFAULT_WINDOW_OF_PLATEAU_MIN,
+        ),
+    ]
+    out = []
+    for name, measure, op, goal in checks:
+        try:
+            value = measure()
+        except KeyError:
+            value = None  # its scenario failed; the report's "errors" say why
+        met = value is not None and (value >= goal if op == ">=" else value <= goal)
+        out.append({"target": name, "measured": value, "goal": f"{op} {goal}", "met": met})
+    return out
+
+
+def code_state() -> dict[str, Any]:
+    """Which code was measured: the commit, and files changed on top of it."""
+
+    def git(*args: str) -> str:
+        completed = subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, check=False
+        )
+        return completed.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--short").splitlines()}
+
+
+def versions(brokers: Brokers) -> dict[str, str]:
+    found = {"rabbitmq": brokers.rabbitmq_version(), "erlang": brokers.erlang_version()}
+    for package in ("pika", "pyspark", "deltalake", "pyarrow", "great_expectations"):
+        found[package] = metadata.version(package)
+    return found
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The tables the README's Performance section shows."""
+    summary = report["figures"]
+    lines = [
+        "| scenario | contender | messages | median s | msg/s | MiB/s | client CPU-s | ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for scenario, entry in summary.items():
+        for name, figures_ in entry.items():
+            if name == "ratios":
+                continue
+            ratio = entry["ratios"].get(f"{name}_vs_shovel", "")
+            lines.append(
+                f"| {scenario} | {name} | {figures_['messages']:,} | {figures_['median_seconds']} "
+                f"| {figures_['median_rate']:,.0f} | {figures_['median_mib_per_second']} "
+                f"| {figures_.get('median_client_cpu_seconds', '')} | {ratio} |"
+            )
+    for scenario, entry in summary.items():
+        for name, figures_ in entry.items():
+            for bad in (
+                figures_.get("runs_leaving_messages_in_source", []) if name != "ratios" else []
+            ):
+                lines.append(
+                    f"\n{scenario} {name}: reported done after moving {bad['moved']:,}; "
+                    f"{bad['left_in_source']} message(s) were still in the source"
+                )
+    lines += ["", "| target | measured | goal | |", "|---|---:|---:|---|"]
+    for target in report["targets"]:
+        verdict = "met" if target["met"] else "**missed**"
+        lines.append(
+            f"| {target['target']} | {target['measured']} | {target['goal']} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="1 round, small counts")
+    parser.add_argument("--keep-work-dir", action="store_true", help="keep ledgers and job logs")
+    args = parser.parse_args(argv)
+    # Stopped by a signal (even from a background shell, which ignores SIGINT), the
+    # nodes are still stopped and removed by the context managers on the way out.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    scale = QUICK if args.quick else Scale()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    work_dir = Path(tempfile.mkdtemp(prefix="rmq-spark-bench-"))
+    report: dict[str, Any] = {
+        "benchmark": "throughput",
+        "command": "python -m bench.throughput" + (" --quick" if args.quick else ""),
+        "quick": args.quick,
+        "started_at": datetime.now(UTC).isoformat(),
+        "machine": machine(),
+        "code": code_state(),
+        "load_average_start": load_average(),
+    }
+    started = time.monotonic()
+    name = f"throughput-{'quick-' if args.quick else ''}{stamp}"
+    json_path, png_path = RESULTS_DIR / f"{name}.json", RESULTS_DIR / f"{name}.png"
+    bench: Bench | None = None
+    try:
+        with local_brokers(work_dir / "brokers", [SINGLE_VHOST, *DR_VHOSTS]) as brokers:
+            report["versions"] = versions(brokers)
+            bench = Bench(brokers, work_dir)
+            for stage in (single_queue, sizes, windows, dr):
+                log.info("scenario %s", stage.__name__)
+                try:
+                    stage(bench, scale)
+                except BenchError as exc:  # the other scenarios still run; the report says so
+                    log.error("scenario %s failed: %s", stage.__name__, exc)
+                    report.setdefault("errors", []).append(f"{stage.__name__}: {exc}")
+                # Figures so far, so an interrupted run still leaves its numbers.
+                write_report(report, bench, scale, started, json_path)
+    finally:
+        if not args.keep_work_dir:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    assert bench is not None
+    write_report(report, bench, scale, started, json_path)
+    report["chart"] = str(png_path.relative_to(REPO))
+    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    chart.draw(report, png_path)
+    print(markdown(report))
+    print(f"\nwrote {json_path} and {png_path}")
+    return 1 if report.get("errors") else 0
+
+
+def write_report(
+    report: dict[str, Any], bench: Bench, scale: Scale, started: float, path: Path
+) -> None:
+    """Summarise every run so far into `report` and write it as JSON."""
+    summary = figures(bench.results)
+    report |= {
+        "finished_at": datetime.now(UTC).isoformat(),
+        "wall_seconds": round(time.monotonic() - started, 1),
+        "load_average_end": load_average(),
+        "scale": scale.__dict__,
+        "figures": summary,
+        "goals": GOALS,
+        "targets": targets(summary),
+        "runs": {
+            scenario: {name: [run.to_json() for run in runs] for name, runs in by_contender.items()}
+            for scenario, by_contender in bench.results.items()
+        },
+    }
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""The brokers and the messages every throughput contender is measured on.
+
+Two local nodes (``src`` and ``dst``) from `rmq_spark.local_brokers`, one vhost per
+scenario family, and identical, freshly seeded queues: same count, same size, same
+bytes (a seeded random generator), persistent, with the few properties a real
+message carries. Depths are read with AMQP passive declares (exact, unlike the
+management API's sampled counters). Broker CPU is read from each node's Erlang VM
+in /proc, so a contender's cost includes the work it makes the brokers do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import random
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pika
+import requests
+
+from rmq_spark.demo import wait_for_depth
+from rmq_spark.local_brokers import LocalNode, start_nodes, stop_nodes
+
+log = logging.getLogger(__name__)
+
+SOURCE, DESTINATION = "src", "dst"
+# Seeding publishes without confirms, then waits for the exact depth; a backlog of
+# 50k persistent messages per queue takes a while on a busy 2-core box.
+SEED_TIMEOUT_SECONDS = 600.0
+# Clock ticks per second for the utime/stime fields of /proc/<pid>/stat.
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_HTTP_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Brokers:
+    """The two local nodes and the OS pids of their Erlang VMs (for CPU accounting)."""
+
+    src: LocalNode
+    dst: LocalNode
+    src_pid: int
+    dst_pid: int
+
+    def connect(self, node: LocalNode, vhost: str) -> pika.BlockingConnection:
+        return pika.BlockingConnection(
+            pika.ConnectionParameters(
+                host="127.0.0.1",
+                port=node.amqp_port,
+                virtual_host=vhost,
+                credentials=pika.PlainCredentials(node.username, node.password),
+            )
+        )
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) each node's VM has used so far."""
+        return {
+            SOURCE: process_cpu_seconds(self.src_pid),
+            DESTINATION: process_cpu_seconds(self.dst_pid),
+        }
+
+    def management(self, node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
+        response = requests.request(
+            method,
+            f"{node.management_url}{path}",
+            auth=(node.username, node.password),
+            timeout=_HTTP_TIMEOUT_SECONDS,
+            **kwargs,
+        )
+        response.raise_for_status()
+        return response.json() if response.content else None
+
+    def rabbitmq_version(self) -> str:
+        return str(self.management(self.src, "GET", "/api/overview")["rabbitmq_version"])
+
+    def erlang_version(self) -> str:
+        return str(self.management(self.src, "GET", "/api/overview")["erlang_version"])
+
+
+@contextmanager
+def local_brokers(base_dir: Path, vhosts: Sequence[str]) -> Iterator[Brokers]:
+    """Start ``src`` and ``dst``, create the vhosts on both, stop and remove them after."""
+    nodes = start_nodes([SOURCE, DESTINATION], base_dir)
+    try:
+        for node in nodes:
+            for vhost in vhosts:
+                node.add_vhost(vhost)
+        src, dst = nodes
+        yield Brokers(src, dst, _vm_pid(src), _vm_pid(dst))
+    finally:
+        stop_nodes(nodes, remove_data=True)
+
+
+def _vm_pid(node: LocalNode) -> int:
+    return int(node.rabbitmqctl("eval", "list_to_integer(os:getpid()).").strip())
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc (works for the rabbitmq user's VMs)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command name: state is field 3, utime 14 and stime 15 (1-based).
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one queue holds before a contender moves it."""
+
+    messages: int
+    size: int  # body bytes per message
+
+    @property
+    def bytes(self) -> int:
+        return self.messages * self.size
+
+
+def bench_messages(workload: Workload, seed: str) -> Iterator[tuple[bytes, pika.BasicProperties]]:
+    """Same seed, same bodies and properties: every contender gets the same queue."""
+    rng = random.Random(seed)
+    for index in range(workload.messages):
+        yield (
+            rng.randbytes(workload.size),
+            pika.BasicProperties(
+                content_type="application/octet-stream",
+                delivery_mode=pika.DeliveryMode.Persistent,
+                message_id=f"{seed}/{index}",
+                timestamp=1_790_000_000 + index,
+                headers={"sequence": index, "tenant": f"tenant-{index % 50:02d}"},
+            ),
+        )
+
+
+def seed_queue(brokers: Brokers, vhost: str, queue: str, workload: Workload, seed: str) -> None:
+    """Declare a durable classic queue on ``src`` and fill it with the workload."""
+    connection = brokers.connect(brokers.src, vhost)
+    try:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True)
+        channel.queue_purge(queue)
+        for body, properties in bench_messages(workload, seed):
+            channel.basic_publish("", queue, body, properties)
+        wait_for_depth(channel, queue, workload.messages, timeout=SEED_TIMEOUT_SECONDS)
+    finally:
+        connection.close()
+
+
+def declare_destination(brokers: Brokers, vhost: str, queue: str, queue_type: str) -> None:
+    """An empty durable destination of the given type, as a user would prepare it."""
+    connection = brokers.connect(brokers.dst, vhost)
+    try:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": queue_type})
+        channel.queue_purge(queue)
+    finally:
+        connection.close()
+
+
+def delete_queues(brokers: Brokers, vhost: str, queues: Sequence[str]) -> None:
+    """Remove a run's queues on both nodes, so the next run meets idle brokers."""
+    for node in (brokers.src, brokers.dst):
+        for queue in queues:
+            path = f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}"
+            response = requests.delete(
+                f"{node.management_url}{path}",
+                auth=(node.username, node.password),
+                timeout=_HTTP_TIMEOUT_SECONDS,
+            )
+            if response.status_code not in (204, 404):
+                response.raise_for_status()
+
+
+def depth(channel: pika.adapters.blocking_connection.BlockingChannel, queue: str) -> int:
+    return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+
+def depths_after(brokers: Brokers, vhost: str, queues: Sequence[str]) -> dict[str, int]:
+    """What a finished contender left: messages still in the sources, and delivered.
+
+    Counted independently of every contender's own report (passive declares).
+    """
+    left = arrived = 0
+    for node in (brokers.src, brokers.dst):
+        connection = brokers.connect(node, vhost)
+        try:
+            channel = connection.channel()
+            count = sum(depth(channel, queue) for queue in queues)
+        finally:
+            connection.close()
+        if node is brokers.src:
+            left = count
+        else:
+            arrived = count
+    return {"left_in_source": left, "at_destination": arrived}
+
+
+def wait_until_depth(
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    queue: str,
+    expected: int,
+    *,
+    poll_seconds: float,
+    timeout: float,
+) -> float:
+    """Poll until ``queue`` holds ``expected`` messages; returns the monotonic time seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if depth(channel, queue) >= expected:
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{queue}: fewer than {expected} messages after {timeout:.0f}s")
+        time.sleep(poll_seconds)
+
+
+def machine() -> dict[str, Any]:
+    """Where the figures come from (they only compare within one run and one box)."""
+    model = "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    memory_kib = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            memory_kib = int(line.split()[1])
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory_kib / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def load_average() -> list[float]:
+    return [round(value, 2) for value in os.getloadavg()]
