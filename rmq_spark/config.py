@@ -156,6 +156,10 @@ class DestinationSpec(_Strict):
     # Type of the destination queues; default: the source queue's type. Setting it
     # allows moving into another type (classic -> quorum); pre-flight checks it.
     queue_type: Literal["classic", "quorum"] | None = None
+    # keep: a priority source needs a destination with at least its x-max-priority.
+    # drop: any destination may take it (messages keep their priority property, the
+    # destination ignores it); classic -> quorum migration of priority queues uses it.
+    priorities: Literal["keep", "drop"] = "keep"
 
     @field_validator("vhost", "queue")
     @classmethod

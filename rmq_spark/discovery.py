@@ -471,7 +471,7 @@ class _Preflight:
             arguments["x-queue-type"] = expected_type
             if expected_type == "quorum":
                 priority = arguments.get("x-max-priority")
-                if priority is not None:
+                if priority is not None and route.destination.priorities == "keep":
                     self.problem(
                         DestinationIncompatibleError(
                             f"{where}: cannot be created as a quorum queue ({type_origin}): "
@@ -491,6 +491,7 @@ class _Preflight:
             destination_depth=self._opened[site].get(t.destination_queue),
             expected_type=expected_type,
             type_origin=type_origin,
+            keep_priorities=route.destination.priorities == "keep",
         ):
             self.problem(DestinationIncompatibleError(f"{where}: {reason}"))
 
@@ -644,6 +645,7 @@ def _incompatibilities(
     destination_depth: int | None,
     expected_type: str,
     type_origin: str,
+    keep_priorities: bool = True,
 ) -> list[str]:
     """Why an existing destination queue cannot take its source's messages as they are."""
     reasons = []
@@ -653,7 +655,7 @@ def _incompatibilities(
     if found_type != expected_type:
         reasons.append(f"is a {found_type} queue, expected {expected_type} ({type_origin})")
     source_priority = _int_argument(source, "x-max-priority")
-    if source_priority is not None:
+    if source_priority is not None and keep_priorities:
         found_priority = _int_argument(existing, "x-max-priority")
         if found_priority is None or found_priority < source_priority:
             reasons.append(
