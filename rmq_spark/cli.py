@@ -225,6 +225,139 @@ def run_restore_federation_command(args: argparse.Namespace) -> int:
     return EXIT_VERIFIED
 
 
+# -- migrate -------------------------------------------------------------------------
+
+MIGRATION_PREFIX = "MIGRATION "
+
+
+def migrate_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of jobs/migrate.py and `rmq-spark migrate`."""
+    parser = argparse.ArgumentParser(
+        prog="rmq-spark migrate", description=run_migrate_command.__doc__
+    )
+    add_migrate_arguments(parser)
+    return run_migrate_command(parser.parse_args(argv))
+
+
+def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="YAML config; its routes' sources select the classic queues of one cluster",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="pre-flight only: print what would happen"
+    )
+    parser.add_argument("--json", action="store_true", help="dry run: print the plan as JSON")
+    parser.add_argument(
+        "--migration-id", help="id of the migration (default: timestamp + random suffix)"
+    )
+    parser.add_argument(
+        "--consumers",
+        choices=("refuse", "wait"),
+        default="refuse",
+        help="a queue with consumers: refuse it (default) or wait for them to go",
+    )
+    parser.add_argument("--consumer-wait-seconds", type=float, default=300.0)
+    parser.add_argument(
+        "--drop-priorities",
+        action="store_true",
+        help="migrate queues with x-max-priority (quorum queues have no priorities)",
+    )
+    parser.add_argument("--replicas", type=int, help="x-quorum-initial-group-size of new queues")
+    parser.add_argument("--master", help="Spark master when not launched by spark-submit")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def run_migrate_command(args: argparse.Namespace) -> int:
+    """Migrate classic queues to quorum queues of the same name, in place, verified.
+
+    Exit 0 migrated and verified, 1 verification failed, 2 the migration could not run
+    or pre-flight refused (each problem on its own line). A re-run with the same
+    config finishes a migration a crash interrupted.
+    """
+    setup_logging(args.log_level)
+    from rmq_spark.migrate import (
+        MigrationOptions,
+        migrate,
+        migration_cluster,
+        new_migration_id,
+        plan_migration,
+        raise_problems,
+    )
+
+    config: JobConfig | None = None
+    options = MigrationOptions(
+        consumers=args.consumers,
+        consumer_wait_seconds=args.consumer_wait_seconds,
+        priorities="drop" if args.drop_priorities else "refuse",
+        replicas=args.replicas,
+    )
+    try:
+        config = load_config(args.config)
+        mask_secrets_in_logs(config)
+        cluster = migration_cluster(config)
+        migration_id = validate_run_id(args.migration_id or new_migration_id())
+        if args.dry_run:
+            from rmq_spark.pipeline import management_clients
+
+            with management_clients(config) as clients:
+                plans = plan_migration(config, clients[cluster], options, migration_id)
+            document = [plan.as_dict() for plan in plans]
+            if args.json:
+                print(json.dumps(document, indent=2, sort_keys=True, default=str))
+            else:
+                for row in document:
+                    print(
+                        f"{row['vhost']}/{row['queue']}: {row['state']}, {row['messages']} "
+                        f"message(s), {row['consumers']} consumer(s), {row['bindings']} "
+                        f"binding(s), policy {row['policy']}, quorum arguments "
+                        f"{row['quorum_arguments']}"
+                    )
+                    for line in row["decisions"]:
+                        print(f"    {line}")
+                if not document:
+                    print(f"nothing to migrate on cluster {cluster}")
+            raise_problems(plans)
+            return EXIT_VERIFIED
+    except RmqSparkError as exc:
+        print_error(exc, config)
+        return EXIT_ERROR
+
+    from pyspark.sql import SparkSession
+
+    from rmq_spark.spark_session import build_session
+
+    ours = SparkSession.getActiveSession() is None
+    spark = build_session(
+        f"rmq-spark migrate {migration_id}", master=args.master or default_master()
+    )
+    try:
+        result = migrate(spark, config, options=options, migration_id=migration_id)
+    except RmqSparkError as exc:
+        print_error(exc, config)
+        return EXIT_ERROR
+    finally:
+        if ours:
+            spark.stop()
+    for queue in result.queues:
+        print(
+            f"{queue.vhost}/{queue.queue}: moved out {queue.moved_out}, back {queue.moved_back}, "
+            f"held {queue.held}, missing {queue.missing}, duplicates {queue.duplicates}, "
+            f"bindings {queue.bindings}, {'verified' if queue.verified else 'NOT VERIFIED'}"
+        )
+    summary = {
+        "queues": len(result.queues),
+        "messages": sum(q.moved_back + q.held for q in result.queues),
+        "missing": sum(q.missing for q in result.queues),
+        "runs": [r.run_id for r in result.runs],
+        "seconds": round(result.seconds, 2),
+        "verified": result.verified,
+    }
+    print(MIGRATION_PREFIX + json.dumps(summary, sort_keys=True), flush=True)
+    return EXIT_VERIFIED if result.verified else EXIT_UNVERIFIED
+
+
 # -- report --------------------------------------------------------------------------
 
 
@@ -306,6 +439,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_report_arguments(
         commands.add_parser("report", help="write a run's HTML report from the ledger")
     )
+    add_migrate_arguments(
+        commands.add_parser(
+            "migrate", help="migrate classic queues to quorum queues in place, verified"
+        )
+    )
     demo = commands.add_parser(
         "demo", help="local brokers + demo data + spark-submit + verification"
     )
@@ -321,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_restore_federation_command(args)
     if args.command == "report":
         return run_report_command(args)
+    if args.command == "migrate":
+        return run_migrate_command(args)
     from rmq_spark.demo import run_demo
 
     setup_logging()

@@ -180,7 +180,70 @@ class ManagementClient:
         )
         return None if rows is None else list(rows)
 
+    def queue_bindings(self, vhost: str, name: str) -> list[dict[str, Any]]:
+        """The queue's bindings from exchanges, without the default exchange's implicit one."""
+        rows = self._request(
+            "GET",
+            f"/api/queues/{_q(vhost)}/{_q(name)}/bindings",
+            what=f"list the bindings of queue {name!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
+        return [row for row in rows or [] if row.get("source")]
+
+    def queue_details(self, vhost: str, name: str) -> dict[str, Any] | None:
+        """The queue with its consumer details and message rates (None when missing)."""
+        result: dict[str, Any] | None = self._request(
+            "GET",
+            f"/api/queues/{_q(vhost)}/{_q(name)}",
+            what=f"read queue {name!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
+        return result
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes: running, alarms, free disk and memory."""
+        rows = self._request(
+            "GET",
+            "/api/nodes?columns=name,running,mem_used,mem_limit,mem_alarm,"
+            "disk_free,disk_free_limit,disk_free_alarm",
+            what="list the nodes",
+        )
+        return list(rows or [])
+
     # -- writes ---------------------------------------------------------------------
+
+    def bind_queue(
+        self, vhost: str, exchange: str, queue: str, routing_key: str, arguments: dict[str, Any]
+    ) -> None:
+        """Bind the queue to the exchange; binding twice is a no-op in RabbitMQ."""
+        self._request(
+            "POST",
+            f"/api/bindings/{_q(vhost)}/e/{_q(exchange)}/q/{_q(queue)}",
+            what=f"bind queue {queue!r} to exchange {exchange!r} in vhost {vhost!r}",
+            json={"routing_key": routing_key, "arguments": arguments},
+        )
+
+    def unbind_queue(self, vhost: str, exchange: str, queue: str, properties_key: str) -> None:
+        """Delete one binding (named by the API's properties_key); a missing one is fine."""
+        self._request(
+            "DELETE",
+            f"/api/bindings/{_q(vhost)}/e/{_q(exchange)}/q/{_q(queue)}/{_q(properties_key)}",
+            what=f"unbind queue {queue!r} from exchange {exchange!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
+
+    def delete_queue(self, vhost: str, name: str, *, if_empty: bool = True) -> None:
+        """Delete a queue; refused by the broker when `if_empty` and it holds messages.
+
+        A queue that is already gone is fine.
+        """
+        self._request(
+            "DELETE",
+            f"/api/queues/{_q(vhost)}/{_q(name)}{'?if-empty=true' if if_empty else ''}",
+            what=f"delete queue {name!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
+
 
     def put_parameter(self, component: str, vhost: str, name: str, value: dict[str, Any]) -> None:
         """Create or replace a runtime parameter.

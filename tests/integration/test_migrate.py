@@ -1,0 +1,502 @@
+"""Classic → quorum migration in place, on a real 3-node cluster.
+
+Every check is independent of the migration's own bookkeeping: queue types,
+arguments and bindings come from the management API, messages from an independent
+consumer compared with what was published (checksums of body and property bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pika
+import pika.exceptions
+import pytest
+import requests
+import yaml
+from pyspark.sql import SparkSession
+
+from rmq_spark.cli import main
+from rmq_spark.config import JobConfig, load_config
+from rmq_spark.demo import demo_messages
+from rmq_spark.ledger import tables
+from rmq_spark.local_brokers import LocalCluster, LocalNode
+from rmq_spark.migrate import (
+    HOLD_PREFIX,
+    PHASES,
+    TEMP_PREFIX,
+    MigrationOptions,
+    migrate,
+)
+from tests.integration.faults import expected_fingerprints, wait_until
+from tests.integration.support import PASSWORD_ENV, drain_fingerprints
+
+Fingerprint = tuple[str, str]
+MESSAGES = 100
+EXCHANGES = {"mig.direct": "direct", "mig.topic": "topic", "mig.headers": "headers"}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A classic queue as the test declares it: arguments and bindings."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    bindings: tuple[tuple[str, str, dict[str, Any]], ...] = ()
+
+
+def _bindings(index: int) -> tuple[tuple[str, str, dict[str, Any]], ...]:
+    """Every queue gets a direct binding, every other one a topic, every third a headers."""
+    result: list[tuple[str, str, dict[str, Any]]] = [("mig.direct", f"key.{index}", {})]
+    if index % 2 == 0:
+        result.append(("mig.topic", f"orders.{index}.*", {}))
+    if index % 3 == 0:
+        result.append(("mig.headers", "", {"x-match": "all", "queue": f"q{index}", "kind": "x"}))
+    return tuple(result)
+
+
+def twenty_queues() -> list[Spec]:
+    specs = [Spec(f"mirrored.q{i:02d}", bindings=_bindings(i)) for i in range(12)]
+    specs += [Spec(f"plain.q{i:02d}", bindings=_bindings(i)) for i in range(12, 16)]
+    specs += [
+        Spec("prio", {"x-max-priority": 5}, (("mig.direct", "prio", {}),)),
+        Spec(
+            "ttl",
+            {
+                "x-message-ttl": 3_600_000,
+                "x-max-length": 10_000,
+                "x-overflow": "reject-publish",
+                "x-dead-letter-exchange": "mig.direct",
+                "x-dead-letter-routing-key": "dead",
+            },
+            (("mig.topic", "ttl.#", {}),),
+        ),
+        Spec(
+            "lazy",
+            {"x-queue-mode": "lazy", "x-queue-master-locator": "min-masters"},
+            (("mig.headers", "", {"x-match": "any", "region": "eu", "tier": 1}),),
+        ),
+        Spec("live", bindings=(("mig.topic", "live.*", {}), ("mig.direct", "live", {}))),
+    ]
+    return specs
+
+
+# -- broker helpers ----------------------------------------------------------------------
+
+
+def api(node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
+    response = requests.request(
+        method,
+        f"{node.management_url}{path}",
+        auth=(node.username, node.password),
+        timeout=30,
+        **kwargs,
+    )
+    if method == "DELETE" and response.status_code == 404:
+        return None
+    response.raise_for_status()
+    return response.json() if response.content else None
+
+
+def connect(node: LocalNode, vhost: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(
+        pika.ConnectionParameters(
+            host="127.0.0.1",
+            port=node.amqp_port,
+            virtual_host=vhost,
+            credentials=pika.PlainCredentials(node.username, node.password),
+        )
+    )
+
+
+def fresh_cluster_vhost(cluster: LocalCluster, vhost: str) -> str:
+    node = cluster.first
+    api(node, "DELETE", f"/api/vhosts/{quote(vhost, safe='')}")
+    node.add_vhost(vhost)
+    return vhost
+
+
+def set_up(cluster: LocalCluster, vhost: str, specs: list[Spec], count: int) -> None:
+    """Exchanges, mirroring policy, queues with their bindings, `count` messages each."""
+    node = cluster.first
+    api(
+        node,
+        "PUT",
+        f"/api/policies/{quote(vhost, safe='')}/ha-all",
+        json={
+            "pattern": r"^mirrored\.",
+            "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
+            "apply-to": "queues",
+        },
+    )
+    connection = connect(node, vhost)
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for exchange, kind in EXCHANGES.items():
+            channel.exchange_declare(exchange, kind, durable=True)
+        for spec in specs:
+            channel.queue_declare(spec.name, durable=True, arguments=spec.arguments or None)
+            for exchange, key, arguments in spec.bindings:
+                channel.queue_bind(spec.name, exchange, key, arguments=arguments or None)
+            for message in demo_messages(vhost, spec.name, count):
+                channel.basic_publish("", spec.name, message.body, message.properties)
+    finally:
+        connection.close()
+    mirrored = [s.name for s in specs if s.name.startswith("mirrored.")]
+    wait_until(
+        lambda: all(
+            len(queue(cluster, vhost, name).get("synchronised_slave_nodes") or []) == 2
+            for name in mirrored
+        ),
+        "the mirrored queues to have two synchronised mirrors",
+    )
+
+
+def queue(cluster: LocalCluster, vhost: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = api(
+        cluster.first, "GET", f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}"
+    )
+    return result
+
+
+def queue_names(cluster: LocalCluster, vhost: str) -> set[str]:
+    rows = api(cluster.first, "GET", f"/api/queues/{quote(vhost, safe='')}?columns=name")
+    return {row["name"] for row in rows}
+
+
+def bindings(cluster: LocalCluster, vhost: str, name: str) -> set[tuple[str, str, str]]:
+    rows = api(
+        cluster.first,
+        "GET",
+        f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}/bindings",
+    )
+    return {
+        (row["source"], row["routing_key"], json.dumps(row["arguments"], sort_keys=True))
+        for row in rows
+        if row["source"]
+    }
+
+
+def expected_bindings(spec: Spec) -> set[tuple[str, str, str]]:
+    return {(e, k, json.dumps(a, sort_keys=True)) for e, k, a in spec.bindings}
+
+
+def exact_depth(cluster: LocalCluster, vhost: str, name: str) -> int:
+    connection = connect(cluster.first, vhost)
+    try:
+        return int(connection.channel().queue_declare(name, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def write_cluster_config(
+    path: Path, cluster: LocalCluster, vhost: str, *, queues: list[str] | None = None
+) -> Path:
+    source: dict[str, Any] = {"cluster": "qq", "vhosts": [vhost]}
+    if queues is not None:
+        source["queues"] = queues
+    config = {
+        "clusters": {
+            "qq": {
+                "amqp": cluster.amqp_uris,
+                "management": cluster.first.management_url,
+                "username": cluster.first.username,
+                "password_env": PASSWORD_ENV,
+            }
+        },
+        "routes": [{"name": "migrate", "source": source, "destination": {"cluster": "qq"}}],
+        "ledger": {"path": str(path.parent / "ledger")},
+        "max_active": 4,
+    }
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def assert_migrated(cluster: LocalCluster, vhost: str, specs: list[Spec]) -> None:
+    """Every queue is quorum with its bindings; no helper queue is left."""
+    for spec in specs:
+        found = queue(cluster, vhost, spec.name)
+        assert found["type"] == "quorum", f"{spec.name}: still {found['type']}"
+        assert found["durable"] is True
+        assert bindings(cluster, vhost, spec.name) == expected_bindings(spec), spec.name
+    leftovers = {n for n in queue_names(cluster, vhost) if n.startswith((TEMP_PREFIX, HOLD_PREFIX))}
+    assert not leftovers, f"helper queues left: {leftovers}"
+
+
+class LivePublisher(threading.Thread):
+    """Publishes through the topic exchange with confirms and mandatory, paced, until
+    stopped; remembers what the broker confirmed and what it returned."""
+
+    def __init__(self, node: LocalNode, vhost: str, routing_key: str) -> None:
+        super().__init__(name="live-publisher", daemon=True)
+        self._node, self._vhost, self._key = node, vhost, routing_key
+        self.stop_event = threading.Event()
+        self.confirmed: Counter[Fingerprint] = Counter()
+        self.unroutable = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            connection = connect(self._node, self._vhost)
+            channel = connection.channel()
+            channel.confirm_delivery()
+            index = 0
+            while not self.stop_event.is_set():
+                body = f"live message {index}".encode()
+                properties = pika.BasicProperties(
+                    message_id=f"live-{index}", delivery_mode=2, headers={"n": index}
+                )
+                try:
+                    channel.basic_publish(
+                        "mig.topic", self._key, body, properties, mandatory=True
+                    )
+                    self.confirmed[
+                        (
+                            hashlib.sha256(body).hexdigest(),
+                            hashlib.sha256(b"".join(properties.encode())).hexdigest(),
+                        )
+                    ] += 1
+                except pika.exceptions.UnroutableError:
+                    self.unroutable += 1
+                index += 1
+                self.stop_event.wait(0.005)  # pacing, ~150 messages/s
+            connection.close()
+        except BaseException as exc:  # handed to the test thread, which asserts on it
+            self.error = exc
+
+    def published(self) -> int:
+        return sum(self.confirmed.values())
+
+
+class SimulatedCrash(Exception):
+    """Raised by a phase hook: the procedure stops there, as if its process died."""
+
+
+def crash_after(phase: str) -> Callable[[str], None]:
+    def hook(done: str) -> None:
+        if done == phase:
+            raise SimulatedCrash(phase)
+
+    return hook
+
+
+# -- tests -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def vhost(quorum_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = fresh_cluster_vhost(quorum_cluster, f"mig-{request.node.name[:40]}")
+    yield name
+    api(quorum_cluster.first, "DELETE", f"/api/vhosts/{quote(name, safe='')}")
+
+
+def test_dry_run_names_every_refused_queue_and_changes_nothing(
+    quorum_cluster: LocalCluster,
+    cluster_password_env: str,
+    vhost: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    specs = [
+        Spec("ok", {"x-queue-mode": "lazy", "x-queue-master-locator": "client-local"}),
+        Spec("prio", {"x-max-priority": 5}),
+        Spec("dlx-overflow", {"x-overflow": "reject-publish-dlx"}),
+        Spec("odd", {"x-something-new": 1}),
+    ]
+    set_up(quorum_cluster, vhost, specs, 3)
+    connection = connect(quorum_cluster.first, vhost)
+    try:
+        channel = connection.channel()
+        channel.queue_declare("transient", durable=False)
+        channel.queue_declare("autodel", durable=True, auto_delete=True)
+        channel.queue_declare("consumed", durable=True)
+        channel.basic_consume("consumed", lambda *_: None)
+        wait_until(
+            lambda: queue(quorum_cluster, vhost, "consumed").get("consumers") == 1,
+            "the consumer to show in the management API",
+        )
+        config = write_cluster_config(tmp_path / "migrate.yaml", quorum_cluster, vhost)
+
+        code = main(["migrate", "--config", str(config), "--dry-run", "--replicas", "5"])
+    finally:
+        connection.close()
+
+    out, err = capsys.readouterr()
+    assert code == 2
+    for expected in (
+        "queue 'prio': argument x-max-priority=5: refused",
+        "queue 'dlx-overflow': argument x-overflow='reject-publish-dlx': refused",
+        "queue 'odd': argument x-something-new=1: refused",
+        "queue 'transient': not durable",
+        "queue 'autodel': auto-delete",
+        "queue 'consumed': 1 consumer(s) attached",
+        "--replicas 5 but only 3 node(s) run",
+    ):
+        assert expected in err, f"missing {expected!r} in:\n{err}"
+    assert "queue 'ok'" not in err
+    assert "x-queue-mode='lazy': dropped" in out
+    assert "x-queue-master-locator='client-local': translated -> x-queue-leader-locator" in out
+    assert cluster_password_env not in out + err
+    # Nothing changed: no helper queue, every queue still classic with its messages.
+    assert not {n for n in queue_names(quorum_cluster, vhost) if n.startswith(TEMP_PREFIX)}
+    assert queue(quorum_cluster, vhost, "ok")["type"] == "classic"
+    assert exact_depth(quorum_cluster, vhost, "ok") == 3
+
+
+def test_twenty_queues_migrate_in_place_with_a_live_publisher(
+    spark: SparkSession,
+    quorum_cluster: LocalCluster,
+    cluster_password_env: str,
+    vhost: str,
+    tmp_path: Path,
+) -> None:
+    specs = twenty_queues()
+    set_up(quorum_cluster, vhost, specs, MESSAGES)
+    config = load_config(write_cluster_config(tmp_path / "migrate.yaml", quorum_cluster, vhost))
+    publisher = LivePublisher(quorum_cluster.nodes[1], vhost, "live.eu")
+    published_at: dict[str, int] = {}
+
+    def hook(phase: str) -> None:
+        published_at[phase] = publisher.published()
+        if phase == "rebind":
+            publisher.stop_event.set()
+            publisher.join(30)
+
+    publisher.start()
+    wait_until(lambda: publisher.published() > 20, "the live publisher to publish")
+    try:
+        result = migrate(
+            spark,
+            config,
+            options=MigrationOptions(priorities="drop"),
+            migration_id="mig-twenty",
+            after_phase=hook,
+        )
+    finally:
+        publisher.stop_event.set()
+        publisher.join(30)
+
+    assert publisher.error is None, publisher.error
+    assert publisher.unroutable == 0
+    # The publisher kept publishing through every swap of bindings.
+    order = ["prepare", "hold", "move-out", "recreate", "move-back", "rebind"]
+    counts = [published_at[p] for p in order]
+    assert counts == sorted(counts) and counts[0] < counts[-1], published_at
+    assert result.verified
+    assert [r.run_id for r in result.runs] == ["mig-twenty-out", "mig-twenty-back", "mig-twenty-held"]
+    assert all(r.verification.verified for r in result.runs)
+    runs = tables.read_arrow(config.ledger.path, "runs").to_pylist()
+    assert {(r["run_id"], r["verified"]) for r in runs} == {
+        ("mig-twenty-out", True),
+        ("mig-twenty-back", True),
+        ("mig-twenty-held", True),
+    }
+    by_queue = {q.queue: q for q in result.queues}
+    assert set(by_queue) == {s.name for s in specs}
+    for spec in specs:
+        outcome = by_queue[spec.name]
+        assert (outcome.moved_out, outcome.moved_back, outcome.missing) == (
+            MESSAGES if spec.name != "live" else outcome.moved_out,
+            outcome.moved_out,
+            0,
+        ), outcome
+    assert by_queue["live"].moved_out >= MESSAGES
+
+    assert_migrated(quorum_cluster, vhost, specs)
+    arguments = {s.name: queue(quorum_cluster, vhost, s.name)["arguments"] for s in specs}
+    assert arguments["prio"] == {"x-queue-type": "quorum"}
+    assert arguments["ttl"] == {"x-queue-type": "quorum", **specs[-3].arguments}
+    assert arguments["lazy"] == {"x-queue-type": "quorum", "x-queue-leader-locator": "balanced"}
+    assert len(queue(quorum_cluster, vhost, "mirrored.q00")["members"]) == 3
+
+    # An independent consumer finds every message: seeded ones exactly, and every
+    # confirmed live publish at least once (a swap may copy one into two queues).
+    for spec in specs:
+        found = drain_fingerprints(lambda: connect(quorum_cluster.first, vhost), spec.name)
+        expected = expected_fingerprints(vhost, spec.name, MESSAGES)
+        if spec.name != "live":
+            assert found == expected, f"{spec.name}: final queue differs from what was published"
+            continue
+        expected += publisher.confirmed
+        assert not expected - found, f"live: {sum((expected - found).values())} message(s) lost"
+        assert not (found - expected).keys() - publisher.confirmed.keys()
+
+
+def test_crash_after_each_phase_then_rerun_finishes_the_migration(
+    spark: SparkSession,
+    quorum_cluster: LocalCluster,
+    cluster_password_env: str,
+    vhost: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    specs = [
+        Spec("mirrored.a", bindings=_bindings(0)),
+        Spec("b", {"x-max-length": 5000}, _bindings(3)),
+    ]
+    set_up(quorum_cluster, vhost, specs, MESSAGES)
+    path = write_cluster_config(tmp_path / "migrate.yaml", quorum_cluster, vhost)
+    config = load_config(path)
+
+    def held(spec: Spec) -> int:
+        """Messages of the queue wherever the migration has them now (exact depths)."""
+        names = queue_names(quorum_cluster, vhost)
+        return sum(
+            exact_depth(quorum_cluster, vhost, name)
+            for name in (spec.name, TEMP_PREFIX + spec.name, HOLD_PREFIX + spec.name)
+            if name in names
+        )
+
+    for phase in PHASES[:-1]:
+        with pytest.raises(SimulatedCrash):
+            migrate(spark, config, migration_id="mig-crash", after_phase=crash_after(phase))
+        for spec in specs:
+            assert held(spec) == MESSAGES, f"after a crash in {phase}: {spec.name}"
+
+    # The last re-run, through the CLI as an operator would, finishes the migration.
+    assert main(["migrate", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1].removeprefix("MIGRATION "))
+    assert summary["verified"] is True
+    assert summary["missing"] == 0
+    assert_migrated(quorum_cluster, vhost, specs)
+    for spec in specs:
+        found = drain_fingerprints(lambda: connect(quorum_cluster.first, vhost), spec.name)
+        assert found == expected_fingerprints(vhost, spec.name, MESSAGES), spec.name
+    runs = tables.read_arrow(config.ledger.path, "runs").to_pylist()
+    assert sorted(r["run_id"] for r in runs) == [
+        "mig-crash-back",
+        "mig-crash-held",
+        "mig-crash-out",
+    ]
+    assert all(r["verified"] for r in runs)
+
+
+def test_already_migrated_queues_are_left_alone(
+    quorum_cluster: LocalCluster,
+    cluster_password_env: str,
+    vhost: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    connection = connect(quorum_cluster.first, vhost)
+    try:
+        connection.channel().queue_declare(
+            "done", durable=True, arguments={"x-queue-type": "quorum"}
+        )
+    finally:
+        connection.close()
+    path = write_cluster_config(tmp_path / "migrate.yaml", quorum_cluster, vhost)
+
+    assert main(["migrate", "--config", str(path), "--dry-run"]) == 0
+
+    assert "nothing to migrate on cluster qq" in capsys.readouterr().out
