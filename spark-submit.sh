@@ -16,6 +16,13 @@
 # The rmq_spark package is zipped and shipped with --py-files, so executors import
 # the same code as the driver; their Python needs the dependencies in pyproject.toml.
 # The job defaults to jobs/transfer.py; RMQ_SPARK_JOB=jobs/other.py picks another.
+#
+# Live progress: spark-submit's JVM passes everything the Python driver writes on to
+# its own stdout through a pipe, so the driver cannot tell whether a terminal is
+# listening. This script can: when stdout is a terminal it exports
+# RMQ_SPARK_TERMINAL=1 and COLUMNS (its width), and the job draws progress bars;
+# otherwise the job logs one progress line every 10 s. Set RMQ_SPARK_TERMINAL=0 (or 1)
+# yourself to choose.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -55,6 +62,19 @@ if [ -x "$venv/bin/python" ]; then
 else
   submit="${SPARK_HOME:+$SPARK_HOME/bin/spark-submit}"
   submit="${submit:-spark-submit}"
+fi
+
+if [ -z "${RMQ_SPARK_TERMINAL:-}" ]; then
+  if [ -t 1 ]; then
+    export RMQ_SPARK_TERMINAL=1
+    # fd 3 is the terminal (inside $(...) stdout is a pipe); stty reads its size.
+    { columns="$(stty size <&3 2>/dev/null | cut -d' ' -f2)" || columns=""; } 3>&1
+    if [ -n "$columns" ] && [ "$columns" -gt 0 ] 2>/dev/null; then
+      export COLUMNS="$columns"
+    fi
+  else
+    export RMQ_SPARK_TERMINAL=0
+  fi
 fi
 
 package_zip="$(mktemp -d)/rmq_spark.zip"

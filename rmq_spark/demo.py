@@ -14,17 +14,20 @@ import os
 import random
 import secrets
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import BinaryIO, TextIO
 
 import pika
 
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.local_brokers import LocalNode, save_nodes, start_nodes, stop_nodes
+from rmq_spark.progress import TERMINAL_ENV
 from rmq_spark.report import RESULT_PREFIX
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,7 @@ QUEUES_PER_VHOST = 10
 BODY_BYTES = 1024
 _CONTENT_TYPES = ("application/json", "application/octet-stream", "text/plain")
 _SEED_TIMEOUT_SECONDS = 60.0
+_READ_BYTES = 65536
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,11 @@ def run_demo(*, base_dir: str, messages_per_queue: int, keep_brokers: bool) -> i
         started = time.monotonic()
         total = seed_demo(node_connector(dr), messages_per_queue=messages_per_queue)
         log.info("demo: %d messages on the DR node in %.1fs", total, time.monotonic() - started)
-        env = {**os.environ, **demo_environment(dr, main, ledger)}
+        env = {
+            **os.environ,
+            **demo_environment(dr, main, ledger),
+            **terminal_environment(sys.stdout, os.environ),
+        }
         command = [str(SPARK_SUBMIT), "--config", str(DEMO_CONFIG)]
         log.info("demo: %s", " ".join(command))
         exit_code, result = _run_holding_result(command, env)
@@ -221,14 +229,86 @@ def _write_report(ledger: Path, result: str) -> Path | None:
         return None
 
 
+def terminal_environment(stream: TextIO, environ: Mapping[str, str]) -> dict[str, str]:
+    """Tell the job whether its output ends on a terminal, and how wide it is.
+
+    The job's output reaches `stream` through two pipes (spark-submit's JVM, then this
+    process), so neither the job nor spark-submit.sh can see the terminal; the
+    progress bars need to know (see progress.progress_console). A choice the user
+    made in RMQ_SPARK_TERMINAL stands.
+    """
+    if TERMINAL_ENV in environ:
+        return {}
+    if not stream.isatty():
+        return {TERMINAL_ENV: "0"}
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except OSError:
+        return {TERMINAL_ENV: "1"}
+    return {TERMINAL_ENV: "1", "COLUMNS": str(columns)}
+
+
+@dataclass
+class ResultHoldingRelay:
+    """Passes the job's output on as it comes, except its RESULT line, which it keeps.
+
+    Bytes, not lines: a progress bar redraw ends without a newline (the cursor stays on
+    the bars), so waiting for whole lines would show each redraw one redraw late. Only
+    a line that may be the RESULT line is held until its end decides.
+    """
+
+    out: BinaryIO
+    result: str | None = field(default=None, init=False)
+    _pending: bytes = field(default=b"", init=False)
+    _at_line_start: bool = field(default=True, init=False)
+    _prefix: bytes = field(default=RESULT_PREFIX.encode(), init=False)
+
+    def feed(self, data: bytes) -> None:
+        self._pending += data
+        while self._pending:
+            if self._at_line_start and self._may_be_result(self._pending):
+                end = self._pending.find(b"\n")
+                if end < 0:
+                    return  # wait for the rest of the line
+                line, self._pending = self._pending[: end + 1], self._pending[end + 1 :]
+                if line.startswith(self._prefix):
+                    self.result = line.decode(errors="replace").rstrip("\n")
+                else:
+                    self._write(line)
+                continue
+            end = self._pending.find(b"\n")
+            if end < 0:
+                chunk, self._pending = self._pending, b""
+                self._at_line_start = False
+            else:
+                chunk, self._pending = self._pending[: end + 1], self._pending[end + 1 :]
+                self._at_line_start = True
+            self._write(chunk)
+
+    def close(self) -> None:
+        """The job ended: a last line without a newline is decided now."""
+        if self._pending.startswith(self._prefix):  # only a possible RESULT line is held
+            self.result = self._pending.decode(errors="replace")
+        elif self._pending:
+            self._write(self._pending)
+        self._pending = b""
+
+    def _may_be_result(self, data: bytes) -> bool:
+        head = data[: len(self._prefix)]
+        return self._prefix.startswith(head)
+
+    def _write(self, data: bytes) -> None:
+        self.out.write(data)
+        self.out.flush()
+
+
 def _run_holding_result(command: list[str], env: dict[str, str]) -> tuple[int, str | None]:
     """Run the job, echoing its output but keeping its RESULT line for the very end."""
-    result = None
-    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as job:
+    sys.stdout.flush()
+    relay = ResultHoldingRelay(sys.stdout.buffer)
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE) as job:
         assert job.stdout is not None
-        for line in job.stdout:
-            if line.startswith(RESULT_PREFIX):
-                result = line.rstrip("\n")
-            else:
-                print(line, end="", flush=True)
-    return job.returncode, result
+        while data := os.read(job.stdout.fileno(), _READ_BYTES):
+            relay.feed(data)
+        relay.close()
+    return job.returncode, relay.result

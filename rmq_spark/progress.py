@@ -5,19 +5,35 @@ what it sees), so it samples what the brokers say: each source queue's exact rea
 count (AMQP passive declare), every `interval` seconds. Moved = depth at plan time
 minus depth now. On a terminal that drives rich progress bars; elsewhere (YARN,
 Kubernetes, Databricks logs) one structured log line per interval.
+
+Under spark-submit the driver never sees the terminal: its output reaches it through
+the JVM (a pipe). spark-submit.sh and `rmq-spark demo` therefore look at the terminal
+themselves and say what they found in RMQ_SPARK_TERMINAL (1: draw bars, 0: log lines)
+and COLUMNS (its width); `progress_console` turns that into the console to draw on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from rmq_spark.amqp import queue_depths
 from rmq_spark.config import JobConfig
@@ -28,8 +44,16 @@ log = logging.getLogger(__name__)
 
 TERMINAL_INTERVAL_SECONDS = 1.0
 LOG_INTERVAL_SECONDS = 10.0
-# Bars for the busiest queues; the total bar covers the rest.
+# Redraws per second: the elapsed/ETA columns move between samples, and through
+# spark-submit every redraw crosses the JVM, so no more often than this.
+BAR_REFRESH_PER_SECOND = 4
+# Bars of their own for at most this many queues (the moving ones first); one more
+# bar sums up the others.
 MAX_QUEUE_BARS = 10
+TOTAL = "total"
+# Set by spark-submit.sh and `rmq-spark demo`: "1" the user's terminal is at the end of
+# the driver's output pipe, "0" it is not; unset, the stream itself is asked (isatty).
+TERMINAL_ENV = "RMQ_SPARK_TERMINAL"
 
 DepthSampler = Callable[[], dict[str, int]]  # source label -> ready messages now
 
@@ -61,6 +85,83 @@ class Snapshot:
             f"rate={self.rate:.0f}msg/s bytes_rate={self.rate * bytes_per_message:.0f}B/s "
             f"eta={eta}"
         )
+
+
+def human_bytes(count: float) -> str:
+    """1536 -> '1.5 KiB' (binary units; the next unit from 1000 on, so at most 4 digits)."""
+    value, unit = float(count), "B"
+    for larger in ("KiB", "MiB", "GiB"):
+        if value < 1000:
+            break
+        value, unit = value / 1024, larger
+    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def rate_text(rate: float, bytes_per_message: float) -> str:
+    """What a bar shows after its count: messages and bytes per second."""
+    return f"{rate:,.0f} msg/s {human_bytes(rate * bytes_per_message)}/s"
+
+
+class MovingRates:
+    """Rates over the time each count was moving, from samples of the counts.
+
+    A queue waiting for its turn (its partition busy with another queue) and a queue
+    long finished would both show a falling average if divided by the run's time;
+    here a count's rate is what it gained between the last sample before it first
+    moved and the sample that saw its last gain.
+    """
+
+    def __init__(self, keys: Sequence[str], started_at: float = 0.0) -> None:
+        self._still_at = dict.fromkeys(keys, started_at)  # last seen not yet moving
+        self._first: dict[str, float] = {}
+        self._last: dict[str, tuple[int, float]] = {}  # key -> (count, when it got there)
+
+    def observe(self, key: str, count: int, at: float) -> None:
+        if count <= 0:
+            if key not in self._first:
+                self._still_at[key] = at
+            return
+        self._first.setdefault(key, self._still_at[key])
+        if key not in self._last or self._last[key][0] != count:
+            self._last[key] = (count, at)
+
+    def rate(self, key: str) -> float:
+        if key not in self._last:
+            return 0.0
+        count, at = self._last[key]
+        seconds = at - self._first[key]
+        return count / seconds if seconds > 0 else 0.0
+
+
+def queues_to_show(per_queue: Mapping[str, tuple[int, int]], limit: int) -> list[str]:
+    """The queues that get a bar of their own, at most `limit`: the moving ones first,
+    then those waiting for their turn, then the finished ones; plan order within each."""
+
+    def stage(label: str) -> int:
+        moved, total = per_queue[label]
+        if 0 < moved < total:
+            return 0
+        return 1 if moved < total else 2
+
+    return sorted(per_queue, key=stage)[:limit]
+
+
+def progress_console(environ: Mapping[str, str] | None = None) -> Console:
+    """The console progress is shown on (stderr), as RMQ_SPARK_TERMINAL says.
+
+    "1": a terminal is at the end of the pipe: ANSI output forced, COLUMNS wide.
+    "0": never bars. Unset (or anything else): rich asks the stream itself, so a
+    `rmq-spark transfer` run straight from a terminal gets bars too.
+    """
+    environ = os.environ if environ is None else environ
+    flag = environ.get(TERMINAL_ENV, "").strip()
+    if flag == "1":
+        columns = environ.get("COLUMNS", "").strip()
+        width = int(columns) if columns.isdigit() and int(columns) > 0 else None
+        return Console(stderr=True, force_terminal=True, width=width)
+    if flag == "0":
+        return Console(stderr=True, force_terminal=False)
+    return Console(stderr=True)
 
 
 def snapshot(before: dict[str, int], now: dict[str, int], seconds: float) -> Snapshot:
@@ -113,9 +214,11 @@ class ProgressReporter:
         self._before = {t.source_label: t.messages for t in transfers}
         total_bytes = sum(t.message_bytes for t in transfers)
         self._bytes_per_message = total_bytes / max(sum(self._before.values()), 1)
+        self._queue_bytes_per_message = {t.source_label: t.average_message_bytes for t in transfers}
         self._sampler = sampler
-        self._console = console or Console(stderr=True)
-        self._terminal = self._console.is_terminal
+        self._console = console or progress_console()
+        # Bars need cursor movement, not only colour: a dumb terminal gets log lines.
+        self._terminal = self._console.is_interactive
         self._interval = interval or (
             TERMINAL_INTERVAL_SECONDS if self._terminal else LOG_INTERVAL_SECONDS
         )
@@ -134,15 +237,20 @@ class ProgressReporter:
     def _run(self) -> None:
         started = time.monotonic()
         if self._terminal:
-            self._run_bars(started)
-        else:
-            while not self._stopped.wait(self._interval):
-                if self._sample(started):
-                    assert self.last is not None
-                    log.info("%s", self.last.log_line(self._bytes_per_message))
-        if self._sample(started) and not self._terminal:
-            assert self.last is not None
-            log.info("%s", self.last.log_line(self._bytes_per_message))
+            self._run_bars(started)  # its last sample is taken after the stop
+            return
+        while True:
+            stopping = self._stopped.wait(self._interval)
+            if self._sample(started):
+                assert self.last is not None
+                log.info("%s", self.last.log_line(self._bytes_per_message))
+            if stopping:
+                return
+
+    @property
+    def shows_bars(self) -> bool:
+        """True: rich bars on the console; False: one structured log line per interval."""
+        return self._terminal
 
     def _run_bars(self, started: float) -> None:
         columns = (
@@ -152,24 +260,69 @@ class ProgressReporter:
             TextColumn("{task.fields[rate]}"),
             TimeRemainingColumn(),
         )
-        with Progress(*columns, console=self._console, transient=False) as bars:
-            total = bars.add_task("total", total=sum(self._before.values()), rate="")
-            busiest = sorted(self._before, key=lambda label: -self._before[label])
+        progress = Progress(
+            *columns,
+            console=self._console,
+            transient=False,
+            refresh_per_second=BAR_REFRESH_PER_SECOND,
+        )
+        labels = list(self._before)  # plan order
+        rates = MovingRates([TOTAL, *labels])
+        with progress as bars, _logging_above_bars():
+            total = bars.add_task(TOTAL, total=sum(self._before.values()), rate="")
             queue_bars = {
-                label: bars.add_task(label, total=self._before[label], rate="")
-                for label in busiest[:MAX_QUEUE_BARS]
+                label: bars.add_task(label, total=self._before[label], rate="", visible=False)
+                for label in labels
             }
+            rest = bars.add_task("", total=0, rate="", visible=False)
+            self._show_queues(
+                bars, queue_bars, rest, {label: (0, n) for label, n in self._before.items()}
+            )
+            bars.refresh()  # every bar at 0 at once, not at the next redraw
             while True:
                 stopping = self._stopped.wait(self._interval)
                 if self._sample(started):
-                    assert self.last is not None
+                    now = self.last
+                    assert now is not None
+                    rates.observe(TOTAL, now.moved, now.seconds)
                     bars.update(
-                        total, completed=self.last.moved, rate=f"{self.last.rate:.0f} msg/s"
+                        total,
+                        completed=now.moved,
+                        rate=rate_text(rates.rate(TOTAL), self._bytes_per_message),
                     )
                     for label, task in queue_bars.items():
-                        bars.update(task, completed=self.last.per_queue[label][0])
+                        moved = now.per_queue[label][0]
+                        rates.observe(label, moved, now.seconds)
+                        bars.update(
+                            task,
+                            completed=moved,
+                            rate=rate_text(rates.rate(label), self._queue_bytes_per_message[label]),
+                        )
+                    self._show_queues(bars, queue_bars, rest, now.per_queue)
                 if stopping:
                     return
+
+    @staticmethod
+    def _show_queues(
+        bars: Progress,
+        queue_bars: Mapping[str, TaskID],
+        rest: TaskID,
+        per_queue: Mapping[str, tuple[int, int]],
+    ) -> None:
+        """Bars for MAX_QUEUE_BARS queues (see queues_to_show); one bar sums up the rest."""
+        shown = set(queues_to_show(per_queue, MAX_QUEUE_BARS))
+        for label, task in queue_bars.items():
+            bars.update(task, visible=label in shown)
+        hidden = [per_queue[label] for label in queue_bars if label not in shown]
+        done = sum(1 for moved, total in hidden if moved >= total)
+        bars.update(
+            rest,
+            visible=bool(hidden),
+            description=f"{len(hidden)} more queues",
+            completed=sum(moved for moved, _ in hidden),
+            total=sum(total for _, total in hidden),
+            rate=f"{done} done",
+        )
 
     def _sample(self, started: float) -> bool:
         try:
@@ -179,3 +332,29 @@ class ProgressReporter:
             return False
         self.last = snapshot(self._before, now, time.monotonic() - started)
         return True
+
+
+@contextmanager
+def _logging_above_bars() -> Iterator[None]:
+    """Log lines printed above the bars instead of through them.
+
+    While the bars are live, rich swaps sys.stderr for a proxy that prints above them;
+    logging's handlers still hold the real stream, so they are pointed at the proxy
+    until the bars end.
+    """
+    proxy = sys.stderr
+    real = getattr(proxy, "rich_proxied_file", None)
+    swapped: list[logging.StreamHandler[Any]] = [
+        handler
+        for handler in logging.getLogger().handlers
+        if real is not None
+        and isinstance(handler, logging.StreamHandler)
+        and handler.stream is real
+    ]
+    for handler in swapped:
+        handler.setStream(proxy)
+    try:
+        yield
+    finally:
+        for handler in swapped:
+            handler.setStream(real)

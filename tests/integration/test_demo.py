@@ -1,19 +1,22 @@
-"""The README's first command, small: `rmq-spark demo` ends with a verified RESULT line."""
+"""The README's first command, small: `rmq-spark demo` on a terminal draws progress bars
+and ends with the report path and a verified RESULT line."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+from rmq_spark.progress import TERMINAL_ENV
 from rmq_spark.report import RESULT_PREFIX
 from tests.integration.support import job_environment
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_demo_moves_and_verifies_and_ends_with_the_result_line(tmp_path: Path) -> None:
+def test_demo_shows_bars_moves_verifies_and_ends_with_report_and_result(tmp_path: Path) -> None:
     completed = subprocess.run(
         [
             sys.executable,
@@ -26,7 +29,8 @@ def test_demo_moves_and_verifies_and_ends_with_the_result_line(tmp_path: Path) -
             str(tmp_path / "demo"),
         ],
         cwd=REPO,
-        env=job_environment(),
+        # What `rmq-spark demo` tells the job when its stdout is a terminal.
+        env={**job_environment(), TERMINAL_ENV: "1", "COLUMNS": "120"},
         capture_output=True,
         text=True,
         timeout=600,
@@ -43,3 +47,8 @@ def test_demo_moves_and_verifies_and_ends_with_the_result_line(tmp_path: Path) -
     assert result["messages"] == 20 * 50
     assert (result["lost"], result["duplicates"], result["verified"]) == (0, 0, True)
     assert " INFO " not in completed.stderr.replace("INFO rmq_spark", "")  # Spark stays quiet
+    # The bars came through spark-submit's JVM and the demo: redrawn in place, at the end
+    # the total complete.
+    assert "\x1b[1A" in completed.stdout
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", completed.stdout)
+    assert re.search(r"^total +━+ 1000/1000 ", plain, re.MULTILINE), plain[-3000:]

@@ -1,10 +1,26 @@
-"""Progress arithmetic: moved, rate and ETA from two depth samples."""
+"""Progress arithmetic (moved, rate, ETA) and where progress is shown: bars or log lines."""
 
 from __future__ import annotations
 
+import io
+import logging
+import re
+import sys
+
 import pytest
 
-from rmq_spark.progress import snapshot
+from rmq_spark.discovery import QueueTransfer
+from rmq_spark.progress import (
+    MAX_QUEUE_BARS,
+    TERMINAL_ENV,
+    MovingRates,
+    ProgressReporter,
+    human_bytes,
+    progress_console,
+    queues_to_show,
+    rate_text,
+    snapshot,
+)
 
 
 def test_moved_is_the_drop_in_ready_messages() -> None:
@@ -31,3 +47,220 @@ def test_log_line_is_structured() -> None:
     assert line == (
         "progress moved=110/120 queues_done=1/2 rate=11msg/s bytes_rate=11264B/s eta=1s"
     )
+
+
+# -- where progress is shown -------------------------------------------------------------
+
+
+def transfer(queue: str, messages: int, message_bytes: int) -> QueueTransfer:
+    return QueueTransfer(
+        route="r",
+        source_cluster="dr",
+        source_vhost="v",
+        source_queue=queue,
+        source_type="classic",
+        source_node="rabbit@dr",
+        destination_cluster="main",
+        destination_vhost="v",
+        destination_queue=queue,
+        messages=messages,
+        message_bytes=message_bytes,
+        destination_messages=0,
+    )
+
+
+@pytest.fixture
+def rich_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No variable rich itself reads decides these tests."""
+    for name in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.usefixtures("rich_environment")
+def test_terminal_flag_forces_bars_on_a_pipe_at_the_terminal_width(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # what the driver has under spark-submit
+    console = progress_console({TERMINAL_ENV: "1", "COLUMNS": "137"})
+    assert (console.is_terminal, console.is_interactive, console.width) == (True, True, 137)
+
+
+@pytest.mark.usefixtures("rich_environment")
+def test_terminal_flag_without_a_usable_width_keeps_rich_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    console = progress_console({TERMINAL_ENV: "1", "COLUMNS": "wide"})
+    assert console.is_interactive
+    assert console.width == 80
+
+
+@pytest.mark.usefixtures("rich_environment")
+def test_terminal_flag_zero_means_log_lines_even_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    assert not progress_console({TERMINAL_ENV: "0"}).is_interactive
+
+
+@pytest.mark.usefixtures("rich_environment")
+@pytest.mark.parametrize("stream", [_Terminal(), io.StringIO()], ids=["tty", "pipe"])
+def test_without_the_flag_the_stream_decides(
+    monkeypatch: pytest.MonkeyPatch, stream: io.StringIO
+) -> None:
+    monkeypatch.setattr(sys, "stderr", stream)
+    assert progress_console({}).is_interactive is stream.isatty()
+
+
+@pytest.mark.usefixtures("rich_environment")
+def test_dumb_terminal_gets_log_lines_not_bars(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "dumb")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    reporter = ProgressReporter(
+        [transfer("a", 10, 10)], lambda: {}, console=progress_console({TERMINAL_ENV: "1"})
+    )
+    assert not reporter.shows_bars
+
+
+def test_rate_text_shows_messages_and_bytes_per_second() -> None:
+    assert rate_text(1500.0, 1024) == "1,500 msg/s 1.5 MiB/s"
+    assert rate_text(0.0, 1024) == "0 msg/s 0 B/s"
+    assert [human_bytes(n) for n in (999, 1000, 1536, 1002.5 * 1024, 3 * 1024**3)] == [
+        "999 B",
+        "1.0 KiB",
+        "1.5 KiB",
+        "1.0 MiB",
+        "3.0 GiB",
+    ]
+
+
+def test_rate_counts_only_the_time_a_queue_was_moving() -> None:
+    rates = MovingRates(["waits", "first"])
+    # "first" moves from the start and is done by t=2; "waits" starts after t=3.
+    for at, waits, first in [(1, 0, 500), (2, 0, 1000), (3, 0, 1000), (5, 600, 1000)]:
+        rates.observe("waits", waits, at)
+        rates.observe("first", first, at)
+    rates.observe("first", 1000, 60.0)  # long done: its rate stays what it was
+    assert rates.rate("first") == 500.0  # 1000 messages from t=0 to t=2
+    assert rates.rate("waits") == 300.0  # 600 messages from t=3 to t=5
+    assert MovingRates(["never"]).rate("never") == 0.0
+
+
+def test_moving_queues_get_bars_first_then_waiting_then_done() -> None:
+    per_queue = {
+        "done-1": (10, 10),
+        "waiting-1": (0, 10),
+        "moving-1": (3, 10),
+        "done-2": (10, 10),
+        "waiting-2": (0, 10),
+        "moving-2": (9, 10),
+    }
+    assert queues_to_show(per_queue, 3) == ["moving-1", "moving-2", "waiting-1"]
+    assert queues_to_show(per_queue, 10) == [
+        "moving-1",
+        "moving-2",
+        "waiting-1",
+        "waiting-2",
+        "done-1",
+        "done-2",
+    ]
+
+
+_CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@pytest.mark.usefixtures("rich_environment")
+def test_bars_redraw_in_place_through_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe = io.StringIO()  # not a tty: only RMQ_SPARK_TERMINAL=1 makes bars here
+    monkeypatch.setattr(sys, "stderr", pipe)
+    console = progress_console({TERMINAL_ENV: "1", "COLUMNS": "120"})
+    depths = {"dr/v/a": 0, "dr/v/b": 25}
+
+    # interval=60: the only sample is the one taken when the reporter stops.
+    with ProgressReporter(
+        [transfer("a", 100, 100 * 1024), transfer("b", 50, 50 * 1024)],
+        lambda: depths,
+        console=console,
+        interval=60,
+    ) as reporter:
+        assert reporter.shows_bars
+
+    out = pipe.getvalue()
+    assert "\x1b[1A" in out, "no cursor-up: the bars were not redrawn in place"
+    *_, last_frame = _CSI.sub("", out).split("\r")
+    lines = [line.split() for line in last_frame.strip().splitlines()]
+    assert [(line[0], line[2]) for line in lines] == [
+        ("total", "125/150"),
+        ("dr/v/a", "100/100"),
+        ("dr/v/b", "25/50"),
+    ]
+    assert all(len(line) <= 120 for line in _CSI.sub("", out).splitlines())
+
+
+@pytest.mark.usefixtures("rich_environment")
+def test_queues_beyond_the_bar_limit_share_one_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    names = [f"q{index:02d}" for index in range(MAX_QUEUE_BARS + 3)]
+    # q00 and q01 done, q02 moving, the rest untouched.
+    depths = {f"dr/v/{name}": 10 for name in names} | {"dr/v/q00": 0, "dr/v/q01": 0, "dr/v/q02": 4}
+
+    with ProgressReporter(
+        [transfer(name, 10, 100) for name in names],
+        lambda: depths,
+        console=progress_console({TERMINAL_ENV: "1", "COLUMNS": "120"}),
+        interval=60,
+    ):
+        pass
+
+    *_, last_frame = _CSI.sub("", pipe.getvalue()).split("\r")
+    lines = [line.split() for line in last_frame.strip().splitlines()]
+    assert [line[0] for line in lines] == [
+        "total",
+        "dr/v/q02",  # moving first
+        *(f"dr/v/q{index:02d}" for index in range(3, MAX_QUEUE_BARS + 2)),  # waiting
+        "3",  # "3 more queues": q12 waiting, q00 and q01 done
+    ]
+    assert lines[0][2] == "26/130"
+    assert lines[-1][:3] == ["3", "more", "queues"]
+    assert lines[-1][4:7] == ["20/30", "2", "done"]
+
+
+@pytest.mark.usefixtures("rich_environment")
+def test_log_lines_are_printed_above_the_bars_not_into_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pipe = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    handler = logging.StreamHandler(pipe)  # as cli.setup_logging makes it
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger().addHandler(handler)
+    marker = "a warning while the bars are up"
+
+    def sampler() -> dict[str, int]:
+        logging.getLogger("rmq_spark.test").warning(marker)
+        return {"dr/v/a": 5}
+
+    try:
+        with ProgressReporter(
+            [transfer("a", 10, 10)],
+            sampler,
+            console=progress_console({TERMINAL_ENV: "1", "COLUMNS": "100"}),
+            interval=60,
+        ):
+            pass
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+    out = pipe.getvalue().replace("\x1b[?25h", "")  # the cursor shown again
+    # On a line of its own (a cleared line or a new one), not after a bar's last character.
+    starts = [match.start() for match in re.finditer(re.escape(marker), out)]
+    assert len(starts) == 1, out  # one sample: the one the stop asks for
+    assert out[: starts[0]].endswith(("\n", "\x1b[2K")), out
+    assert handler.stream is pipe  # given back when the bars end
