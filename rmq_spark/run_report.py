@@ -392,7 +392,12 @@ def plot_throughput(figures: Throughput) -> Figure:
     rates = np.array([*figures.rates, figures.rates[-1]])
     axes.fill_between(starts, rates, step="post", alpha=0.25, color="#2b6cb0")
     axes.step(starts, rates, where="post", color="#2b6cb0", linewidth=1.5)
-    axes.set_xlim(0, starts[-1])
+    # The x axis covers the confirms and a short quiet lead-in, not the whole start-up
+    # (discovery, Spark's start), which would squeeze the transfer into a corner; the
+    # caption says where the confirms fall in the run.
+    first, last = figures.busy_seconds
+    lead_in = max(figures.bucket_seconds, (last - first) / 10)
+    axes.set_xlim(max(first - lead_in, 0), last)
     axes.set_ylim(bottom=0)
     axes.set_xlabel("seconds since the run started")
     width = figures.bucket_seconds
@@ -485,38 +490,46 @@ def render_report(
 
 
 def header_section(ledger: RunLedger, rates: Throughput) -> str:
+    """The verdict, the run's figures as tiles, then where the run came from."""
     run = ledger.run
     verdict = (
         '<span class="badge ok">verified</span>'
         if run["verified"]
         else '<span class="badge bad">NOT verified</span>'
     )
+    # (name, value, note): the value is short enough for a tile, the note says more.
     facts = [
-        ("started", _when(run["started_at"])),
-        ("finished", _when(run["finished_at"])),
-        ("seconds", f"{run['seconds']:.1f}"),
-        ("queues", f"{run['queues']:,}"),
-        ("messages", f"{run['messages']:,}"),
-        ("bytes", f"{run['bytes']:,} ({_size(run['bytes'])})"),
-        ("lost", f"{run['lost']:,}"),
-        ("duplicates", f"{run['duplicates']:,}"),
-        ("unexpected", f"{run['unexpected']:,}"),
-        ("uncertain rows", f"{rates.uncertain:,}"),
+        ("started", _when(run["started_at"]), ""),
+        ("finished", _when(run["finished_at"]), ""),
+        ("seconds", f"{run['seconds']:,.1f}", ""),
+        ("queues", f"{run['queues']:,}", ""),
+        ("messages", f"{run['messages']:,}", ""),
+        ("bytes", _size(run["bytes"]), f"{run['bytes']:,} bytes"),
+        ("lost", f"{run['lost']:,}", ""),
+        ("duplicates", f"{run['duplicates']:,}", ""),
+        ("unexpected", f"{run['unexpected']:,}", ""),
+        ("uncertain rows", f"{rates.uncertain:,}", ""),
+    ]
+    problems = {"lost", "duplicates", "unexpected", "uncertain rows"}
+    tiles = "".join(
+        f'<div class="fact{" warn" if name in problems and value != "0" else ""}">'
+        f"<span>{_e(name)}</span><b>{_e(value)}</b>"
+        + (f"<small>{_e(note)}</small>" if note else "")
+        + "</div>"
+        for name, value, note in facts
+    )
+    # Long identifiers: one line each, never cut into a tile.
+    about = [
         ("ledger", ledger.ledger_path),
         ("Spark application", run["spark_app_id"]),
         ("config sha256 (first 16)", run["config_digest"][:16]),
     ]
     if ledger.records > 1:
-        facts.append(("recorded", f"{ledger.records} times (run id re-run); the last shown"))
-    problems = {"lost", "duplicates", "unexpected", "uncertain rows"}
-    cells = "".join(
-        f'<div class="fact{" warn" if name in problems and value != "0" else ""}">'
-        f"<span>{_e(name)}</span><b>{_e(value)}</b></div>"
-        for name, value in facts
-    )
+        about.append(("recorded", f"{ledger.records} times (run id re-run); the last shown"))
+    items = "".join(f"<dt>{_e(name)}</dt><dd>{_e(value)}</dd>" for name, value in about)
     return (
         f"<header><h1>Run {_e(run['run_id'])} {verdict}</h1>"
-        f'<div class="facts">{cells}</div></header>'
+        f'<div class="facts">{tiles}</div><dl class="about">{items}</dl></header>'
     )
 
 
@@ -524,8 +537,8 @@ _QUEUE_HEADERS: tuple[tuple[str, str], ...] = (
     ("source", "source"),
     ("destination", "destination"),
     ("status", "status"),
-    ("source_depth", "source depth before → after"),
-    ("destination_depth", "destination depth before → after"),
+    ("source_depth", "source depth\nbefore → after"),
+    ("destination_depth", "destination depth\nbefore → after"),
     ("ledger_rows", "ledger rows"),
     ("uncertain_rows", "uncertain"),
     ("duplicates", "duplicates"),
@@ -538,10 +551,18 @@ _COUNTS = {"uncertain_rows", "duplicates", "lost", "unexpected"}
 
 
 def queues_section(rows: Sequence[Mapping[str, Any]]) -> str:
-    head = "".join(f"<th>{_e(label)}</th>" for _, label in _QUEUE_HEADERS)
+    # An error column only when some queue has an error: an empty column reads as missing.
+    headers = [
+        (name, label)
+        for name, label in _QUEUE_HEADERS
+        if name != "error" or any(row["error"] for row in rows)
+    ]
+    head = "".join(
+        "<th>" + "<br>".join(_e(part) for part in label.split("\n")) + "</th>"
+        for _, label in headers
+    )
     body = "".join(
-        "<tr>" + "".join(_queue_cell(name, row) for name, _ in _QUEUE_HEADERS) + "</tr>"
-        for row in rows
+        "<tr>" + "".join(_queue_cell(name, row) for name, _ in headers) + "</tr>" for row in rows
     )
     return (
         f"<section><h2>Queues ({len(rows)})</h2>"
@@ -694,11 +715,16 @@ h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem;
 .badge { font-size: .9rem; padding: .15rem .6rem; border-radius: 1rem; vertical-align: middle; }
 .badge.ok { background: #c6f6d5; color: #22543d; }
 .badge.bad { background: #fed7d7; color: #822727; }
-.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(210px, 1fr)); gap: .5rem; }
-.fact { background: #f7fafc; border: 1px solid #e2e8f0; border-radius: .4rem; padding: .4rem .6rem;
-        overflow-wrap: anywhere; }
-.fact span { display: block; font-size: .75rem; color: #4a5568; }
+.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(240px, 1fr)); gap: .5rem; }
+.fact { background: #f7fafc; border: 1px solid #e2e8f0; border-radius: .4rem;
+        padding: .4rem .6rem; }
+.fact span, .fact small { display: block; font-size: .75rem; color: #4a5568; }
+.fact b { display: block; white-space: nowrap; font-variant-numeric: tabular-nums; }
 .fact.warn { background: #fffaf0; border-color: #ed8936; }
+dl.about { display: grid; grid-template-columns: max-content 1fr; gap: .15rem 1rem;
+           margin: .8rem 0 0; font-size: .85rem; }
+dl.about dt { color: #4a5568; } dl.about dd { margin: 0; font-family: monospace;
+                                              overflow-wrap: anywhere; }
 table.queues { border-collapse: collapse; font-size: .85rem; width: 100%; }
 table.queues th, table.queues td { border: 1px solid #e2e8f0; padding: .25rem .45rem; }
 table.queues th { background: #edf2f7; text-align: left; font-size: .8rem; }

@@ -20,6 +20,7 @@ from rmq_spark.run_report import (
     bucket_seconds_for,
     confirm_latency,
     load_run,
+    plot_throughput,
     queue_summary,
     render_report,
     repeated_checksums,
@@ -133,6 +134,27 @@ def test_throughput_of_a_run_with_no_confirm_is_empty() -> None:
     rates = throughput(messages(message(0, confirmed_at=None), message(1, confirmed_at=None)))
 
     assert (rates.counts, rates.uncertain, rates.peak_rate, rates.mean_rate) == ((), 2, 0.0, 0.0)
+
+
+def test_throughput_plot_spans_the_confirms_and_a_short_lead_in() -> None:
+    # Confirms from second 25 to 46 of the run: the first 25 s are start-up.
+    table = messages(
+        *(message(i, confirmed_at=seconds(25 + i * 0.5)) for i in range(42)),
+    )
+    rates = throughput(table, origin=T0)
+    assert rates.busy_seconds == (25, 46)
+
+    (axes,) = plot_throughput(rates).axes
+
+    assert axes.get_xlim() == pytest.approx((22.9, 46.0))  # lead-in: a tenth of 21 s
+
+
+def test_throughput_plot_of_an_immediate_start_begins_at_zero() -> None:
+    rates = throughput(messages(message(0, confirmed_at=seconds(0.5))), origin=T0)
+
+    (axes,) = plot_throughput(rates).axes
+
+    assert axes.get_xlim() == (0.0, 1.0)
 
 
 # --- latency ------------------------------------------------------------------------------
@@ -308,6 +330,39 @@ def test_page_escapes_names_and_errors_and_embeds_its_plots(tmp_path: Path) -> N
     assert page.count('<img src="data:image/png;base64,') == 2
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
     assert 'href="../data%20docs/index.html"' in page
+
+
+def test_header_tiles_hold_figures_and_long_names_get_lines_of_their_own(
+    tmp_path: Path,
+) -> None:
+    ledger = run_ledger([queue_row("a")], [message(0)], bytes=61_440_000, lost=2)
+
+    page = render_report(ledger, None, report_dir=tmp_path)
+
+    tiles = dict(re.findall(r'<div class="fact[^"]*"><span>([^<]+)</span><b>([^<]+)</b>', page))
+    assert tiles["bytes"] == "58.6 MiB"
+    assert "<b>58.6 MiB</b><small>61,440,000 bytes</small>" in page
+    assert tiles["started"] == "2026-01-01 12:00:00 UTC"
+    assert "ledger" not in tiles
+    assert '<div class="fact warn"><span>lost</span><b>2</b>' in page
+    assert "<dt>ledger</dt><dd>/ledger</dd>" in page
+    assert "<dt>Spark application</dt><dd>local-1</dd>" in page
+    assert f"<dt>config sha256 (first 16)</dt><dd>{'ab' * 8}</dd>" in page
+
+
+def test_error_column_only_when_a_queue_has_an_error(tmp_path: Path) -> None:
+    clean = render_report(run_ledger([queue_row("a")], [message(0)]), None, report_dir=tmp_path)
+    failed = render_report(
+        run_ledger([queue_row("a"), queue_row("b", status="failed", error="refused")], []),
+        None,
+        report_dir=tmp_path,
+    )
+
+    assert "<th>error</th>" not in clean
+    assert clean.count("<th>") == failed.count("<th>") - 1
+    assert "<th>error</th>" in failed
+    assert '<td class="error">refused</td>' in failed
+    assert '<td class="error"></td>' in failed  # queue a: no error, an empty cell
 
 
 def test_page_without_confirms_or_verification_still_renders(tmp_path: Path) -> None:
