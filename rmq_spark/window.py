@@ -116,6 +116,10 @@ class TransferWindow:
         self._next_seq = 1
         self._next_position = first_position
         self._session = session  # a window lives for one pair of connections
+        # Set by the first nack or refusal: only then can single acks be needed, so
+        # the common case never scans the whole window on every confirm.
+        self._ever_blocked = False
+
         self.in_flight_bytes = 0
 
     # -- events -------------------------------------------------------------------
@@ -179,6 +183,8 @@ class TransferWindow:
         for delivery in self._settle(seq, multiple):
             if delivery.state is not DeliveryState.REFUSED:
                 delivery.state = DeliveryState.NACKED
+                self._ever_blocked = True
+
                 nacked.append(delivery)
         return nacked
 
@@ -238,8 +244,15 @@ class TransferWindow:
         return waited.total_seconds() >= MAX_FLUSH_DELAY_SECONDS
 
     def rows_to_write(self) -> list[Delivery]:
-        """Confirmed deliveries whose ledger rows are not yet durable, in position order."""
-        return sorted(self._unwritten, key=lambda delivery: delivery.position)
+        """Confirmed deliveries whose rows nobody is writing yet, in position order.
+
+        Each delivery is handed out once: the caller writes the rows (maybe on another
+        thread) and calls `mark_durable` when they are durable; until then they are
+        neither flushed again nor acked.
+        """
+        rows = sorted(self._unwritten, key=lambda delivery: delivery.position)
+        self._unwritten = []
+        return rows
 
     def mark_durable(self, deliveries: list[Delivery]) -> None:
         """The ledger rows of these deliveries are durable: they may now be acked."""
@@ -248,7 +261,8 @@ class TransferWindow:
             if delivery.state is not DeliveryState.CONFIRMED:
                 raise ValueError(f"delivery tag {delivery.tag} is {delivery.state.value}")
             delivery.state = DeliveryState.DURABLE
-        self._unwritten = [d for d in self._unwritten if id(d) not in written]
+        if self._unwritten:
+            self._unwritten = [d for d in self._unwritten if id(d) not in written]
 
     def take_acks(self) -> list[Ack]:
         """The source acks that are safe now; acked deliveries are forgotten."""
@@ -262,7 +276,7 @@ class TransferWindow:
             acks.append(Ack(prefix_end, multiple=True))
             while self._by_tag and next(iter(self._by_tag)) <= prefix_end:
                 self._forget(next(iter(self._by_tag)))
-        if any(d.state in _BLOCKING for d in self._by_tag.values()):
+        if self._ever_blocked and any(d.state in _BLOCKING for d in self._by_tag.values()):
             # Past a refused or nacked delivery only single acks are safe; without them
             # the durable ones would hold prefetch slots until the nacked one resolves.
             singles = [t for t, d in self._by_tag.items() if d.state is DeliveryState.DURABLE]
@@ -312,7 +326,9 @@ class TransferWindow:
         return [] if delivery is None else [delivery]
 
     def _refuse(self, delivery: Delivery, reason: str) -> None:
+        self._ever_blocked = True
         delivery.state = DeliveryState.REFUSED
+
         delivery.refusal = reason
         delivery.body = delivery.properties = None
 

@@ -28,7 +28,8 @@ import logging
 import struct
 from typing import Any
 
-from pika import exceptions, spec
+from pika import exceptions, frame, spec
+from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +138,45 @@ class ForwardedProperties(spec.BasicProperties):  # type: ignore[misc]
 
 
 def install() -> None:
-    """Make pika keep raw property bytes on every delivery decoded in this process.
+    """Make pika keep raw property bytes on every delivery decoded in this process,
+    and send buffered frames in as few socket writes as possible.
 
     Idempotent. The subclass behaves exactly like BasicProperties otherwise, so
-    other pika users in the same process are unaffected.
+    other pika users in the same process are unaffected; coalescing changes how the
+    bytes are cut into writes, never the bytes.
     """
     spec.props[_BASIC_CLASS_ID] = WireBasicProperties
+    _AsyncPlaintextTransport._produce = _produce_coalesced
+
+
+# -- coalesced writes ---------------------------------------------------------------
+#
+# pika buffers each frame (method, header, body) of a publish as its own chunk and
+# sends the chunks one `send` at a time: three syscalls and, with TCP_NODELAY, three
+# TCP segments per 1 KiB message, each one a separate read for the broker's reader
+# process. Measured on 2 cores: a third of the mover's CPU, and the destination
+# broker used more CPU per message than for the Shovel. Joining what is buffered
+# (up to a bound, so a large body is not copied whole) sends a window's worth of
+# publishes in a few writes.
+_COALESCE_BYTES = 256 * 1024
+
+
+def _produce_coalesced(transport: Any) -> None:
+    """`_AsyncTransportBase._produce`, sending up to _COALESCE_BYTES per write."""
+    buffers = transport._tx_buffers
+    while buffers:
+        if len(buffers) > 1 and len(buffers[0]) < _COALESCE_BYTES:
+            parts, size = [], 0
+            while buffers and size < _COALESCE_BYTES:
+                chunk = buffers.popleft()
+                parts.append(chunk)
+                size += len(chunk)
+            buffers.appendleft(b"".join(parts))
+        sent = transport._sigint_safe_send(transport._sock, buffers[0])
+        chunk = buffers.popleft()
+        if sent < len(chunk):
+            buffers.appendleft(chunk[sent:])
+        transport._tx_buffered_byte_count -= sent
 
 
 def wire_bytes(properties: spec.BasicProperties) -> bytes:
@@ -216,3 +250,47 @@ def _short_string(raw: bytes, start: int, length: int) -> str | bytes:
         return value.decode("utf-8")
     except UnicodeDecodeError:
         return value
+
+
+# -- publishing from bytes --------------------------------------------------------------
+
+
+class PublishFrames:
+    """Marshals basic.publish frames for one destination from a body and property bytes.
+
+    The bytes are what `Channel.basic_publish` with `ForwardedProperties` produces
+    (method frame, content header, body frames cut at the connection's frame size),
+    built in one join: the method frame never changes for a destination, so it is
+    encoded once instead of once per message.
+    """
+
+    def __init__(
+        self,
+        channel_number: int,
+        *,
+        exchange: str,
+        routing_key: str,
+        mandatory: bool,
+        max_body_frame: int,
+    ) -> None:
+        publish = spec.Basic.Publish(
+            exchange=exchange, routing_key=routing_key, mandatory=mandatory
+        )
+        self._method = frame.Method(channel_number, publish).marshal()
+        self._channel = channel_number
+        self._max_body_frame = max_body_frame
+
+    def marshal(self, body: bytes, property_bytes: bytes) -> bytes:
+        header = _CONTENT_HEADER.pack(_BASIC_CLASS_ID, 0, len(body)) + property_bytes
+        parts = [self._method, _FRAME_START.pack(spec.FRAME_HEADER, self._channel, len(header))]
+        parts += (header, _FRAME_END)
+        for start in range(0, len(body), self._max_body_frame):
+            fragment = body[start : start + self._max_body_frame]
+            parts += (_FRAME_START.pack(spec.FRAME_BODY, self._channel, len(fragment)), fragment)
+            parts.append(_FRAME_END)
+        return b"".join(parts)
+
+
+_FRAME_START = struct.Struct(">BHI")  # frame type, channel, payload size
+_CONTENT_HEADER = struct.Struct(">HHQ")  # class id, weight (0), body size
+_FRAME_END = bytes((spec.FRAME_END,))

@@ -298,3 +298,29 @@ def test_the_encoder_matches_pika_where_pika_has_no_choice() -> None:
     assert b"".join(pieces) == ours
     props = spec.BasicProperties(**ALL_OTHER_PROPERTIES)
     assert b"".join(props.encode()) == amqp.BasicProperties(**ALL_OTHER_PROPERTIES).encode()
+
+
+# -- publishing from bytes --------------------------------------------------------------
+
+FRAME_MAX_BODY = 131_072 - 8  # RabbitMQ's default frame_max less the frame's own bytes
+
+
+@pytest.mark.parametrize("size", [0, 1, 1024, FRAME_MAX_BODY, FRAME_MAX_BODY + 1, 300_000])
+def test_publish_frames_are_the_bytes_pika_would_send(size: int) -> None:
+    body = bytes(index % 251 for index in range(size))
+    properties = with_headers(("x-count", amqp.short(7)), ("name", amqp.long_string("é")))
+    expected = [
+        frame.Method(
+            5, spec.Basic.Publish(exchange="", routing_key="q.é", mandatory=True)
+        ).marshal(),
+        frame.Header(5, size, wire.ForwardedProperties(properties)).marshal(),
+    ] + [
+        frame.Body(5, body[start : start + FRAME_MAX_BODY]).marshal()
+        for start in range(0, size, FRAME_MAX_BODY)
+    ]
+
+    frames = wire.PublishFrames(
+        5, exchange="", routing_key="q.é", mandatory=True, max_body_frame=FRAME_MAX_BODY
+    )
+
+    assert frames.marshal(body, properties) == b"".join(expected)
