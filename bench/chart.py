@@ -41,6 +41,8 @@ def _size_rates(figures: dict[str, Any]) -> dict[int, dict[str, float]]:
         else:
             continue
         rates[size] = {name: entry[name]["median_rate"] for name in ("shovel", "mover")}
+        # The paired ratio (median of per-round ratios), as in the report's tables.
+        rates[size]["ratio"] = entry["ratios"]["mover_vs_shovel"]
     return dict(sorted(rates.items()))
 
 
@@ -55,9 +57,9 @@ def _rate_by_size(axis: Any, figures: dict[str, Any]) -> None:
         values = [by_name[name] for by_name in rates.values()]
         axis.bar([p + offset for p in positions], values, width, label=name, color=colour)
     for position, by_name in zip(positions, rates.values(), strict=True):
-        top = max(by_name.values())
+        top = max(by_name["mover"], by_name["shovel"])
         axis.annotate(
-            f"{by_name['mover'] / by_name['shovel']:.2f}x",
+            f"{by_name['ratio']:.2f}x",
             (position, top),
             ha="center",
             va="bottom",
