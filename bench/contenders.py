@@ -34,7 +34,6 @@ from urllib.parse import quote
 
 import pyarrow.compute as pc
 import yaml
-from deltalake import DeltaTable
 
 from bench.workload import DESTINATION, SOURCE, Brokers, Workload, wait_until_depth
 from rmq_spark.ledger import tables
@@ -399,13 +398,14 @@ def job_stages(ledger: Path, run_id: str, launched: datetime, exited: datetime) 
     ledger (the transfer), the Delta commit file and verification.json (their
     modification times), and the process exit.
     """
-    run = next(
-        row
-        for row in DeltaTable(str(ledger / "runs")).to_pyarrow_table().to_pylist()
-        if row["run_id"] == run_id
-    )
-    moved = DeltaTable(str(ledger / "messages")).to_pyarrow_table(
-        columns=["consumed_at", "confirmed_at"], filters=[("run_id", "=", run_id)]
+    # tables.read_arrow, not DeltaTable.to_pyarrow_table: the latter can abort the
+    # interpreter at exit (code 134).
+    runs = tables.read_rows(str(ledger), "runs", run_id)
+    if not runs:
+        raise BenchError(f"job {run_id}: expected its row in {ledger / 'runs'}, found none")
+    run = runs[0]
+    moved = tables.read_arrow(
+        str(ledger), "messages", run_id=run_id, columns=["consumed_at", "confirmed_at"]
     )
     first_consumed = pc.min(moved["consumed_at"]).as_py()
     last_confirmed = pc.max(moved["confirmed_at"]).as_py()
