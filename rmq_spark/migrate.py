@@ -799,8 +799,10 @@ def _recreate(
         left = queue_depths(cluster, config.clusters[cluster], plan.vhost, [plan.queue])
         if left.get(plan.queue):
             raise MigrationError(
-                f"cluster {cluster} {plan.where}: {left[plan.queue]} message(s) still in the "
-                "classic queue after the move out; re-run to move them"
+                f"cluster {cluster} {plan.where}: {left[plan.queue]} message(s) reached the "
+                "classic queue after its move out (a publisher using the default exchange "
+                "with the queue's name?); stop it, move them into "
+                f"{plan.temp!r} (rmq-spark transfer), then re-run"
             )
         client.delete_queue(plan.vhost, plan.queue, if_empty=True)
         log.info("%s: classic queue deleted", plan.where)

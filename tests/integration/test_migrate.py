@@ -34,6 +34,7 @@ from rmq_spark.migrate import (
     HOLD_PREFIX,
     PHASES,
     TEMP_PREFIX,
+    MigrationError,
     MigrationOptions,
     migrate,
 )
@@ -489,6 +490,37 @@ def test_twenty_queues_migrate_in_place_through_crashes_and_a_live_publisher(
         expected += publisher.confirmed
         assert not expected - found, f"live: {sum((expected - found).values())} message(s) lost"
         assert not (found - expected).keys() - publisher.confirmed.keys()
+
+
+@pytest.mark.usefixtures("cluster_password_env")
+def test_waiting_for_consumers_gives_up_naming_the_queue_and_changes_nothing(
+    spark: SparkSession, quorum_cluster: LocalCluster, vhost: str, tmp_path: Path
+) -> None:
+    set_up(quorum_cluster, vhost, [Spec("busy", bindings=_bindings(1))], 5)
+    config = load_config(write_cluster_config(tmp_path / "migrate.yaml", quorum_cluster, vhost))
+    connection = connect(quorum_cluster.nodes[2], vhost)
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=1)
+        channel.basic_consume("busy", lambda *_: None)  # holds one message, never acks
+        wait_until(
+            lambda: queue(quorum_cluster, vhost, "busy").get("consumers") == 1,
+            "the consumer to show in the management API",
+        )
+        with pytest.raises(MigrationError, match=r"queue 'busy': still 1 consumer\(s\) after 1 s"):
+            migrate(
+                spark,
+                config,
+                options=MigrationOptions(consumers="wait", consumer_wait_seconds=1.0),
+            )
+    finally:
+        connection.close()
+    assert queue(quorum_cluster, vhost, "busy")["type"] == "classic"
+    assert bindings(quorum_cluster, vhost, "busy") == expected_bindings(
+        Spec("busy", bindings=_bindings(1))
+    )
+    assert queue_names(quorum_cluster, vhost) == {"busy"}
+    wait_until(lambda: exact_depth(quorum_cluster, vhost, "busy") == 5, "the unacked message back")
 
 
 def test_already_migrated_queues_are_left_alone(
