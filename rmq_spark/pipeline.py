@@ -31,7 +31,7 @@ from rmq_spark.management import ManagementClient
 from rmq_spark.mover import MoveOutcome
 from rmq_spark.plan import assign_partitions, plan_dataframe
 from rmq_spark.progress import ProgressReporter, amqp_sampler
-from rmq_spark.verify import Verification, verify_run
+from rmq_spark.verify import Verification, verify_ledger_run
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ def run_transfer(
     plan = plan_dataframe(spark, to_move, assignment)
     log.info("run %s: %d queues in %d partitions", run_id, len(to_move), len(set(assignment)))
 
+    # Verification's Great Expectations import takes seconds; done while the movers run.
+    verify.preload_great_expectations()
     # federation: pause keeps federated source queues from pulling from upstream while
     # the movers consume them; restored on the way out, also after a failure.
     with (
@@ -95,10 +97,11 @@ def run_transfer(
     after = measure_depths(config, transfers)
     partition_of = {t.describe(): p for t, p in zip(to_move, assignment, strict=True)}
     counters = counters_rows(run_id, transfers, partition_of, outcomes, after)
-    verification = verify_run(
+    verification = verify_ledger_run(
+        spark,
+        ledger_path,
         run_id,
-        tables.read_run_messages(spark, ledger_path, run_id),
-        spark.createDataFrame(counters, schema.spark_schema(_COUNTERS_SCHEMA)),
+        counters,
         Path(ledger_path) / "verification" / f"run_id={run_id}",
     )
     seconds = time.monotonic() - started

@@ -1,11 +1,17 @@
 """Verification of one run: does every message that left a source have a ledger row,
 and does every ledger row account for a message that reached its destination?
 
-Two halves, as in chispa's `row_comparer`: `summarize` is the only Spark part (one
-aggregation over the run's ledger rows joined to the driver's queue counters, collected
-once: it has one row per queue transfer); everything after the collect works on plain
-dicts. Great Expectations then validates the collected summary and the messages
-DataFrame, and renders its Data Docs next to `verification.json`.
+Two halves, as in chispa's `row_comparer`: the summary (one aggregation over the run's
+ledger rows joined to the driver's queue counters: one row per queue transfer), then
+plain dicts. Great Expectations then validates the summary and the messages, and
+renders its Data Docs next to `verification.json`.
+
+The summary has two engines with the same columns and figures (tests/spark/test_verify.py
+runs every case through both): `summarize` in Spark, for any size, and `summarize_arrow`
+on the driver with pyarrow, for runs up to `LOCAL_MAX_ROWS` rows, where GE then validates
+pandas frames. A small run verified in Spark pays for a dozen Spark jobs (windows,
+shuffles, GE's metric passes) that take longer than the rows do; on the driver it takes
+about a second. `verify_ledger_run` picks the engine from the run's row count.
 
 Example:
     verification = verify_run(run_id, messages, counters, "/tmp/run-42/verification")
@@ -17,22 +23,29 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import importlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from rmq_spark.ledger.schema import MESSAGES, TRANSFER_KEY
+from rmq_spark.ledger import tables
+from rmq_spark.ledger.schema import MESSAGES, QUEUES, TRANSFER_KEY, spark_schema
 
 if TYPE_CHECKING:
+    import pandas as pd
     from great_expectations.expectations.expectation import Expectation
 
 log = logging.getLogger(__name__)
@@ -89,6 +102,34 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "positions_contiguous",
     *PROBLEM_COUNTS,
 )
+
+# The columns the message-level expectations read (the driver engine loads only these
+# into pandas) and the ones the driver engine's summary reads.
+MESSAGE_CHECK_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "body_sha256",
+    "properties_sha256",
+    "consumed_at",
+    "confirmed_at",
+)
+SUMMARY_INPUT_COLUMNS: tuple[str, ...] = (
+    *TRANSFER_KEY,
+    "position",
+    "publish_seq",
+    "publish_attempts",
+    "redelivered",
+    "body_size",
+    "body_sha256",
+    "properties_sha256",
+    "consumed_at",
+    "confirmed_at",
+    "task_attempt",
+    "session",
+)
+# Runs with at most this many ledger rows are verified on the driver (pyarrow + GE on
+# pandas, roughly 150 bytes of driver memory per row); larger ones in Spark.
+LOCAL_MAX_ROWS = 1_000_000
+ENGINE_SPARK, ENGINE_DRIVER = "spark", "driver"
 
 RESULTS_FILE = "verification.json"
 DATA_DOCS_DIR = "data_docs"
@@ -162,6 +203,7 @@ class Verification:
     failed_expectations: tuple[str, ...]  # expectation type + column(s) + observed
     results_path: str  # verification.json
     data_docs_path: str | None  # index.html
+    engine: str = ENGINE_SPARK  # where the summary and GE ran: spark, or driver (pyarrow/pandas)
 
 
 # --- Spark part -------------------------------------------------------------------------
@@ -279,6 +321,246 @@ def _require_columns(name: str, df: DataFrame, required: Sequence[str]) -> None:
             f"{name} DataFrame lacks column(s) {', '.join(missing)}; "
             f"required: {', '.join(required)}; found: {', '.join(df.columns)}"
         )
+
+
+# --- the driver engine: the same summary with pyarrow -----------------------------------
+
+
+def summarize_arrow(
+    messages: pa.Table, counters: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """`summarize` on the driver: the same rows (as dicts, SUMMARY_COLUMNS, same order).
+
+    `messages` holds at least SUMMARY_INPUT_COLUMNS of the run's ledger rows; `counters`
+    one mapping per queue transfer with COUNTER_COLUMNS. Every figure follows the Spark
+    expression of the same name in `summarize`, nulls included.
+    """
+    missing = [c for c in SUMMARY_INPUT_COLUMNS if c not in messages.column_names]
+    if missing:
+        raise ValueError(
+            f"messages table lacks column(s) {', '.join(missing)}; required: "
+            f"{', '.join(SUMMARY_INPUT_COLUMNS)}; found: {', '.join(messages.column_names)}"
+        )
+    for index, row in enumerate(counters):
+        absent = [c for c in COUNTER_COLUMNS if c not in row]
+        if absent:
+            raise ValueError(
+                f"counters row {index} lacks {', '.join(absent)}; required: "
+                f"{', '.join(COUNTER_COLUMNS)}"
+            )
+    key = list(TRANSFER_KEY)
+    confirmed = _flags(pc.is_valid(messages["confirmed_at"]))
+    redelivered = _flags(messages["redelivered"])
+    # One small integer per transfer: sorting on it is much cheaper than on seven strings.
+    # (A null key part joins as NUL: key columns are not nullable in the ledger anyway.)
+    joined = pc.binary_join_element_wise(
+        *(messages[name] for name in key), "\x1f", null_handling="replace", null_replacement="\x00"
+    )
+    transfer = pc.dictionary_encode(joined.combine_chunks()).indices
+    # As in `summarize`: a confirmed, redelivered row repeating an earlier confirmed row's
+    # checksums (earlier by position, then publish_seq) is a duplicate.
+    first = _first_of_group(
+        pa.table(
+            {
+                "_transfer": transfer,
+                "body_sha256": messages["body_sha256"],
+                "properties_sha256": messages["properties_sha256"],
+                "_confirmed": pa.array(confirmed),
+                "position": messages["position"],
+                "publish_seq": messages["publish_seq"],
+            }
+        ),
+        ["_transfer", "body_sha256", "properties_sha256", "_confirmed"],
+        ["position", "publish_seq"],
+    )
+    duplicate = confirmed & redelivered & ~first
+    out_of_order = _descents(
+        pa.table(
+            {
+                "_transfer": transfer,
+                "task_attempt": messages["task_attempt"],
+                "session": messages["session"],
+                "position": messages["position"],
+                "publish_seq": messages["publish_seq"],
+            }
+        ),
+        ["_transfer", "task_attempt", "session"],
+        "position",
+        "publish_seq",
+    )
+
+    def as_count(flags: np.ndarray) -> pa.Array:
+        return pa.array(flags.astype(np.int64))
+
+    table = pa.table(
+        {
+            **{name: messages[name] for name in key},
+            "_row": as_count(np.ones(messages.num_rows, dtype=bool)),
+            "_confirmed": as_count(confirmed),
+            "_duplicate": as_count(duplicate),
+            "_redelivered": as_count(redelivered),
+            "_retried": as_count(_flags(pc.greater(messages["publish_attempts"], 1))),
+            "_reordered": as_count(out_of_order),
+            "_bytes": pc.if_else(
+                pa.array(confirmed & ~duplicate),
+                messages["body_size"],
+                pa.scalar(None, pa.int64()),
+            ),
+            "position": messages["position"],
+            NULL_BODY_SHA256: as_count(_flags(pc.is_null(messages["body_sha256"]))),
+            NULL_PROPERTIES_SHA256: as_count(_flags(pc.is_null(messages["properties_sha256"]))),
+            CONFIRMED_BEFORE_CONSUMED: as_count(
+                _flags(pc.less(messages["confirmed_at"], messages["consumed_at"]))
+            ),
+        }
+    )
+    aggregated = table.group_by(key).aggregate(
+        [
+            ("_row", "sum"),
+            ("_confirmed", "sum"),
+            ("_duplicate", "sum"),
+            ("_redelivered", "sum"),
+            ("_retried", "sum"),
+            ("_reordered", "sum"),
+            ("_bytes", "sum"),
+            ("position", "min"),
+            ("position", "max"),
+            ("position", "count_distinct"),
+            (NULL_BODY_SHA256, "sum"),
+            (NULL_PROPERTIES_SHA256, "sum"),
+            (CONFIRMED_BEFORE_CONSUMED, "sum"),
+        ]
+    )
+    ledger = {tuple(row[k] for k in key): row for row in aggregated.to_pylist()}
+    planned = {tuple(row[k] for k in key): row for row in counters}
+    return [
+        _summary_row(k, planned.get(k), ledger.get(k))
+        for k in sorted({*planned, *ledger}, key=_nulls_first)
+    ]
+
+
+def _flags(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean column as a numpy array, null as False (Spark's coalesce(x, false))."""
+    return np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _nulls_first(values: tuple[Any, ...]) -> tuple[tuple[bool, Any], ...]:
+    """A sort key ordering like Spark's ascending orderBy: nulls first."""
+    return tuple((value is not None, value) for value in values)
+
+
+def _same_as_previous(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    """Per row of a sorted table: every column equals the previous row's (null == null)."""
+    same = np.zeros(table.num_rows, dtype=bool)
+    if table.num_rows < 2:
+        return same
+    together = np.ones(table.num_rows - 1, dtype=bool)
+    for name in columns:
+        column = table[name]
+        current, previous = column.slice(1), column.slice(0, table.num_rows - 1)
+        equal = pc.fill_null(pc.equal(current, previous), False)
+        both_null = pc.and_(pc.is_null(current), pc.is_null(previous))
+        together &= _flags(pc.or_(equal, both_null))
+    same[1:] = together
+    return same
+
+
+def _sorted_indices(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    return np.asarray(
+        # Nulls first, like Spark's ascending sort.
+        pc.sort_indices(table, sort_keys=[(name, "ascending", "at_start") for name in columns])
+    )
+
+
+def _first_of_group(table: pa.Table, group: Sequence[str], order: Sequence[str]) -> np.ndarray:
+    """Per row (table order): it is row_number() == 1 of its group ordered by `order`."""
+    indices = _sorted_indices(table, [*group, *order])
+    first_sorted = ~_same_as_previous(table.select(list(group)).take(indices), group)
+    first = np.empty(table.num_rows, dtype=bool)
+    first[indices] = first_sorted
+    return first
+
+
+def _descents(table: pa.Table, group: Sequence[str], order: str, value: str) -> np.ndarray:
+    """Per row (table order): `value` < lag(`value`) within its group ordered by `order`."""
+    indices = _sorted_indices(table, [*group, order])
+    ordered = table.select([*group, value]).take(indices)
+    same = _same_as_previous(ordered, group)
+    values = ordered[value]
+    below = np.zeros(table.num_rows, dtype=bool)
+    if table.num_rows > 1:
+        below[1:] = _flags(pc.less(values.slice(1), values.slice(0, table.num_rows - 1)))
+    descent = np.empty(table.num_rows, dtype=bool)
+    descent[indices] = same & below
+    return descent
+
+
+def _summary_row(
+    key: tuple[Any, ...], planned: Mapping[str, Any] | None, ledger: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """One summary row from a transfer's counters and ledger aggregates (either may be
+    missing: the full outer join of `summarize`)."""
+    counters = planned or {}
+    found = ledger or {}
+
+    def count(name: str) -> int:
+        value = found.get(name)
+        return int(value) if value is not None else 0
+
+    def minus(a: int | None, b: int | None) -> int | None:
+        return None if a is None or b is None else a - b
+
+    ledger_rows = count("_row_sum")
+    confirmed_rows = count("_confirmed_sum")
+    confirmed_duplicates = count("_duplicate_sum")
+    uncertain_rows = ledger_rows - confirmed_rows
+    distinct_messages = confirmed_rows - confirmed_duplicates
+    source_drop = minus(counters.get("source_depth_before"), counters.get("source_depth_after"))
+    destination_rise = minus(
+        counters.get("destination_depth_after"), counters.get("destination_depth_before")
+    )
+    # Spark's greatest() and least() skip nulls, so an unknown rise explains nothing.
+    arrived = max(minus(destination_rise, confirmed_rows) or 0, 0)
+    uncertain_arrived = min(arrived, uncertain_rows)
+    redelivered_rows = count("_redelivered_sum")
+    retried_rows = count("_retried_sum")
+    reordered = count("_reordered_sum")
+    min_position, max_position = found.get("position_min"), found.get("position_max")
+    distinct_positions = count("position_count_distinct")
+    contiguous = ledger_rows == 0 or (
+        min_position is not None
+        and max_position is not None
+        and min_position == 0
+        and distinct_positions == max_position + 1
+    )
+    status = counters.get("status")
+    row: dict[str, Any] = {name: value for name, value in zip(TRANSFER_KEY, key, strict=True)}
+    row |= {
+        "status": status if status is not None else STATUS_UNPLANNED,
+        "error": counters.get("error"),
+        **{name: counters.get(name) for name in DEPTH_COLUMNS},
+        "ledger_rows": ledger_rows,
+        "confirmed_rows": confirmed_rows,
+        "uncertain_rows": uncertain_rows,
+        "duplicates": confirmed_duplicates + uncertain_arrived,
+        "distinct_messages": distinct_messages,
+        "bytes": count("_bytes_sum"),
+        "source_drop": source_drop,
+        "destination_rise": destination_rise,
+        "lost": max(minus(source_drop, distinct_messages) or 0, 0),
+        "unexpected": max(minus(destination_rise, ledger_rows) or 0, 0),
+        "missing_at_destination": max(minus(confirmed_rows, destination_rise) or 0, 0),
+        "redelivered_rows": redelivered_rows,
+        "retried_rows": retried_rows,
+        "reordered": reordered,
+        "order_kept": redelivered_rows > 0 or retried_rows > 0 or reordered == 0,
+        "min_position": min_position,
+        "max_position": max_position,
+        "distinct_positions": distinct_positions,
+        "positions_contiguous": contiguous,
+        **{name: count(f"{name}_sum") for name in PROBLEM_COUNTS},
+    }
+    return {name: row[name] for name in SUMMARY_COLUMNS}
 
 
 # --- Spark-free part: verdicts and failure descriptions ---------------------------------
@@ -414,11 +696,83 @@ def _name_queues(queues: list[str]) -> str:
 
 # --- Great Expectations -----------------------------------------------------------------
 
+# What `_validate_with_gx` and the expectation lists import: GE's package import alone
+# takes seconds (its expectation registry pulls in scipy and pandas).
+_GX_MODULES: tuple[str, ...] = (
+    "great_expectations",
+    "great_expectations.core.run_identifier",
+    "great_expectations.data_context.types.base",
+    "great_expectations.expectations.core.expect_column_pair_values_to_be_equal",
+    "great_expectations.expectations.core.expect_column_values_to_be_in_set",
+    "great_expectations.expectations.core.expect_column_values_to_not_be_null",
+    "great_expectations.expectations.core.expect_column_pair_values_a_to_be_greater_than_b",
+)
+
+
+def preload_great_expectations() -> threading.Thread:
+    """Start importing Great Expectations on a background thread; returns the thread.
+
+    The pipeline starts it before the move, while the driver only waits for the
+    executors, so verification does not spend those seconds after the move. Importing
+    is idempotent: `_validate_with_gx` imports the same modules and, if the thread is
+    still at it, waits for it (Python's import lock). Not a daemon: the interpreter
+    does not stop halfway through an import at exit.
+    """
+    thread = threading.Thread(target=_import_gx, name="rmq-spark-preload-gx")
+    thread.start()
+    return thread
+
+
+def _import_gx() -> None:
+    started = time.monotonic()
+    try:
+        for name in _GX_MODULES:
+            importlib.import_module(name)
+    except ImportError as exc:
+        # Verification imports it again and reports the error where it matters.
+        log.warning("preloading Great Expectations failed: %s", exc)
+        return
+    log.debug("Great Expectations imported in %.1fs", time.monotonic() - started)
+
+
+def verify_ledger_run(
+    spark: SparkSession,
+    ledger_path: str,
+    run_id: str,
+    counters: Sequence[Mapping[str, Any]],
+    out_dir: str | Path,
+    *,
+    local_max_rows: int = LOCAL_MAX_ROWS,
+) -> Verification:
+    """Verify a run committed to the ledger at `ledger_path`, on the engine its size calls for.
+
+    Up to `local_max_rows` ledger rows: `verify_run_arrow` (pyarrow reads the run's
+    files; no Spark job). More: `verify_run` in Spark. The row count comes from the
+    Parquet footers. `counters` are the pipeline's rows (COUNTER_COLUMNS, more allowed).
+    """
+    dataset = tables.arrow_dataset(ledger_path, "messages", run_id)
+    rows = dataset.count_rows()
+    if rows <= local_max_rows:
+        columns = list(dict.fromkeys([*SUMMARY_INPUT_COLUMNS, *MESSAGE_CHECK_COLUMNS]))
+        messages = tables.read_arrow(ledger_path, "messages", run_id=run_id, columns=columns)
+        return verify_run_arrow(run_id, messages, counters, out_dir)
+    log.info("run %s: %d ledger rows, verified in Spark", run_id, rows)
+    counter_schema = spark_schema(tuple(c for c in QUEUES if c.name in COUNTER_COLUMNS))
+    return verify_run(
+        run_id,
+        tables.read_run_messages(spark, ledger_path, run_id),
+        spark.createDataFrame(
+            [{name: row[name] for name in counter_schema.fieldNames()} for row in counters],
+            counter_schema,
+        ),
+        out_dir,
+    )
+
 
 def verify_run(
     run_id: str, messages: DataFrame, counters: DataFrame, out_dir: str | Path
 ) -> Verification:
-    """Verify one run and write `verification.json` and Data Docs under `out_dir`.
+    """Verify one run in Spark and write `verification.json` and Data Docs under `out_dir`.
 
     `messages` holds the run's ledger rows (MESSAGES columns); `counters` one row per
     queue transfer with TRANSFER_KEY, DEPTH_COLUMNS, status and error. Returns the
@@ -442,12 +796,75 @@ def verify_run(
         summary_frame = messages.sparkSession.createDataFrame(collected, schema=summary.schema)
         with _quiet_gx():
             results, index_html = _validate_with_gx(
-                run_id, summary_frame, messages, out / DATA_DOCS_DIR
+                run_id, ENGINE_SPARK, summary_frame, messages, out / DATA_DOCS_DIR
             )
     finally:
         if cached_here:
             messages.unpersist()
+    return _verification(
+        run_id,
+        ENGINE_SPARK,
+        summary_rows,
+        results=results,
+        index_html=index_html,
+        out=out,
+        started=started,
+    )
 
+
+def verify_run_arrow(
+    run_id: str,
+    messages: pa.Table,
+    counters: Sequence[Mapping[str, Any]],
+    out_dir: str | Path,
+) -> Verification:
+    """`verify_run` on the driver: pyarrow summary, GE on pandas frames; same Verification.
+
+    `messages` holds the run's ledger rows with at least SUMMARY_INPUT_COLUMNS and
+    MESSAGE_CHECK_COLUMNS; `counters` one mapping per queue transfer (COUNTER_COLUMNS).
+    """
+    import pandas as pd
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    missing = [c for c in MESSAGE_CHECK_COLUMNS if c not in messages.column_names]
+    if missing:
+        raise ValueError(
+            f"messages table lacks column(s) {', '.join(missing)}; required: "
+            f"{', '.join(MESSAGE_CHECK_COLUMNS)}; found: {', '.join(messages.column_names)}"
+        )
+    summary_rows = summarize_arrow(messages, counters)
+    # object columns keep Python's values as they are (ints stay ints, None stays None
+    # rather than NaN), so GE sees what the Spark engine's rows hold.
+    summary_frame = pd.DataFrame(summary_rows, columns=list(SUMMARY_COLUMNS), dtype=object)
+    message_frame = messages.select(list(MESSAGE_CHECK_COLUMNS)).to_pandas()
+    with _quiet_gx():
+        results, index_html = _validate_with_gx(
+            run_id, ENGINE_DRIVER, summary_frame, message_frame, out / DATA_DOCS_DIR
+        )
+    return _verification(
+        run_id,
+        ENGINE_DRIVER,
+        summary_rows,
+        results=results,
+        index_html=index_html,
+        out=out,
+        started=started,
+    )
+
+
+def _verification(
+    run_id: str,
+    engine: str,
+    summary_rows: Sequence[Mapping[str, Any]],
+    *,
+    results: Sequence[Mapping[str, Any]],
+    index_html: str | None,
+    out: Path,
+    started: float,
+) -> Verification:
+    """The verdicts, totals and failure lines; written to verification.json and logged."""
     verdicts = tuple(queue_verdict(row) for row in summary_rows)
     verification = Verification(
         run_id=run_id,
@@ -461,11 +878,12 @@ def verify_run(
         failed_expectations=describe_failures(results, summary_rows),
         results_path=str(out / RESULTS_FILE),
         data_docs_path=index_html,
+        engine=engine,
     )
     _write_results(verification, summary_rows, results)
     log.info(
         "run %s verified=%s: %d queues, %d messages, %d bytes, lost %d, duplicates %d, "
-        "unexpected %d (%.1fs); results in %s",
+        "unexpected %d (%s engine, %.1fs); results in %s",
         run_id,
         verification.verified,
         len(verdicts),
@@ -474,6 +892,7 @@ def verify_run(
         verification.lost,
         verification.duplicates,
         verification.unexpected,
+        engine,
         time.monotonic() - started,
         verification.results_path,
     )
@@ -542,9 +961,17 @@ def _message_expectations(run_id: str) -> list[Expectation]:
 
 
 def _validate_with_gx(
-    run_id: str, summary: DataFrame, messages: DataFrame, docs_dir: Path
+    run_id: str,
+    engine: str,
+    summary: DataFrame | pd.DataFrame,
+    messages: DataFrame | pd.DataFrame,
+    docs_dir: Path,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Run both suites in a fresh ephemeral context; return their JSON and the index.html."""
+    """Run both suites in a fresh ephemeral context; return their JSON and the index.html.
+
+    `engine` says what the frames are: Spark DataFrames (ENGINE_SPARK) or pandas
+    (ENGINE_DRIVER); the suites are the same.
+    """
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.base import (
@@ -575,7 +1002,11 @@ def _validate_with_gx(
     context = gx.get_context(project_config=config, mode="ephemeral")
     # persist=False: verify_run caches `messages` itself and releases the cache after;
     # GE's own persist() would never be undone.
-    source = context.data_sources.add_spark(name=GX_DATASOURCE, persist=False)
+    source = (
+        context.data_sources.add_spark(name=GX_DATASOURCE, persist=False)
+        if engine == ENGINE_SPARK
+        else context.data_sources.add_pandas(name=GX_DATASOURCE)
+    )
     # Both suites share one run identifier, so Data Docs lists them under the run's name.
     gx_run = RunIdentifier(run_name=run_id, run_time=dt.datetime.now(dt.UTC))
 
@@ -642,6 +1073,7 @@ def _write_results(
             "duplicates": verification.duplicates,
             "unexpected": verification.unexpected,
         },
+        "engine": verification.engine,
         "failed_expectations": list(verification.failed_expectations),
         "queues": [
             {**asdict(verdict), "summary": dict(row)}

@@ -2,7 +2,8 @@
 
 GE costs a few seconds per verify_run, so the runs are module-scoped: one run whose
 transfers all pass, one with one transfer per kind of failure (each failure must name
-its own queue and no other), and one with no ledger rows at all.
+its own queue and no other), and one with no ledger rows at all. Every run goes through
+both engines (Spark, and the driver's pyarrow + pandas), which must agree on everything.
 """
 
 from __future__ import annotations
@@ -12,20 +13,29 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from rmq_spark.ledger.schema import MESSAGES, spark_schema
+from rmq_spark.ledger import tables, writer
+from rmq_spark.ledger.schema import MESSAGES, arrow_schema, spark_schema
 from rmq_spark.verify import (
+    ENGINE_DRIVER,
+    ENGINE_SPARK,
     SUMMARY_COLUMNS,
     QueueVerdict,
     Verification,
     summarize,
+    summarize_arrow,
     transfer_label,
+    verify_ledger_run,
     verify_run,
+    verify_run_arrow,
 )
+
+ENGINES = [ENGINE_SPARK, ENGINE_DRIVER]
 
 RUN_ID = "run-2024-01-01"
 T0 = dt.datetime(2024, 1, 1, 12, 0, 0)
@@ -135,6 +145,26 @@ def counters_df(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     return spark.createDataFrame([tuple(row[n] for n in names) for row in rows], COUNTER_SCHEMA)
 
 
+def messages_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """The driver engine's input: the same rows as Arrow, nullable like `messages_df`."""
+    schema = pa.schema([field.with_nullable(True) for field in arrow_schema(MESSAGES)])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def run_verification(
+    engine: str,
+    spark: SparkSession,
+    messages: list[dict[str, Any]],
+    counters: list[dict[str, Any]],
+    out_dir: Path,
+) -> Verification:
+    if engine == ENGINE_SPARK:
+        return verify_run(
+            RUN_ID, messages_df(spark, messages), counters_df(spark, counters), out_dir
+        )
+    return verify_run_arrow(RUN_ID, messages_table(messages), counters, out_dir)
+
+
 def verdict(verification: Verification, queue: str) -> QueueVerdict:
     (found,) = [v for v in verification.queues if v.source_queue == queue]
     return found
@@ -147,8 +177,7 @@ def failures_naming(verification: Verification, queue: str) -> list[str]:
 # --- a run whose transfers all pass ----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def passing_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Verification:
+def passing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     messages = [
         *(message("clean", p, body_size=100 + p) for p in range(3)),
         # The third row is the broker's redelivery of the first, published again.
@@ -180,10 +209,19 @@ def passing_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
         counter("uncertain-vanished", source=(2, 0), destination=(0, 2)),
         counter("retried", source=(3, 0), destination=(0, 3)),
     ]
-    return verify_run(
-        RUN_ID,
-        messages_df(spark, messages),
-        counters_df(spark, counters),
+    return messages, counters
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def passing_run(
+    request: pytest.FixtureRequest, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> Verification:
+    messages, counters = passing_rows()
+    return run_verification(
+        request.param,
+        spark,
+        messages,
+        counters,
         tmp_path_factory.mktemp("passing") / "verification",
     )
 
@@ -283,8 +321,7 @@ def test_results_json_and_data_docs_are_written(passing_run: Verification) -> No
 # --- a run with one failing transfer per kind of failure --------------------------------
 
 
-@pytest.fixture(scope="module")
-def failing_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Verification:
+def failing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     messages = [
         message("ok", 0),
         # The source dropped 3 but only 2 rows made it to the ledger.
@@ -310,10 +347,19 @@ def failing_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
         counter("reordered", source=(2, 0), destination=(0, 2)),
         counter("unexplained", source=(1, 0), destination=(0, 2)),
     ]
-    return verify_run(
-        RUN_ID,
-        messages_df(spark, messages),
-        counters_df(spark, counters),
+    return messages, counters
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def failing_run(
+    request: pytest.FixtureRequest, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> Verification:
+    messages, counters = failing_rows()
+    return run_verification(
+        request.param,
+        spark,
+        messages,
+        counters,
         tmp_path_factory.mktemp("failing") / "verification",
     )
 
@@ -380,13 +426,14 @@ def test_null_checksum_fails(failing_run: Verification) -> None:
 # --- no ledger rows at all ---------------------------------------------------------------
 
 
-def test_run_without_rows_or_depth_changes_passes(spark: SparkSession, tmp_path: Path) -> None:
-    verification = verify_run(
-        RUN_ID,
-        messages_df(spark, []),
-        counters_df(spark, [counter("idle", source=(0, 0), destination=(2, 2))]),
-        tmp_path,
+@pytest.mark.parametrize("engine", ENGINES)
+def test_run_without_rows_or_depth_changes_passes(
+    engine: str, spark: SparkSession, tmp_path: Path
+) -> None:
+    verification = run_verification(
+        engine, spark, [], [counter("idle", source=(0, 0), destination=(2, 2))], tmp_path
     )
+    assert verification.engine == engine
     assert verification.verified
     assert verification.failed_expectations == ()
     assert verdict(verification, "idle").passed
@@ -448,3 +495,117 @@ def test_summarize_names_missing_input_columns(spark: SparkSession) -> None:
     counters = counters_df(spark, []).drop("status")
     with pytest.raises(ValueError, match="counters DataFrame lacks column"):
         summarize(messages_df(spark, []), counters)
+
+
+def test_summarize_arrow_counts_rows_duplicates_and_depths() -> None:
+    summary = summarize_arrow(
+        messages_table(
+            [
+                message("q", 0, BODY_A, body_size=5),
+                message("q", 1, BODY_A, redelivered=True, body_size=5),
+                message("q", 2, BODY_A, body_size=5),
+                message("stray", 0, BODY_B),
+            ]
+        ),
+        [
+            counter("q", source=(4, 1), destination=(0, 3)),
+            counter("none", source=(0, 0), destination=(0, 1)),
+        ],
+    )
+    assert all(tuple(row) == SUMMARY_COLUMNS for row in summary)
+    columns = ("source_queue", "status", "ledger_rows", "duplicates", "distinct_messages")
+    columns += ("bytes", "source_drop", "destination_rise", "lost", "unexpected")
+    assert [tuple(row[c] for c in (*columns, "positions_contiguous")) for row in summary] == [
+        ("none", "moved", 0, 0, 0, 0, 0, 1, 0, 1, True),
+        ("q", "moved", 3, 1, 2, 10, 3, 3, 1, 0, True),
+        ("stray", "unplanned", 1, 0, 1, 10, None, None, 0, 0, True),
+    ]
+
+
+def stray_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Edge cases of nulls and order: rows without counters, null positions and seqs."""
+    messages = [
+        message("stray", 0, BODY_B),
+        {**message("nullpos", 0), "position": None},
+        {**message("nullpos", 1, BODY_B), "publish_seq": None},
+        {**message("nullpos", 2, BODY_C), "redelivered": None, "publish_attempts": None},
+        message("late", 0, BODY_A, confirmed=False),
+        {**message("late", 1, BODY_B), "confirmed_at": T0 - dt.timedelta(seconds=1)},
+        message("late", 2, BODY_A, redelivered=True, session=1, publish_seq=1),
+        message("late", 3, BODY_A, redelivered=True, session=1, publish_seq=2),
+        {**message("late", 4, BODY_C, session=1, publish_seq=3), "properties_sha256": None},
+    ]
+    counters = [
+        counter("nullpos", source=(3, 0), destination=(0, 3)),
+        counter("late", source=(4, 0), destination=(1, 4)),
+        counter("none", source=(0, 0), destination=(0, 0), status="failed", error="boom"),
+    ]
+    return messages, counters
+
+
+@pytest.mark.parametrize("rows", [passing_rows, failing_rows, stray_rows])
+def test_both_engines_give_the_same_summary(spark: SparkSession, rows: Any) -> None:
+    messages, counters = rows()
+    by_spark = [
+        row.asDict()
+        for row in summarize(messages_df(spark, messages), counters_df(spark, counters)).collect()
+    ]
+    assert summarize_arrow(messages_table(messages), counters) == by_spark
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_rows_nobody_planned_fail_with_unknown_depths(
+    engine: str, spark: SparkSession, tmp_path: Path
+) -> None:
+    messages, counters = stray_rows()
+    verification = run_verification(engine, spark, messages, counters, tmp_path)
+    assert not verification.verified
+    stray = verdict(verification, "stray")
+    assert (stray.status, stray.passed) == ("unplanned", False)
+    lines = failures_naming(verification, "stray")
+    assert any(
+        "expect_column_pair_values_to_be_equal(distinct_messages, source_drop)" in line
+        and "source_drop=None" in line
+        for line in lines
+    )
+    assert any("expect_column_values_to_not_be_null(destination_rise)" in line for line in lines)
+    assert any(
+        line.startswith("messages: expect_column_values_to_not_be_null(properties_sha256): 1 of 9")
+        for line in verification.failed_expectations
+    )
+    assert any(
+        line.startswith(
+            "messages: expect_column_pair_values_a_to_be_greater_than_b(confirmed_at, consumed_at)"
+        )
+        and label("late") in line
+        for line in verification.failed_expectations
+    )
+
+
+def test_ledger_run_is_verified_on_the_driver_when_small_and_in_spark_when_large(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ledger = str(tmp_path / "ledger")
+    tables.ensure_tables(ledger)
+    messages, counters = passing_rows()
+    partition = writer.run_partition_dir(ledger, RUN_ID)
+    partition.mkdir(parents=True)
+    data = pa.Table.from_pylist(
+        [{k: v for k, v in row.items() if k != "run_id"} for row in messages],
+        schema=writer.DATA_SCHEMA,
+    )
+    writer.write_data_file(partition, "part-0000000000000000-a.parquet", data)
+    assert tables.commit_run(ledger, RUN_ID) == len(messages)
+    on_driver = verify_ledger_run(spark, ledger, RUN_ID, counters, tmp_path / "driver")
+    in_spark = verify_ledger_run(
+        spark, ledger, RUN_ID, counters, tmp_path / "spark", local_max_rows=len(messages) - 1
+    )
+    assert (on_driver.engine, in_spark.engine) == (ENGINE_DRIVER, ENGINE_SPARK)
+    assert on_driver.verified
+    assert in_spark.verified
+    assert on_driver.queues == in_spark.queues
+    assert (on_driver.messages, on_driver.bytes, on_driver.duplicates) == (
+        in_spark.messages,
+        in_spark.bytes,
+        in_spark.duplicates,
+    )
