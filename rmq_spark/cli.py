@@ -342,7 +342,8 @@ def run_migrate_command(args: argparse.Namespace) -> int:
             spark.stop()
     for queue in result.queues:
         print(
-            f"{queue.vhost}/{queue.queue}: moved out {queue.moved_out}, back {queue.moved_back}, "
+            f"vhost {queue.vhost!r} queue {queue.queue!r}: moved out {queue.moved_out}, "
+            f"back {queue.moved_back}, "
             f"held {queue.held}, missing {queue.missing}, duplicates {queue.duplicates}, "
             f"bindings {queue.bindings}, {'verified' if queue.verified else 'NOT VERIFIED'}"
         )

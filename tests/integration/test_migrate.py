@@ -467,8 +467,14 @@ def test_twenty_queues_migrate_in_place_through_crashes_and_a_live_publisher(
         ).read_text()
     )
     assert accepted["live_publishes"] > 0
-    for line in out.splitlines():
-        if line.startswith(tuple(f"{vhost}/{s.name}:" for s in specs if s.name != "live")):
+    per_queue = [
+        line
+        for line in out.splitlines()
+        if line.startswith(tuple(f"vhost {vhost!r} queue {s.name!r}:" for s in specs))
+    ]
+    assert len(per_queue) == len(specs), out
+    for line in per_queue:
+        if "queue 'live'" not in line:
             assert f"moved out {MESSAGES}, back {MESSAGES}, held 0, missing 0" in line, line
 
     assert_migrated(quorum_cluster, vhost, specs)
