@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -39,9 +42,10 @@ from rmq_spark.migrate import (
     migrate,
 )
 from tests.integration.faults import expected_fingerprints, wait_until
-from tests.integration.support import PASSWORD_ENV
+from tests.integration.support import PASSWORD_ENV, job_environment
 
 Fingerprint = tuple[str, str]
+REPO = Path(__file__).resolve().parents[2]
 MESSAGES = 100
 EXCHANGES = {"mig.direct": "direct", "mig.topic": "topic", "mig.headers": "headers"}
 
@@ -142,7 +146,6 @@ def set_up(cluster: LocalCluster, vhost: str, specs: list[Spec], count: int) -> 
     connection = connect(node, vhost)
     try:
         channel = connection.channel()
-        channel.confirm_delivery()
         for exchange, kind in EXCHANGES.items():
             channel.exchange_declare(exchange, kind, durable=True)
         for spec in specs:
@@ -153,6 +156,11 @@ def set_up(cluster: LocalCluster, vhost: str, specs: list[Spec], count: int) -> 
                 channel.basic_publish("", spec.name, message.body, message.properties)
     finally:
         connection.close()
+    names = [s.name for s in specs]  # published without confirms (fast); counted here
+    wait_until(
+        lambda: all(exact_depth(cluster, vhost, name) == count for name in names),
+        f"{count} messages in each queue",
+    )
     mirrored = [s.name for s in specs if s.name.startswith("mirrored.")]
     wait_until(
         lambda: all(
@@ -201,7 +209,12 @@ def exact_depth(cluster: LocalCluster, vhost: str, name: str) -> int:
 
 
 def write_cluster_config(
-    path: Path, cluster: LocalCluster, vhost: str, *, queues: list[str] | None = None
+    path: Path,
+    cluster: LocalCluster,
+    vhost: str,
+    *,
+    queues: list[str] | None = None,
+    **top_level: object,
 ) -> Path:
     source: dict[str, Any] = {"cluster": "qq", "vhosts": [vhost]}
     if queues is not None:
@@ -218,6 +231,7 @@ def write_cluster_config(
         "routes": [{"name": "migrate", "source": source, "destination": {"cluster": "qq"}}],
         "ledger": {"path": str(path.parent / "ledger")},
         "max_active": 4,
+        **top_level,
     }
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path
@@ -496,6 +510,69 @@ def test_twenty_queues_migrate_in_place_through_crashes_and_a_live_publisher(
         expected += publisher.confirmed
         assert not expected - found, f"live: {sum((expected - found).values())} message(s) lost"
         assert not (found - expected).keys() - publisher.confirmed.keys()
+
+
+KILL_MESSAGES = 3000
+KILL_WINDOW = 50
+
+
+@pytest.mark.usefixtures("cluster_password_env")
+def test_a_migration_killed_in_the_middle_of_a_hop_is_finished_by_a_rerun(
+    spark: SparkSession, quorum_cluster: LocalCluster, vhost: str, tmp_path: Path
+) -> None:
+    """spark-submit jobs/migrate.py is SIGKILLed (driver, JVM and workers) while it moves
+    messages out; the same command again finishes: nothing lost, duplicates named."""
+    specs = [Spec("mirrored.k1", bindings=_bindings(0)), Spec("k2", bindings=_bindings(1))]
+    set_up(quorum_cluster, vhost, specs, KILL_MESSAGES)
+    path = write_cluster_config(
+        tmp_path / "migrate.yaml", quorum_cluster, vhost, window={"messages": KILL_WINDOW}
+    )
+    temps = [TEMP_PREFIX + s.name for s in specs]
+    first = subprocess.Popen(
+        [str(REPO / "spark-submit.sh"), "--config", str(path), "--migration-id", "mig-kill"],
+        env=job_environment(
+            {PASSWORD_ENV: quorum_cluster.first.password, "RMQ_SPARK_JOB": "jobs/migrate.py"}
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the driver, JVM and workers
+    )
+    try:
+        wait_until(
+            lambda: (
+                set(temps) <= queue_names(quorum_cluster, vhost)
+                and sum(exact_depth(quorum_cluster, vhost, t) for t in temps) >= KILL_MESSAGES // 5
+            ),
+            "a tenth of the messages to be moved out",
+            timeout=240,
+        )
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    # Every message is in the original or the temporary queue (once the broker has
+    # requeued what the killed movers held unacked).
+    wait_until(
+        lambda: all(
+            exact_depth(quorum_cluster, vhost, s.name)
+            + exact_depth(quorum_cluster, vhost, TEMP_PREFIX + s.name)
+            >= KILL_MESSAGES
+            for s in specs
+        ),
+        "the unacked messages back in their queues",
+    )
+
+    result = migrate(spark, load_config(path), migration_id="another-id")
+
+    assert result.verified
+    assert [r.run_id for r in result.runs] == ["mig-kill-out", "mig-kill-back", "mig-kill-held"]
+    assert result.runs[0].verification.messages == len(specs) * KILL_MESSAGES  # both drivers
+    assert_migrated(quorum_cluster, vhost, specs)
+    for spec in specs:
+        found = consume_fingerprints(quorum_cluster.first, vhost, spec.name)
+        expected = expected_fingerprints(vhost, spec.name, KILL_MESSAGES)
+        assert not expected - found, f"{spec.name}: a message is missing"
+        assert not (found - expected).keys() - expected.keys()
+        assert sum((found - expected).values()) <= KILL_WINDOW  # the named duplicates
 
 
 @pytest.mark.usefixtures("cluster_password_env")
