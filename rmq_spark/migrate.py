@@ -778,6 +778,18 @@ def _hold(client: ManagementClient, plan: QueueMigration) -> None:
     """While Q is classic: H takes Q's bindings (bound first, so nothing is unroutable)."""
     if _queue_type(client.queue(plan.vhost, plan.queue)) != "classic":
         return
+    saved = {_binding_key(b) for b in plan.bindings}
+    added = [
+        b for b in client.queue_bindings(plan.vhost, plan.queue) if _binding_key(b) not in saved
+    ]
+    if added:
+        # Unbinding them would lose them: the saved state is what gets restored.
+        names = ", ".join(f"{b['source']!r} key {b.get('routing_key', '')!r}" for b in added[:5])
+        raise MigrationError(
+            f"cluster {client.cluster_name} {plan.where}: bound since its migration "
+            f"started (from {names}); remove the new binding(s), re-run, and add them to "
+            "the quorum queue afterwards"
+        )
     for binding in plan.bindings:
         client.bind_queue(
             plan.vhost,
@@ -788,6 +800,14 @@ def _hold(client: ManagementClient, plan: QueueMigration) -> None:
         )
     for binding in client.queue_bindings(plan.vhost, plan.queue):
         client.unbind_queue(plan.vhost, binding["source"], plan.queue, binding["properties_key"])
+
+
+def _binding_key(binding: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (
+        str(binding["source"]),
+        str(binding.get("routing_key", "")),
+        json.dumps(binding.get("arguments") or {}, sort_keys=True),
+    )
 
 
 def _recreate(
