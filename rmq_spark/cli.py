@@ -182,7 +182,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
             print(json.dumps({"problems": [str(p) for p in problems]}, indent=2))
         print_error(exc, config)
         return EXIT_ERROR
-    document = plan_document(config, transfers, assign_partitions(transfers, config.max_active))
+    assignment = assign_partitions(transfers, config.max_active, config.mover.queues_per_task)
+    document = plan_document(config, transfers, assignment)
     if args.json:
         print(json.dumps(document, indent=2, sort_keys=True))
     else:

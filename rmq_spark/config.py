@@ -202,6 +202,10 @@ class MoverConfig(_Strict):
     # How long a connection may stay blocked (memory or disk alarm) before it counts
     # as lost.
     blocked_timeout_seconds: float = Field(default=300.0, gt=0)
+    # An executor task moves up to this many of its queues at once on one I/O loop
+    # (a loop mostly waits for confirms, so one thread keeps several queues busy).
+    # max_active still caps the queues moving at once across the whole job.
+    queues_per_task: int = Field(default=2, ge=1)
 
 
 class LedgerConfig(_Strict):

@@ -8,15 +8,17 @@ after the highest ledger position already durable for the queue.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from rmq_spark.amqp import connection_parameters
 from rmq_spark.colocation import preferred_uri
 from rmq_spark.config import ClusterConfig, MoverConfig
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, TransferKey, next_position
-from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover
+from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover, run_movers
+from rmq_spark.plan import queues_at_once
 from rmq_spark.window import prefetch_for
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ class ExecutorSettings:
     window_messages: int
     window_bytes: int
     mover: MoverConfig = field(default_factory=MoverConfig)
+    # The job's cap on queues moving at once; a task moves up to
+    # min(mover.queues_per_task, max_active) of its queues at once.
+    max_active: int = 1
     # cluster -> node name -> AMQP URI (rmq_spark.colocation); empty: cluster URIs only.
     node_uris: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -44,15 +49,32 @@ class ExecutorSettings:
 def move_partition(
     rows: Iterable[Row], settings: Broadcast[ExecutorSettings]
 ) -> Iterator[MoveOutcome]:
-    """mapPartitions function: move each queue of this partition, one after another."""
+    """mapPartitions function: move this partition's queues, several at once."""
     resolved = settings.value
-    attempt = task_attempt()
-    for row in rows:
-        yield move_queue(row.asDict(), resolved, attempt)
+    yield from move_queues([row.asDict() for row in rows], resolved, task_attempt())
+
+
+def move_queues(
+    rows: Sequence[dict[str, object]], settings: ExecutorSettings, attempt: str
+) -> list[MoveOutcome]:
+    """Move the plan rows' queues on one I/O loop, up to queues_per_task at once.
+
+    Usable without Spark (tests, benchmarks). Each mover is built when its turn
+    comes, so it numbers its deliveries after what earlier attempts made durable.
+    """
+    at_once = queues_at_once(settings.max_active, settings.mover.queues_per_task)
+    return run_movers(
+        [partial(queue_mover, row, settings, attempt) for row in rows], concurrent=at_once
+    )
 
 
 def move_queue(row: dict[str, object], settings: ExecutorSettings, attempt: str) -> MoveOutcome:
     """Move one plan row's queue; usable without Spark (tests, benchmarks)."""
+    return move_queues([row], settings, attempt)[0]
+
+
+def queue_mover(row: dict[str, object], settings: ExecutorSettings, attempt: str) -> QueueMover:
+    """The mover for one plan row, with its ledger writer and intent log."""
     key = TransferKey(
         source_cluster=str(row["source_cluster"]),
         source_vhost=str(row["source_vhost"]),
@@ -79,24 +101,18 @@ def move_queue(row: dict[str, object], settings: ExecutorSettings, attempt: str)
         node=str(row.get("destination_node") or ""),
         role="publisher",
     )
-    first_position = next_position(settings.ledger_path, settings.run_id, key)
-    intents = IntentLog(settings.ledger_path, settings.run_id, key, attempt)
-    finished = False
-    try:
-        outcome = QueueMover(
-            key,
-            source,
-            destination,
-            MessageLedgerWriter(settings.ledger_path, settings.run_id, key, attempt),
-            prefetch=prefetch_for(settings.window_messages, settings.window_bytes, average),
-            first_position=first_position,
-            limits=settings.mover,
-            intents=intents,
-        ).run()
-        finished = True
-        return outcome
-    finally:
-        intents.close(finished=finished)
+    return QueueMover(
+        key,
+        source,
+        destination,
+        MessageLedgerWriter(settings.ledger_path, settings.run_id, key, attempt),
+        prefetch=prefetch_for(settings.window_messages, settings.window_bytes, average),
+        first_position=next_position(settings.ledger_path, settings.run_id, key),
+        limits=settings.mover,
+        # The mover closes it: kept on disk if the mover dies, so a retry names
+        # every copy that may have arrived.
+        intents=IntentLog(settings.ledger_path, settings.run_id, key, attempt),
+    )
 
 
 def _endpoint(

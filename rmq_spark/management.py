@@ -244,7 +244,6 @@ class ManagementClient:
             missing_ok=True,
         )
 
-
     def put_parameter(self, component: str, vhost: str, name: str, value: dict[str, Any]) -> None:
         """Create or replace a runtime parameter.
 

@@ -13,6 +13,10 @@ row is durable. A nacked publish is sent again after a backoff, a few times; the
 like a returned one, it is refused: never acked, back to the source when the
 channel closes, and the transfer fails with an error naming the queue.
 
+Several movers can share one I/O loop (`run_movers`): an executor task moves several
+queues at once on one thread. Ledger files are written by one durability thread per
+loop (`MoverLoop`), so an fsync never stalls the loop; acks still wait for it.
+
 A run is a series of sessions, one pair of connections each. A lost connection ends
 the session: confirmed deliveries are written (and acked if the source is still
 there), unconfirmed ones are written as "uncertain" rows (no confirm time) because
@@ -27,13 +31,16 @@ is in flight.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import logging
+import queue
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Protocol
 
 import pika
@@ -75,12 +82,148 @@ class IntentSink(Protocol):
 
     def append(self, deliveries: Sequence[Delivery]) -> None: ...
 
+    def close(self, *, finished: bool) -> None:
+        """The transfer ended: `finished` when it returned an outcome, not when it died."""
+
 
 class _NoIntents:
     """For callers that accept silent duplicates after a hard crash (benchmarks)."""
 
     def append(self, deliveries: Sequence[Delivery]) -> None:
         return None
+
+    def close(self, *, finished: bool) -> None:
+        return None
+
+
+class _Outgoing:
+    """Deliveries to publish once their intents are durable."""
+
+    def __init__(self, deliveries: list[Delivery], *, logs_intents: bool) -> None:
+        self.deliveries = deliveries
+        self.logs_intents = logs_intents  # a new batch (False: a republish)
+        self.withdrawn = False
+
+
+def _nothing_to_log() -> None:
+    return None
+
+
+class _DurabilityJob:
+    """One ledger write handed to the durability thread, and what to do when it is done."""
+
+    def __init__(self, work: Callable[[], None], then: Callable[[BaseException | None], None]):
+        self.work = work
+        self.then = then
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.applied = False
+
+
+class MoverLoop:
+    """One pika I/O loop and one durability thread, shared by the movers of a task.
+
+    Ledger writes (Parquet + fsync, milliseconds each) run on the thread in the
+    order they were submitted; their completions run back on the loop, in the same
+    order. A mover that must be sure its rows are durable (a session ending) waits
+    for its last job with `wait_for`, which blocks the loop only for that write.
+    """
+
+    def __init__(self) -> None:
+        self.ioloop = IOLoop()
+        self._jobs: queue.SimpleQueue[_DurabilityJob | None] = queue.SimpleQueue()
+        self._completed: deque[_DurabilityJob] = deque()
+        self._thread = threading.Thread(
+            target=self._work, name="rmq-spark-ledger-writer", daemon=True
+        )
+        self._thread.start()
+
+    def submit(
+        self, work: Callable[[], None], then: Callable[[BaseException | None], None]
+    ) -> _DurabilityJob:
+        """Run `work` on the durability thread, then `then(error)` on the loop."""
+        job = _DurabilityJob(work, then)
+        self._jobs.put(job)
+        return job
+
+    def wait_for(self, job: _DurabilityJob) -> None:
+        """Block until `job` (and every job before it) is done, and apply completions."""
+        job.done.wait()
+        self.run_completions()
+
+    def run_completions(self) -> None:
+        """Apply finished jobs' completions, in submission order (loop thread only)."""
+        while self._completed:
+            job = self._completed.popleft()
+            if not job.applied:
+                job.applied = True
+                job.then(job.error)
+
+    def close(self) -> None:
+        """Finish queued jobs, stop the thread, close the I/O loop."""
+        self._jobs.put(None)
+        self._thread.join()
+        self.ioloop.close()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job.work()
+            except BaseException as exc:
+                job.error = exc
+            self._completed.append(job)
+            job.done.set()
+            self.ioloop.add_callback_threadsafe(self.run_completions)
+
+
+def run_movers(
+    movers: Sequence[Callable[[], QueueMover]], *, concurrent: int = 1
+) -> list[MoveOutcome]:
+    """Run transfers on one I/O loop, at most `concurrent` at a time, in the given order.
+
+    Each item makes its mover when its turn comes (so files open only then). Returns
+    the outcomes in the same order. After an error (refused access, connections lost
+    through every reconnect attempt) no further transfer starts; those running finish,
+    then the first error is raised (Spark retries the task; drained queues are quick).
+    """
+    if concurrent < 1:
+        raise ValueError(f"concurrent must be >= 1, got {concurrent}")
+    loop = MoverLoop()
+    waiting = deque(enumerate(movers))
+    outcomes: dict[int, MoveOutcome] = {}
+    errors: list[BaseException] = []
+    active = 0
+
+    def start_next() -> None:
+        nonlocal active
+        while waiting and active < concurrent and not errors:
+            index, make = waiting.popleft()
+            active += 1
+            try:
+                make().start(loop, partial(finished, index))
+
+            except Exception as exc:
+                finished(index, exc)
+        if active == 0:
+            loop.ioloop.stop()
+
+    def finished(index: int, result: MoveOutcome | BaseException) -> None:
+        nonlocal active
+        active -= 1
+        if isinstance(result, BaseException):
+            errors.append(result)
+        else:
+            outcomes[index] = result
+        start_next()
+
+    loop.ioloop.add_callback_threadsafe(start_next)
+    try:
+        loop.ioloop.start()
+    finally:
+        loop.close()
+    if errors:
+        raise errors[0]
+    return [outcomes[index] for index in sorted(outcomes)]
 
 
 @dataclass(frozen=True)
@@ -106,11 +249,6 @@ class MoveOutcome:
     next_position: int
     seconds: float
     sessions: int
-
-
-class _SessionEnd(enum.Enum):
-    DONE = "done"  # drained, or stopped with an error recorded in the outcome
-    LOST = "lost"  # a connection was lost or could not open: try a new session
 
 
 def utc_now() -> datetime:
@@ -168,20 +306,43 @@ class QueueMover:
         the messages). Raises AccessRefusedError at once, and TransferError when
         connections stay lost through every reconnect attempt (Spark then retries).
         """
-        started = time.monotonic()
+        return run_movers([lambda: self])[0]
+
+    def start(
+        self, loop: MoverLoop, on_finished: Callable[[MoveOutcome | BaseException], None]
+    ) -> None:
+        """Begin on `loop`; `on_finished` gets the outcome or the error, on the loop."""
+        self._loop = loop
+        self._ioloop = loop.ioloop
+        self._on_finished = on_finished
+        self._started = time.monotonic()
+        self._failures = 0
         log.info("moving %s (prefetch %d)", self._key.describe(), self._prefetch)
-        failures = 0
-        while self._run_session() is _SessionEnd.LOST:
-            failures += 1
-            if failures > self._limits.reconnect_attempts:
-                raise TransferError(
-                    f"{self._key.describe()}: gave up after {failures} lost session(s): "
-                    f"{self._lost}; unacked messages stay in the source"
+        self._start_session()
+
+    def _after_session(self) -> None:
+        """Both connections of a session are closed: finish, or reconnect after a backoff."""
+        self._next_position = self._window.next_position
+        if self._fatal is not None:
+            self._finish(self._fatal)
+        elif self._lost is None:
+            self._finish(self._outcome())
+        else:
+            self._failures += 1
+            if self._failures > self._limits.reconnect_attempts:
+                self._finish(
+                    TransferError(
+                        f"{self._key.describe()}: gave up after {self._failures} lost "
+                        f"session(s): {self._lost}; unacked messages stay in the source"
+                    )
                 )
-            delay = backoff_seconds(failures, self._limits)
+                return
+            delay = backoff_seconds(self._failures, self._limits)
             log.warning("%s: %s; reconnecting in %.1fs", self._key.describe(), self._lost, delay)
-            time.sleep(delay)  # between sessions: the loop is stopped, nothing to serve
-        seconds = time.monotonic() - started
+            self._ioloop.call_later(delay, self._start_session)
+
+    def _outcome(self) -> MoveOutcome:
+        seconds = time.monotonic() - self._started
         status = "failed" if self._error else "moved"
         log.info(
             "%s: %s, %d messages, %d bytes in %.2fs (%d session(s))",
@@ -204,7 +365,13 @@ class QueueMover:
             sessions=self._session + 1,
         )
 
-    def _reset_session(self) -> None:
+    def _finish(self, result: MoveOutcome | BaseException) -> None:
+        # A mover that returns an outcome has a row for every publish that may have
+        # arrived, so its intents are spent; one that dies keeps them for the retry.
+        self._intents.close(finished=not isinstance(result, BaseException))
+        self._on_finished(result)
+
+    def _start_session(self) -> None:
         """Fresh per-session state; positions continue where the last session stopped."""
         self._session += 1
         self._window = TransferWindow(
@@ -213,14 +380,19 @@ class QueueMover:
             session=self._session,
             clock=self._clock,
         )
-        self._ioloop = IOLoop()
         self._source_connection: SelectConnection | None = None
         self._destination_connection: SelectConnection | None = None
         self._source_channel: pika.channel.Channel | None = None
         self._destination_channel: pika.channel.Channel | None = None
+        self._publish_frames: wire.PublishFrames | None = None
         # Deliveries received but not yet logged and published (one loop iteration's worth).
         self._pending: list[tuple[pika.spec.Basic.Deliver, bytes, bytes, str | None]] = []
         self._flush_scheduled = False
+        # This session's newest job on the durability thread (jobs finish in order).
+        self._last_job: _DurabilityJob | None = None
+        # Batches whose intents are being logged; published in this order when durable.
+        self._outgoing: list[_Outgoing] = []
+        self._logging_intents = False
         self._qos_ok = False
         self._confirms_on = False
         self._consumer_tag: str | None = None
@@ -231,20 +403,26 @@ class QueueMover:
         self._published_since_depth_check = True
         self._stopping_since: float | None = None
         self._closing = False
+        self._session_ended = False
         self._lost: str | None = None
         self._fatal: BaseException | None = None
-
-    def _run_session(self) -> _SessionEnd:
-        self._reset_session()
         self._connect(self._source, 0)
         self._connect(self._destination, 0)
-        self._ioloop.call_later(TICK_SECONDS, self._on_tick)
-        self._ioloop.start()
-        self._ioloop.close()
-        self._next_position = self._window.next_position
-        if self._fatal is not None:
-            raise self._fatal
-        return _SessionEnd.LOST if self._lost else _SessionEnd.DONE
+        self._call_later(TICK_SECONDS, self._on_tick)
+
+    def _call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        """A timer that fires only if this session is still the current one.
+
+        Sessions share the loop, so a timer set in a session that has since ended
+        must not act on the next one (publish on its channel, tick twice).
+        """
+        session = self._session
+
+        def fire() -> None:
+            if session == self._session and not self._session_ended:
+                callback()
+
+        self._ioloop.call_later(delay, fire)
 
     # -- connections ----------------------------------------------------------------
 
@@ -267,7 +445,7 @@ class QueueMover:
     def _on_open_error(self, endpoint: Endpoint, index: int, exc: BaseException) -> None:
         """pika: a connection could not open. Try the next URI; refused access is final."""
         if self._closing:
-            self._stop_loop_if_closed()
+            self._end_session_if_closed()
             return
         if index + 1 < len(endpoint.parameters):
             self._connect(endpoint, index + 1)
@@ -303,7 +481,15 @@ class QueueMover:
     def _on_destination_channel_open(self, channel: pika.channel.Channel) -> None:
         """pika: destination channel is open; turn on publisher confirms."""
         self._destination_channel = channel
+        self._publish_frames = wire.PublishFrames(
+            channel.channel_number,
+            exchange="",
+            routing_key=self._destination.queue,
+            mandatory=True,
+            max_body_frame=channel.connection._body_max_length,
+        )
         channel.add_on_close_callback(self._on_channel_closed)
+
         channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(self._on_confirm, callback=self._on_confirm_select_ok)
 
@@ -356,16 +542,22 @@ class QueueMover:
             self._publish_pending()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            self._ioloop.call_later(0, self._publish_pending)
+            self._call_later(0, self._publish_pending)
 
     def _publish_pending(self) -> None:
-        """Log the batch as intents (durable), then publish each delivery unchanged.
+        """Log the batch as intents (durable, on the durability thread), then publish
+        each delivery unchanged.
 
         Logging first means a process killed after a publish still leaves a row for it.
-        Dropped batches (the session is ending) are not acked: they go back to the source,
-        and since they are the newest deliveries no multiple ack can cover them.
+        One batch is logged at a time: what arrives meanwhile waits and goes out as the
+        next batch, so a slow fsync means larger batches, not a queue of small ones
+        (group commit). Dropped or withdrawn batches (the session is ending) are never
+        acked: they go back to the source, and since they are the newest deliveries no
+        multiple ack can cover them.
         """
         self._flush_scheduled = False
+        if self._logging_intents:
+            return  # _send_logged calls again when the batch being logged is out
         pending, self._pending = self._pending, []
         if not pending or self._closing:
             return
@@ -384,20 +576,66 @@ class QueueMover:
             )
             for method, body, property_bytes, message_id in pending
         ]
-        self._intents.append(batch)
-        for delivery in batch:
+        intents = self._intents
+        self._logging_intents = True
+        self._send_when_durable(batch, lambda: intents.append(batch))
+
+    def _send_when_durable(
+        self, deliveries: list[Delivery], log_intents: Callable[[], None]
+    ) -> None:
+        """Publish `deliveries` once `log_intents` has run on the durability thread.
+
+        Every publish goes through the thread's queue (a republish with nothing to log
+        too), so frames leave in the order sequence numbers were given out, which is
+        the order the destination numbers its confirms.
+        """
+        outgoing = _Outgoing(deliveries, logs_intents=log_intents is not _nothing_to_log)
+        self._outgoing.append(outgoing)
+        session = self._session
+        self._last_job = self._loop.submit(
+            log_intents, lambda error: self._send_logged(session, outgoing, error)
+        )
+
+    def _send_logged(self, session: int, outgoing: _Outgoing, error: BaseException | None) -> None:
+        """Loop: the intents of `outgoing` are durable (or failed): publish, in order."""
+        if session != self._session or outgoing.withdrawn:
+            return  # its session ended and withdrew it
+        self._outgoing.remove(outgoing)
+        channel = self._destination_channel
+        if error is not None or self._closing or channel is None or not channel.is_open:
+            self._window.withdraw(outgoing.deliveries)
+            outgoing.withdrawn = True
+            if error is not None:
+                if self._fatal is None:
+                    self._fatal = error
+                self._close()
+            return
+        for delivery in outgoing.deliveries:
             assert delivery.body is not None
             assert delivery.properties is not None
             self._publish(delivery.body, delivery.properties)
+        if self._logging_intents and outgoing.logs_intents:
+            self._logging_intents = False
+            if self._pending:
+                self._publish_pending()
+
+    def _withdraw_unsent(self) -> None:
+        """Session end: publishes still waiting for their intents will never be sent."""
+        for outgoing in self._outgoing:
+            self._window.withdraw(outgoing.deliveries)
+            outgoing.withdrawn = True
+        self._outgoing.clear()
 
     def _publish(self, body: bytes, property_bytes: bytes) -> None:
-        assert self._destination_channel is not None
-        self._destination_channel.basic_publish(
-            exchange="",
-            routing_key=self._destination.queue,
-            body=body,
-            properties=wire.ForwardedProperties(property_bytes),
-            mandatory=True,
+        """basic.publish (mandatory, to the destination queue), the bytes built by us.
+
+        Same frames as `Channel.basic_publish` with `wire.ForwardedProperties`, a
+        third of the Python work (see `wire.PublishFrames`).
+        """
+        assert self._destination_connection is not None
+        assert self._publish_frames is not None
+        self._destination_connection._output_marshaled_frames(
+            (self._publish_frames.marshal(body, property_bytes),)
         )
 
     def _on_confirm(self, frame: pika.frame.Method) -> None:
@@ -426,17 +664,15 @@ class QueueMover:
             delivery.position,
             delay,
         )
-        self._ioloop.call_later(delay, lambda: self._republish(delivery))
+        self._call_later(delay, lambda: self._republish(delivery))
 
     def _republish(self, delivery: Delivery) -> None:
         """Timer: publish a nacked delivery again (same bytes, same position)."""
         channel = self._destination_channel
         if self._closing or channel is None or not channel.is_open:
             return  # the session ended; the source redelivers it
-        assert delivery.body is not None
-        assert delivery.properties is not None
-        self._publish(delivery.body, delivery.properties)
         self._window.republish(delivery)
+        self._send_when_durable([delivery], _nothing_to_log)  # its intent is logged already
 
     def _on_return(
         self,
@@ -456,23 +692,58 @@ class QueueMover:
         self._fail(f"a message was {reason} (source position {position}); is the queue there?")
 
     def _settle(self) -> None:
-        """Write durable ledger rows for confirmed deliveries, then ack what is safe."""
-        if self._source_channel is None or not self._source_channel.is_open:
+        """Start writing ledger rows for confirmed deliveries; ack what is already durable."""
+        if self._source_channel is None or not self._source_channel.is_open or self._closing:
             return
         if self._window.should_flush(draining=self._stopping_since is not None):
-            self._write_confirmed()
+            self._write_confirmed_async()
+        self._send_acks()
+
+    def _send_acks(self) -> None:
+        assert self._source_channel is not None
         for ack in self._window.take_acks():
             self._source_channel.basic_ack(ack.tag, multiple=ack.multiple)
 
-    def _write_confirmed(self) -> None:
-        """Make the rows of every confirmed delivery durable (one ledger file)."""
+    def _write_confirmed_async(self) -> None:
+        """Hand the rows of every confirmed delivery to the durability thread (one file)."""
+        rows = self._window.rows_to_write()
+        if not rows:
+            return
+        window, ledger = self._window, self._ledger
+        self._last_job = self._loop.submit(
+            lambda: ledger.write(rows), lambda error: self._on_rows_durable(window, rows, error)
+        )
+
+    def _on_rows_durable(
+        self, window: TransferWindow, rows: list[Delivery], error: BaseException | None
+    ) -> None:
+        """Loop: a ledger file is durable (or failed). Its deliveries may now be acked."""
+        if error is not None:
+            if self._fatal is None:
+                self._fatal = error
+            if window is self._window and not self._closing:
+                self._close()
+            return
+        window.mark_durable(rows)
+        self._count_moved(rows)
+        channel = self._source_channel
+        if window is self._window and not self._closing and channel is not None and channel.is_open:
+            self._send_acks()
+
+    def _count_moved(self, rows: list[Delivery]) -> None:
+        self._moved_messages += len(rows)
+        self._moved_bytes += sum(row.body_size for row in rows)
+
+    def _write_confirmed_now(self) -> None:
+        """Session end: wait for this session's jobs, then write the rest here (durable)."""
+        if self._last_job is not None:
+            self._loop.wait_for(self._last_job)
         rows = self._window.rows_to_write()
         if not rows:
             return
         self._ledger.write(rows)
         self._window.mark_durable(rows)
-        self._moved_messages += len(rows)
-        self._moved_bytes += sum(row.body_size for row in rows)
+        self._count_moved(rows)
 
     def _on_tick(self) -> None:
         """Timer: flush slow confirms, check whether an idle queue is drained, or finish."""
@@ -488,7 +759,7 @@ class QueueMover:
             if self._published_since_depth_check or idle_for >= IDLE_DEPTH_CHECK_SECONDS:
                 self._check_drained()
         if not self._closing:
-            self._ioloop.call_later(TICK_SECONDS, self._on_tick)
+            self._call_later(TICK_SECONDS, self._on_tick)
 
     def _check_drained(self) -> None:
         assert self._source_channel is not None
@@ -590,10 +861,10 @@ class QueueMover:
         """
         if not self._closing:
             self._closing = True
-            self._write_confirmed()
+            self._write_confirmed_now()
             if self._source_channel is not None and self._source_channel.is_open:
-                for ack in self._window.take_acks():
-                    self._source_channel.basic_ack(ack.tag, multiple=ack.multiple)
+                self._send_acks()
+            self._withdraw_unsent()  # never sent: they cannot have arrived
             # Normally nothing is unconfirmed here; after a lost connection, a channel
             # closed by the broker or a confirm timeout, these may have arrived.
             uncertain = self._window.mark_uncertain()
@@ -604,12 +875,14 @@ class QueueMover:
             # cannot be closed mid-way. Its open (or open-error) callback closes it.
             if connection is not None and connection.is_open:
                 connection.close()
-        self._stop_loop_if_closed()
+        self._end_session_if_closed()
 
-    def _stop_loop_if_closed(self) -> None:
+    def _end_session_if_closed(self) -> None:
         connections = (self._source_connection, self._destination_connection)
-        if all(c is None or c.is_closed for c in connections):
-            self._ioloop.stop()
+        if self._session_ended or not all(c is None or c.is_closed for c in connections):
+            return
+        self._session_ended = True
+        self._after_session()
 
     def _on_connection_closed(self, connection: pika.connection.Connection, reason: Any) -> None:
         """pika: a connection closed. Expected when closing; otherwise the session is lost."""
@@ -618,7 +891,7 @@ class QueueMover:
             self._connection_lost(
                 f"connection to cluster {side.cluster} vhost {side.vhost!r} was lost ({reason})"
             )
-        self._stop_loop_if_closed()
+        self._end_session_if_closed()
 
     def _on_channel_closed(self, channel: pika.channel.Channel, reason: Any) -> None:
         """pika: a channel closed. The broker does that for a missing queue or no access.

@@ -78,7 +78,7 @@ def run_transfer(
     # The run's whole plan: what an earlier, crashed driver of this run id planned
     # (with the depths it saw first), plus what is new. Durable before anything moves.
     transfers = record_plan(config, run_id, to_move, clock())
-    assignment = assign_partitions(to_move, config.max_active)
+    assignment = assign_partitions(to_move, config.max_active, config.mover.queues_per_task)
     plan = plan_dataframe(spark, to_move, assignment)
     log.info("run %s: %d queues in %d partitions", run_id, len(to_move), len(set(assignment)))
 
@@ -194,6 +194,7 @@ def move(
             window_messages=config.window.messages,
             window_bytes=config.window.bytes,
             mover=config.mover,
+            max_active=config.max_active,
             node_uris=nodes or {},
         )
     )

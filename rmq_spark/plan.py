@@ -1,9 +1,11 @@
 """The plan: a DataFrame of queue transfers, one row per source queue.
 
-Queues are bin-packed into at most `max_active` partitions (largest first onto the
-least loaded), and the DataFrame is built so that row i lands in the partition the
-planner chose, with no shuffle. Spark then runs at most `max_active` mover tasks,
-so at most that many queue transfers are active at once.
+Queues are bin-packed into `max_active // mover.queues_per_task` partitions (at
+least one; largest first onto the least loaded), and the DataFrame is built so that
+row i lands in the partition the planner chose, with no shuffle. Spark runs one
+mover task per partition, and each task moves up to `queues_per_task` of its queues
+at once on one I/O loop, so at most `max_active` queue transfers are active at once.
+
 """
 
 from __future__ import annotations
@@ -38,15 +40,32 @@ PLAN_SCHEMA = T.StructType(
 )
 
 
-def assign_partitions(transfers: Sequence[QueueTransfer], max_active: int) -> list[int]:
+def task_count(max_active: int, queues_per_task: int) -> int:
+    """Mover tasks for a plan: each moves up to queues_per_task queues at once, and
+    together they never move more than max_active."""
+    if max_active < 1 or queues_per_task < 1:
+        raise ValueError(
+            f"max_active and queues_per_task must be >= 1, got {max_active}, {queues_per_task}"
+        )
+    return max(1, max_active // queues_per_task)
+
+
+def queues_at_once(max_active: int, queues_per_task: int) -> int:
+    """How many queues one task moves at once (see task_count)."""
+    return min(queues_per_task, max_active)
+
+
+def assign_partitions(
+    transfers: Sequence[QueueTransfer], max_active: int, queues_per_task: int = 1
+) -> list[int]:
     """Partition index per transfer: largest first onto the least loaded partition.
 
-    A queue's weight is its bytes plus a per-message cost, so many small messages
-    count as well as few large ones. Ties keep the input order (deterministic).
+    There are `task_count(max_active, queues_per_task)` partitions at most. A queue's
+    weight is its bytes plus a per-message cost, so many small messages count as
+    well as few large ones. Ties keep the input order (deterministic).
     """
-    if max_active < 1:
-        raise ValueError(f"max_active must be >= 1, got {max_active}")
-    partitions = min(max_active, len(transfers))
+    partitions = min(task_count(max_active, queues_per_task), len(transfers))
+
     assignment = [0] * len(transfers)
     if partitions == 0:
         return assignment

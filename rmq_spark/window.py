@@ -202,6 +202,17 @@ class TransferWindow:
         """Give up on a nacked delivery: it is never acked and goes back to the source."""
         self._refuse(delivery, reason)
 
+    def withdraw(self, deliveries: list[Delivery]) -> None:
+        """These publishes were never sent (their session ended first).
+
+        Nobody will confirm them and they cannot have arrived, so they are neither
+        uncertain nor ever acked: they go back to the source with the channel.
+        """
+        for delivery in deliveries:
+            if delivery.state is DeliveryState.PUBLISHED:
+                self._unconfirmed.pop(delivery.seq, None)
+                self._refuse(delivery, "not published: the session ended first")
+
     def mark_uncertain(self) -> list[Delivery]:
         """The destination connection is gone: nobody will confirm what is unconfirmed.
 

@@ -354,9 +354,15 @@ def test_killed_executor_worker_is_retried_by_spark_without_loss(
     assert verification.verified, verification.failed_expectations
     assert (verification.lost, verification.unexpected) == (0, 0)
     assert verification.messages == MESSAGES
-    assert 0 < verification.duplicates <= WINDOW * 2  # a window per failed attempt
-    rows = tables.read_arrow(config.ledger.path, "messages", run_id="sigkill")
-    assert len(set(rows["task_attempt"].to_pylist())) >= 2  # Spark did run the task again
+    assert verification.duplicates <= WINDOW * 2  # a window per failed attempt
+    rows = tables.read_arrow(config.ledger.path, "messages", run_id="sigkill").to_pylist()
+    first_attempt = min(row["task_attempt"] for row in rows)
+    retried = [row for row in rows if row["task_attempt"] != first_attempt]
+    assert retried, "Spark did not run the task again"
+    # The killed attempt left deliveries unacked; the retry moved them again. Whether
+    # a copy had already arrived (a named duplicate) or not depends on where the kill
+    # landed: published and confirmed, or still waiting for its intent to be durable.
+    assert any(row["redelivered"] for row in retried)
 
 
 def test_one_refusing_destination_fails_alone(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rmq_spark.discovery import QueueTransfer
-from rmq_spark.plan import assign_partitions
+from rmq_spark.plan import assign_partitions, queues_at_once, task_count
 
 
 def transfer(name: str, messages: int, message_bytes: int | None = None) -> QueueTransfer:
@@ -71,3 +71,27 @@ def test_empty_plan() -> None:
 def test_max_active_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_active"):
         assign_partitions([transfer("a", 1)], 0)
+
+
+@pytest.mark.parametrize(
+    ("max_active", "per_task", "tasks", "at_once"),
+    [(4, 1, 4, 1), (4, 2, 2, 2), (5, 2, 2, 2), (1, 4, 1, 1), (3, 4, 1, 3), (8, 4, 2, 4)],
+)
+def test_tasks_times_queues_at_once_never_exceeds_max_active(
+    max_active: int, per_task: int, tasks: int, at_once: int
+) -> None:
+    assert task_count(max_active, per_task) == tasks
+    assert queues_at_once(max_active, per_task) == at_once
+    assert tasks * at_once <= max_active
+
+
+def test_queues_per_task_packs_queues_into_fewer_partitions() -> None:
+    transfers = [transfer(f"q{i}", 100) for i in range(8)]
+    assignment = assign_partitions(transfers, 4, queues_per_task=2)
+    assert sorted(set(assignment)) == [0, 1]
+    assert loads(transfers, assignment) == {0: 400, 1: 400}
+
+
+def test_queues_per_task_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="queues_per_task"):
+        task_count(4, 0)

@@ -263,3 +263,20 @@ def test_prefetch_follows_average_message_size(
     messages: int, window_bytes: int, average: float, expected: int
 ) -> None:
     assert prefetch_for(messages, window_bytes, average) == expected
+
+
+def test_withdrawn_publishes_are_neither_uncertain_nor_acked(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    for tag in range(1, 4):
+        publish(window, tag)
+    unsent = window.on_publish(
+        4, redelivered=False, body_size=1, body_sha256="b", properties_sha256="p", message_id=None
+    )
+    window.on_confirm(2, multiple=True)
+    assert write_all(window) == [1, 2]
+    window.withdraw([unsent])
+
+    assert [d.tag for d in window.mark_uncertain()] == [3]  # sent, unconfirmed
+    assert window.take_acks() == [Ack(2, multiple=True)]
+    assert window.take_acks() == []  # 3 uncertain, 4 never sent: neither is acked
+    assert window.in_flight == 2
