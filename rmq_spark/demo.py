@@ -212,8 +212,15 @@ def run_demo(*, base_dir: str, messages_per_queue: int, keep_brokers: bool) -> i
         report = _write_report(ledger, result)
         if report is not None:
             print(f"report: {report}", flush=True)
+            result = with_report(result, report)
         print(result, flush=True)  # the demo's last line, after the nodes are stopped
     return exit_code
+
+
+def with_report(result: str, report: Path) -> str:
+    """The RESULT line with the report's path added, so the last line names it too."""
+    summary = json.loads(result[len(RESULT_PREFIX) :])
+    return RESULT_PREFIX + json.dumps(summary | {"report": str(report)}, sort_keys=True)
 
 
 def _write_report(ledger: Path, result: str) -> Path | None:

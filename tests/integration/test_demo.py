@@ -46,6 +46,7 @@ def test_demo_shows_bars_moves_verifies_and_ends_with_report_and_result(tmp_path
     assert result["queues"] == 20
     assert result["messages"] == 20 * 50
     assert (result["lost"], result["duplicates"], result["verified"]) == (0, 0, True)
+    assert result["report"] == report_line.removeprefix("report: ")
     assert " INFO " not in completed.stderr.replace("INFO rmq_spark", "")  # Spark stays quiet
     # The bars came through spark-submit's JVM and the demo: redrawn in place, at the end
     # the total complete.
