@@ -14,8 +14,9 @@ like a returned one, it is refused: never acked, back to the source when the
 channel closes, and the transfer fails with an error naming the queue.
 
 Several movers can share one I/O loop (`run_movers`): an executor task moves several
-queues at once on one thread. Ledger files are written by one durability thread per
-loop (`MoverLoop`), so an fsync never stalls the loop; acks still wait for it.
+queues at once on one thread. Intent-log appends and ledger files are written by two
+durability threads per loop (`MoverLoop`), so an fsync never stalls the loop; acks
+still wait for the ledger row and publishes for the intent.
 
 A run is a series of sessions, one pair of connections each. A lost connection ends
 the session: confirmed deliveries are written (and acked if the source is still
@@ -110,7 +111,7 @@ def _nothing_to_log() -> None:
 
 
 class _DurabilityJob:
-    """One ledger write handed to the durability thread, and what to do when it is done."""
+    """One durable write handed to a durability lane, and what to do when it is done."""
 
     def __init__(self, work: Callable[[], None], then: Callable[[BaseException | None], None]):
         self.work = work
@@ -120,39 +121,52 @@ class _DurabilityJob:
         self.applied = False
 
 
-class MoverLoop:
-    """One pika I/O loop and one durability thread, shared by the movers of a task.
+# The durability lanes: intent-log appends (which publishes wait for) and ledger files
+# (which acks wait for). Each lane is one thread, so its jobs finish in order; the two
+# lanes' fsyncs overlap.
+INTENTS, LEDGER = "intents", "ledger"
 
-    Ledger writes (Parquet + fsync, milliseconds each) run on the thread in the
-    order they were submitted; their completions run back on the loop, in the same
-    order. A mover that must be sure its rows are durable (a session ending) waits
-    for its last job with `wait_for`, which blocks the loop only for that write.
+
+class MoverLoop:
+    """One pika I/O loop and two durability threads, shared by the movers of a task.
+
+    Intent appends and ledger writes (Parquet + fsync, milliseconds each) run on their
+    lane's thread in the order they were submitted; completions run back on the loop,
+    in the same order per lane. A mover that must be sure its rows are durable (a
+    session ending) waits for its last jobs with `wait_for`, which blocks the loop
+    only for those writes.
     """
 
     def __init__(self) -> None:
         self.ioloop = IOLoop()
-        self._jobs: queue.SimpleQueue[_DurabilityJob | None] = queue.SimpleQueue()
         self._completed: deque[_DurabilityJob] = deque()
-        self._thread = threading.Thread(
-            target=self._work, name="rmq-spark-ledger-writer", daemon=True
-        )
-        self._thread.start()
+        self._jobs: dict[str, queue.SimpleQueue[_DurabilityJob | None]] = {}
+        self._threads: list[threading.Thread] = []
+        for lane in (INTENTS, LEDGER):
+            jobs: queue.SimpleQueue[_DurabilityJob | None] = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=self._work, args=(jobs,), name=f"rmq-spark-{lane}", daemon=True
+            )
+            thread.start()
+            self._jobs[lane] = jobs
+            self._threads.append(thread)
 
     def submit(
-        self, work: Callable[[], None], then: Callable[[BaseException | None], None]
+        self, lane: str, work: Callable[[], None], then: Callable[[BaseException | None], None]
     ) -> _DurabilityJob:
-        """Run `work` on the durability thread, then `then(error)` on the loop."""
+        """Run `work` on the lane's thread, then `then(error)` on the loop."""
         job = _DurabilityJob(work, then)
-        self._jobs.put(job)
+        self._jobs[lane].put(job)
         return job
 
     def wait_for(self, job: _DurabilityJob) -> None:
-        """Block until `job` (and every job before it) is done, and apply completions."""
+        """Block until `job` (and every job before it in its lane) is done, and apply
+        completions."""
         job.done.wait()
         self.run_completions()
 
     def run_completions(self) -> None:
-        """Apply finished jobs' completions, in submission order (loop thread only)."""
+        """Apply finished jobs' completions, in submission order per lane (loop thread)."""
         while self._completed:
             job = self._completed.popleft()
             if not job.applied:
@@ -160,13 +174,15 @@ class MoverLoop:
                 job.then(job.error)
 
     def close(self) -> None:
-        """Finish queued jobs, stop the thread, close the I/O loop."""
-        self._jobs.put(None)
-        self._thread.join()
+        """Finish queued jobs, stop the threads, close the I/O loop."""
+        for jobs in self._jobs.values():
+            jobs.put(None)
+        for thread in self._threads:
+            thread.join()
         self.ioloop.close()
 
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+    def _work(self, jobs: queue.SimpleQueue[_DurabilityJob | None]) -> None:
+        while (job := jobs.get()) is not None:
             try:
                 job.work()
             except BaseException as exc:
@@ -388,11 +404,12 @@ class QueueMover:
         # Deliveries received but not yet logged and published (one loop iteration's worth).
         self._pending: list[tuple[pika.spec.Basic.Deliver, bytes, bytes, str | None]] = []
         self._flush_scheduled = False
-        # This session's newest job on the durability thread (jobs finish in order).
-        self._last_job: _DurabilityJob | None = None
+        # This session's newest job per durability lane (a lane's jobs finish in order).
+        self._last_jobs: dict[str, _DurabilityJob] = {}
         # Batches whose intents are being logged; published in this order when durable.
         self._outgoing: list[_Outgoing] = []
         self._logging_intents = False
+        self._writing_rows = False  # a ledger file of this session is being written
         self._qos_ok = False
         self._confirms_on = False
         self._consumer_tag: str | None = None
@@ -545,7 +562,7 @@ class QueueMover:
             self._call_later(0, self._publish_pending)
 
     def _publish_pending(self) -> None:
-        """Log the batch as intents (durable, on the durability thread), then publish
+        """Log the batch as intents (durable, on the intents lane), then publish
         each delivery unchanged.
 
         Logging first means a process killed after a publish still leaves a row for it.
@@ -583,17 +600,17 @@ class QueueMover:
     def _send_when_durable(
         self, deliveries: list[Delivery], log_intents: Callable[[], None]
     ) -> None:
-        """Publish `deliveries` once `log_intents` has run on the durability thread.
+        """Publish `deliveries` once `log_intents` has run on the intents lane.
 
-        Every publish goes through the thread's queue (a republish with nothing to log
+        Every publish goes through the intents lane (a republish with nothing to log
         too), so frames leave in the order sequence numbers were given out, which is
         the order the destination numbers its confirms.
         """
         outgoing = _Outgoing(deliveries, logs_intents=log_intents is not _nothing_to_log)
         self._outgoing.append(outgoing)
         session = self._session
-        self._last_job = self._loop.submit(
-            log_intents, lambda error: self._send_logged(session, outgoing, error)
+        self._last_jobs[INTENTS] = self._loop.submit(
+            INTENTS, log_intents, lambda error: self._send_logged(session, outgoing, error)
         )
 
     def _send_logged(self, session: int, outgoing: _Outgoing, error: BaseException | None) -> None:
@@ -705,19 +722,31 @@ class QueueMover:
             self._source_channel.basic_ack(ack.tag, multiple=ack.multiple)
 
     def _write_confirmed_async(self) -> None:
-        """Hand the rows of every confirmed delivery to the durability thread (one file)."""
+        """Hand the rows of every confirmed delivery to the ledger lane (one file).
+
+        One file at a time per transfer: confirms arriving meanwhile go into the next
+        file as soon as this one is durable (group commit), so acks flow continuously
+        when writes are fast and files grow when they are slow.
+        """
+        if self._writing_rows:
+            return  # _on_rows_durable settles again
         rows = self._window.rows_to_write()
         if not rows:
             return
         window, ledger = self._window, self._ledger
-        self._last_job = self._loop.submit(
-            lambda: ledger.write(rows), lambda error: self._on_rows_durable(window, rows, error)
+        self._writing_rows = True
+        self._last_jobs[LEDGER] = self._loop.submit(
+            LEDGER,
+            lambda: ledger.write(rows),
+            lambda error: self._on_rows_durable(window, rows, error),
         )
 
     def _on_rows_durable(
         self, window: TransferWindow, rows: list[Delivery], error: BaseException | None
     ) -> None:
         """Loop: a ledger file is durable (or failed). Its deliveries may now be acked."""
+        if window is self._window:
+            self._writing_rows = False
         if error is not None:
             if self._fatal is None:
                 self._fatal = error
@@ -728,7 +757,7 @@ class QueueMover:
         self._count_moved(rows)
         channel = self._source_channel
         if window is self._window and not self._closing and channel is not None and channel.is_open:
-            self._send_acks()
+            self._settle()  # acks these, and writes what was confirmed meanwhile
 
     def _count_moved(self, rows: list[Delivery]) -> None:
         self._moved_messages += len(rows)
@@ -736,8 +765,8 @@ class QueueMover:
 
     def _write_confirmed_now(self) -> None:
         """Session end: wait for this session's jobs, then write the rest here (durable)."""
-        if self._last_job is not None:
-            self._loop.wait_for(self._last_job)
+        for job in self._last_jobs.values():
+            self._loop.wait_for(job)
         rows = self._window.rows_to_write()
         if not rows:
             return

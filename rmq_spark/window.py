@@ -26,9 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-# Flush the ledger when this share of the window is confirmed but not yet durable:
-# half a window keeps the consumer fed while the other half waits for its write.
-FLUSH_FRACTION = 2
+# Flush the ledger when this share of the window is confirmed but not yet durable
+# (or nothing else is unconfirmed, or the oldest waited MAX_FLUSH_DELAY_SECONDS):
+# acks, and so new deliveries, follow confirms closely, while a file holds a quarter
+# of a window or more (a 100k-message queue makes ~400 small files at most).
+FLUSH_FRACTION = 4
 # ...or when the oldest confirmed-but-unwritten delivery has waited this long.
 MAX_FLUSH_DELAY_SECONDS = 0.25
 

@@ -20,7 +20,7 @@ def test_plan_prints_every_queue_and_creates_and_moves_nothing(
     seed(brokers.dr, vhost, "small", 20)
     declare(brokers.main, vhost, "big")
     config = write_config(
-        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger", max_active=2
+        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger", max_active=4
     )
 
     exit_code = main(["plan", "--config", str(config), "--json"])
@@ -33,6 +33,7 @@ def test_plan_prints_every_queue_and_creates_and_moves_nothing(
     assert queues[f"dr/{vhost}/big"]["destination_created"] is False
     assert queues[f"dr/{vhost}/small"]["destination_created"] is True
     assert queues[f"dr/{vhost}/small"]["destination"] == f"main/{vhost}/small"
+    # max_active 4, two queues per task (the default): two tasks, one queue each.
     assert {q["partition"] for q in plan["queues"]} == {0, 1}
     assert plan["messages"] == 320
     # Nothing was created, nothing moved, no ledger written.

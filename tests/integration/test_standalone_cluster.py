@@ -144,8 +144,9 @@ def test_standalone_cluster_gives_the_same_ledger_as_local(
     brokers: Brokers, password_env: str, tmp_path: Path, standalone_master: str
 ) -> None:
     vhost = fresh_vhost(brokers, "standalone")
+    # max_active 4 with two queues per task: two tasks, one per worker.
     config = write_config(
-        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger", max_active=2
+        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger", max_active=4
     )
     results, contents = {}, {}
     for run_id, master in (("on-local", ()), ("on-standalone", ("--master", standalone_master))):

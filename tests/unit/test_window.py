@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rmq_spark.window import (
+    FLUSH_FRACTION,
     MAX_FLUSH_DELAY_SECONDS,
     Ack,
     DeliveryState,
@@ -207,9 +208,11 @@ def test_return_for_unknown_content_matches_nothing(clock: FakeClock) -> None:
     assert window.refused() == []
 
 
-def test_flush_waits_for_half_a_window_while_confirms_are_pending(clock: FakeClock) -> None:
-    window = TransferWindow(4, clock=clock)
-    for tag in range(1, 5):
+def test_flush_waits_for_a_share_of_the_window_while_confirms_are_pending(
+    clock: FakeClock,
+) -> None:
+    window = TransferWindow(2 * FLUSH_FRACTION, clock=clock)  # flushes at 2 confirmed
+    for tag in range(1, 2 * FLUSH_FRACTION + 1):
         publish(window, tag)
     window.on_confirm(1, multiple=False)
     assert not window.should_flush()
