@@ -98,7 +98,9 @@ def write_data_file(directory: Path, name: str, table: pa.Table) -> None:
     """Write a Parquet data file so that it is complete and durable, or absent."""
     temp = directory / f"{TEMP_PREFIX}{name}"
     with open(temp, "wb") as sink:
-        pq.write_table(table, sink, compression="zstd")
+        # Snappy: half zstd's CPU for a few hundred rows (0.9 vs 1.9 ms per file,
+        # files ~15% larger); executors write one file per flush, on the mover's CPU.
+        pq.write_table(table, sink, compression="snappy")
         sink.flush()
         os.fsync(sink.fileno())
     os.replace(temp, directory / name)
