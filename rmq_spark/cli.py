@@ -355,6 +355,8 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         "runs": [r.run_id for r in result.runs],
         "seconds": round(result.seconds, 2),
         "verified": result.verified,
+        # publishers' messages that reached the final queues during the last hop
+        "live_arrivals": sum(result.live_publishes.values()),
     }
     print(MIGRATION_PREFIX + json.dumps(summary, sort_keys=True), flush=True)
     return EXIT_VERIFIED if result.verified else EXIT_UNVERIFIED

@@ -160,6 +160,10 @@ class DestinationSpec(_Strict):
     # drop: any destination may take it (messages keep their priority property, the
     # destination ignores it); classic -> quorum migration of priority queues uses it.
     priorities: Literal["keep", "drop"] = "keep"
+    # True when other publishers send to the destination queues while the job runs
+    # (a queue already in use): verification then counts their messages as
+    # live_arrivals instead of failing on a destination that rose above the ledger.
+    shared: bool = False
 
     @field_validator("vhost", "queue")
     @classmethod

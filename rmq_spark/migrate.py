@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import secrets
 import time
@@ -37,7 +36,6 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 from pyspark.sql import SparkSession
@@ -54,7 +52,6 @@ from rmq_spark.errors import ConfigError, RmqSparkError
 from rmq_spark.ledger import tables
 from rmq_spark.management import ManagementClient
 from rmq_spark.pipeline import RunResult, management_clients, run_transfer
-from rmq_spark.verify import Verification
 
 log = logging.getLogger(__name__)
 
@@ -324,14 +321,14 @@ class MigrationResult:
     queues: tuple[QueueOutcome, ...]
     runs: tuple[RunResult, ...]
     seconds: float
-    # drain-holding runs whose only failed check counted live publishes reaching the
-    # final queues during the hop (run id -> how many), see `live_destination_publishes`
+    # drain-holding runs into the final queues while publishers use them: how many of
+    # the publishers' messages arrived during the hop (run id -> live arrivals)
     live_publishes: dict[str, int] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
         return all(q.verified for q in self.queues) and all(
-            r.verification.verified or r.run_id in self.live_publishes for r in self.runs
+            r.verification.verified for r in self.runs
         )
 
 
@@ -650,11 +647,7 @@ def migrate(
                 )
             )
     outcomes = prove(config.ledger.path, plans)
-    live = {
-        r.run_id: n
-        for r in runs
-        if (n := live_destination_publishes(r.verification)) is not None and n > 0
-    }
+    live = {r.run_id: r.verification.live_arrivals for r in runs if r.verification.live_arrivals}
     result = MigrationResult(tuple(outcomes), tuple(runs), time.monotonic() - started, live)
     log.info(
         "migration: %d queue(s) in %.1f s, verified %s",
@@ -880,13 +873,13 @@ def _hop(
 ) -> RunResult | None:
     """One ledgered, verified transfer run for every (vhost, source, destination) pair.
 
-    Skipped when the ledger records the run as verified (or, for a hop into the live
-    queues, accepted: see `live_destination_publishes`); a crashed run is resumed by
-    running the same run id again (the same routes, so the same config digest).
+    Skipped when the ledger records the run as verified; a crashed run is resumed by
+    running the same run id again (the same routes, so the same config digest). A hop
+    into the live queues (`live_destination`) declares them shared: publishers' messages
+    arriving during the hop are counted as live arrivals, every other check holds.
     """
     done = [row for row in tables.read_rows(config.ledger.path, "runs", run_id) if row["verified"]]
-    accepted = _acceptance_file(config.ledger.path, run_id)
-    if done or (live_destination and accepted.exists()):
+    if done:
         log.info("run %s: already verified; not run again", run_id)
         return None
     routes = [
@@ -905,25 +898,20 @@ def _hop(
                 create_missing=False,
                 queue_type="quorum",
                 priorities="drop",
+                shared=live_destination,
             ),
         )
         for index, (vhost, source, destination) in enumerate(pairs)
     ]
     hop_config = config.model_copy(update={"routes": routes, "federation": "keep"})
     result = run_transfer(spark, hop_config, run_id=run_id)
-    live = live_destination_publishes(result.verification) if live_destination else None
-    if live:
-        _write_acceptance(accepted, run_id, live, result.verification.results_path)
-        log.warning(
+    if result.verification.live_arrivals:
+        log.info(
             "run %s: %d message(s) from live publishers reached the final queues during "
-            "the hop, so their depth rose above the ledger's rows; every other check "
-            "passed (nothing lost from the holding queues, every row confirmed at its "
-            "destination); accepted, recorded in %s",
+            "the hop (counted by verification as live arrivals)",
             run_id,
-            live,
-            accepted,
+            result.verification.live_arrivals,
         )
-        return result
     if not result.verification.verified:
         failed = "; ".join(result.verification.failed_expectations[:5])
         raise MigrationError(
@@ -931,50 +919,6 @@ def _hop(
             f"{result.verification.results_path}"
         )
     return result
-
-
-# The failed-expectation line of a destination that rose above the ledger's rows.
-_UNEXPECTED_CHECK = "expect_column_values_to_be_in_set(unexpected)"
-
-
-def live_destination_publishes(verification: Verification) -> int | None:
-    """For a hop into queues publishers already use: how many of their messages reached
-    them during the hop, when that is the verification's only failure (else None).
-
-    The drain-holding hop moves into the final, bound queues, so their depth also rises
-    by whatever publishers send meanwhile, and the `unexpected` check fails. Everything
-    else must hold for every queue: moved, nothing lost (distinct rows == the holding
-    queue's drop), positions contiguous, every confirmed row at the destination.
-    """
-    if verification.verified:
-        return 0
-    if not all(_UNEXPECTED_CHECK in line for line in verification.failed_expectations):
-        return None
-    for verdict in verification.queues:
-        if (
-            verdict.status != "moved"
-            or verdict.lost
-            or not verdict.positions_contiguous
-            or verdict.distinct_messages != verdict.source_drop
-            or verdict.destination_rise < verdict.ledger_rows - verdict.uncertain_rows
-        ):
-            return None
-    return verification.unexpected
-
-
-def _acceptance_file(ledger_path: str, run_id: str) -> Path:
-    return Path(ledger_path) / "migrations" / f"run_id={run_id}" / "live-destination.json"
-
-
-def _write_acceptance(path: Path, run_id: str, live: int, results_path: str) -> None:
-    """Durably record that the hop was accepted (a re-run must not move it again)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump({"run_id": run_id, "live_publishes": live, "verification": results_path}, out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
 
 
 def _literal(name: str) -> str:

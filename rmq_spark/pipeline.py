@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -31,7 +31,7 @@ from rmq_spark.management import ManagementClient
 from rmq_spark.mover import MoveOutcome
 from rmq_spark.plan import assign_partitions, plan_dataframe
 from rmq_spark.progress import ProgressReporter, amqp_sampler
-from rmq_spark.verify import Verification, verify_ledger_run
+from rmq_spark.verify import DESTINATION_SHARED, Verification, verify_ledger_run
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,8 @@ def run_transfer(
 
     after = measure_depths(config, transfers)
     partition_of = {t.describe(): p for t, p in zip(to_move, assignment, strict=True)}
-    counters = counters_rows(run_id, transfers, partition_of, outcomes, after)
+    shared = {route.name for route in config.routes if route.destination.shared}
+    counters = counters_rows(run_id, transfers, partition_of, outcomes, after, shared_routes=shared)
     verification = verify_ledger_run(
         spark,
         ledger_path,
@@ -210,6 +211,8 @@ def counters_rows(
     partition_of: dict[str, int],
     outcomes: Sequence[MoveOutcome],
     after: dict[QueueTransfer, tuple[int, int]],
+    *,
+    shared_routes: Collection[str] = (),
 ) -> list[dict[str, object]]:
     """Broker counters before/after and the outcome, per transfer (_COUNTERS_SCHEMA).
 
@@ -245,6 +248,7 @@ def counters_rows(
                 "source_depth_after": after[transfer][0],
                 "destination_depth_before": transfer.destination_messages,
                 "destination_depth_after": after[transfer][1],
+                DESTINATION_SHARED: transfer.route in shared_routes,
             }
         )
     return rows

@@ -63,6 +63,10 @@ DEPTH_COLUMNS: tuple[str, ...] = (
     "destination_depth_after",
 )
 COUNTER_COLUMNS: tuple[str, ...] = (*TRANSFER_KEY, *DEPTH_COLUMNS, "status", "error")
+# Optional counter: True when other publishers send to the destination queue during the
+# run (routes[].destination.shared). Its rise above the ledger's rows is then their
+# messages (`live_arrivals`), not an unexplained copy; every other check is unchanged.
+DESTINATION_SHARED = "destination_shared"
 MESSAGE_COLUMNS: tuple[str, ...] = tuple(c.name for c in MESSAGES)
 
 # Per-queue counts of message-level problems, kept in the summary so a failed
@@ -91,6 +95,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "destination_rise",
     "lost",
     "unexpected",
+    DESTINATION_SHARED,
+    "live_arrivals",
     "missing_at_destination",
     "redelivered_rows",
     "retried_rows",
@@ -182,6 +188,7 @@ class QueueVerdict:
     positions_contiguous: bool
     order_kept: bool
     passed: bool
+    live_arrivals: int = 0  # other publishers' messages in a shared destination
 
     @property
     def label(self) -> str:
@@ -204,6 +211,7 @@ class Verification:
     results_path: str  # verification.json
     data_docs_path: str | None  # index.html
     engine: str = ENGINE_SPARK  # where the summary and GE ran: spark, or driver (pyarrow/pandas)
+    live_arrivals: int = 0  # other publishers' messages in shared destinations
 
 
 # --- Spark part -------------------------------------------------------------------------
@@ -260,12 +268,18 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         count_where(F.col("properties_sha256").isNull()).alias(NULL_PROPERTIES_SHA256),
         count_where(F.col("confirmed_at") < F.col("consumed_at")).alias(CONFIRMED_BEFORE_CONSUMED),
     )
-    planned = counters.select(*COUNTER_COLUMNS)
+    shared = (
+        F.col(DESTINATION_SHARED).cast(T.BooleanType())
+        if DESTINATION_SHARED in counters.columns
+        else F.lit(False)
+    )
+    planned = counters.select(*COUNTER_COLUMNS, shared.alias(DESTINATION_SHARED))
     # Full outer: a planned transfer with no rows must still be checked, and a row of an
     # unplanned transfer must not vanish from the verification.
     joined = planned.join(ledger, on=key, how="full_outer")
 
     zero = F.lit(0).cast(T.LongType())
+    is_shared = F.coalesce(F.col(DESTINATION_SHARED), F.lit(False))
     ledger_rows = F.coalesce(F.col("ledger_rows"), zero)
     confirmed_rows = F.coalesce(F.col("confirmed_rows"), zero)
     uncertain_rows = ledger_rows - confirmed_rows
@@ -300,7 +314,13 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         # greatest() skips nulls: an unknown depth counts as nothing lost here, and is
         # caught by the pair-equality expectations, which treat null as a mismatch.
         F.greatest(source_drop - distinct_messages, zero).alias("lost"),
-        F.greatest(destination_rise - ledger_rows, zero).alias("unexpected"),
+        F.when(is_shared, zero)
+        .otherwise(F.greatest(destination_rise - ledger_rows, zero))
+        .alias("unexpected"),
+        is_shared.alias(DESTINATION_SHARED),
+        F.when(is_shared, F.greatest(destination_rise - ledger_rows, zero))
+        .otherwise(zero)
+        .alias("live_arrivals"),
         F.greatest(confirmed_rows - destination_rise, zero).alias("missing_at_destination"),
         F.coalesce(F.col("redelivered_rows"), zero).alias("redelivered_rows"),
         F.coalesce(F.col("retried_rows"), zero).alias("retried_rows"),
@@ -534,6 +554,8 @@ def _summary_row(
         and distinct_positions == max_position + 1
     )
     status = counters.get("status")
+    shared = bool(counters.get(DESTINATION_SHARED) or False)
+    above_ledger = max(minus(destination_rise, ledger_rows) or 0, 0)
     row: dict[str, Any] = {name: value for name, value in zip(TRANSFER_KEY, key, strict=True)}
     row |= {
         "status": status if status is not None else STATUS_UNPLANNED,
@@ -548,7 +570,9 @@ def _summary_row(
         "source_drop": source_drop,
         "destination_rise": destination_rise,
         "lost": max(minus(source_drop, distinct_messages) or 0, 0),
-        "unexpected": max(minus(destination_rise, ledger_rows) or 0, 0),
+        "unexpected": 0 if shared else above_ledger,
+        DESTINATION_SHARED: shared,
+        "live_arrivals": above_ledger if shared else 0,
         "missing_at_destination": max(minus(confirmed_rows, destination_rise) or 0, 0),
         "redelivered_rows": redelivered_rows,
         "retried_rows": retried_rows,
@@ -616,6 +640,7 @@ def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:
         positions_contiguous=bool(row["positions_contiguous"]),
         order_kept=bool(row["order_kept"]),
         passed=passed,
+        live_arrivals=row["live_arrivals"] or 0,
     )
 
 
@@ -757,12 +782,20 @@ def verify_ledger_run(
         messages = tables.read_arrow(ledger_path, "messages", run_id=run_id, columns=columns)
         return verify_run_arrow(run_id, messages, counters, out_dir)
     log.info("run %s: %d ledger rows, verified in Spark", run_id, rows)
-    counter_schema = spark_schema(tuple(c for c in QUEUES if c.name in COUNTER_COLUMNS))
+    counter_schema = spark_schema(tuple(c for c in QUEUES if c.name in COUNTER_COLUMNS)).add(
+        DESTINATION_SHARED, T.BooleanType(), nullable=False
+    )
     return verify_run(
         run_id,
         tables.read_run_messages(spark, ledger_path, run_id),
         spark.createDataFrame(
-            [{name: row[name] for name in counter_schema.fieldNames()} for row in counters],
+            [
+                {
+                    **{name: row[name] for name in COUNTER_COLUMNS},
+                    DESTINATION_SHARED: bool(row.get(DESTINATION_SHARED, False)),
+                }
+                for row in counters
+            ],
             counter_schema,
         ),
         out_dir,
@@ -874,6 +907,7 @@ def _verification(
         lost=sum(v.lost for v in verdicts),
         duplicates=sum(v.duplicates for v in verdicts),
         unexpected=sum(v.unexpected for v in verdicts),
+        live_arrivals=sum(v.live_arrivals for v in verdicts),
         verified=all(result["success"] for result in results),
         failed_expectations=describe_failures(results, summary_rows),
         results_path=str(out / RESULTS_FILE),
@@ -1072,6 +1106,7 @@ def _write_results(
             "lost": verification.lost,
             "duplicates": verification.duplicates,
             "unexpected": verification.unexpected,
+            "live_arrivals": verification.live_arrivals,
         },
         "engine": verification.engine,
         "failed_expectations": list(verification.failed_expectations),

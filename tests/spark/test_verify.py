@@ -22,6 +22,7 @@ from pyspark.sql import types as T
 from rmq_spark.ledger import tables, writer
 from rmq_spark.ledger.schema import MESSAGES, arrow_schema, spark_schema
 from rmq_spark.verify import (
+    DESTINATION_SHARED,
     ENGINE_DRIVER,
     ENGINE_SPARK,
     SUMMARY_COLUMNS,
@@ -609,3 +610,42 @@ def test_ledger_run_is_verified_on_the_driver_when_small_and_in_spark_when_large
         in_spark.bytes,
         in_spark.duplicates,
     )
+
+
+# --- a destination other publishers use ----------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "not-shared"])
+def test_other_publishers_into_a_shared_destination_are_live_arrivals(
+    engine: str, spark: SparkSession, tmp_path: Path, shared: bool
+) -> None:
+    rows = [message("live", position) for position in range(3)]
+    # 3 moved, and 2 more arrived from a publisher using the destination meanwhile.
+    counters = [
+        {
+            **counter("live", source=(3, 0), destination=(0, 5)),
+            DESTINATION_SHARED: shared,
+        }
+    ]
+    if engine == ENGINE_SPARK:
+        schema = T.StructType(
+            [*COUNTER_SCHEMA.fields, T.StructField(DESTINATION_SHARED, T.BooleanType(), False)]
+        )
+        names = schema.fieldNames()
+        frame = spark.createDataFrame([tuple(row[n] for n in names) for row in counters], schema)
+        verification = verify_run(RUN_ID, messages_df(spark, rows), frame, tmp_path)
+    else:
+        verification = verify_run_arrow(RUN_ID, messages_table(rows), counters, tmp_path)
+
+    live = verdict(verification, "live")
+    assert live.lost == 0
+    if shared:
+        assert (live.unexpected, live.live_arrivals) == (0, 2)
+        assert live.passed
+        assert verification.verified
+        assert verification.live_arrivals == 2
+    else:  # the same rise on a destination nobody else uses is two unexplained copies
+        assert (live.unexpected, live.live_arrivals) == (2, 0)
+        assert not live.passed
+        assert not verification.verified
