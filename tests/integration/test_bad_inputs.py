@@ -249,19 +249,19 @@ def users(brokers: Brokers) -> Iterator[None]:
 
 
 @pytest.fixture
-def cli_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    """transfer_main builds its own Spark session and stops it when done.
+def cli_spark(monkeypatch: pytest.MonkeyPatch, spark: SparkSession) -> None:
+    """transfer_main reuses the running Spark session (the shared `spark` fixture).
 
-    Its Python workers must run this interpreter, which has the project's
-    dependencies (spark-submit.sh arranges the same with PYSPARK_PYTHON). A session
-    that is already running (the shared `spark` fixture, when another test made it
-    first) is reused by the command and must outlive it.
+    A command that finds a session running leaves it running, as in a notebook; the
+    stop is stubbed anyway so no case can end the session the others share. Without
+    it, every case would start (and time) a Spark session of its own: pre-flight's
+    answer must be quick, Spark's start is not what these cases measure. Python
+    workers must run this interpreter, which has the project's dependencies
+    (spark-submit.sh arranges the same with PYSPARK_PYTHON).
     """
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        monkeypatch.setattr(active, "stop", lambda: None)
-        monkeypatch.setattr(active.sparkContext, "pythonExec", sys.executable)
+    monkeypatch.setattr(spark, "stop", lambda: None)
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", sys.executable)
 
 
 @pytest.mark.usefixtures("users", "password_env", "cli_spark")
