@@ -67,8 +67,9 @@ TICK_SECONDS = 0.05
 IDLE_DEPTH_CHECK_SECONDS = 0.5
 # How long to wait for outstanding confirms once the transfer is stopping.
 STOP_CONFIRM_TIMEOUT_SECONDS = 60.0
-# Deliveries are logged as intents and published in batches of at most this many;
-# a smaller batch goes out at the end of the I/O loop iteration that received it.
+# A batch of deliveries is handed to the intents lane once this many are waiting, or
+# at the end of the I/O loop iteration that received them. While a batch is being
+# logged, what arrives waits for the next one, which may then be larger (group commit).
 INTENT_BATCH = 256
 
 
