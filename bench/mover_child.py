@@ -38,6 +38,9 @@ class DiscardingLedger:
     def write(self, deliveries: Sequence[Delivery]) -> None:
         return None
 
+    def close(self) -> None:
+        return None
+
 
 def settings_from(request: dict[str, Any]) -> ExecutorSettings:
     return ExecutorSettings(

@@ -78,6 +78,9 @@ class LedgerSink(Protocol):
 
     def write(self, deliveries: Sequence[Delivery]) -> None: ...
 
+    def close(self) -> None:
+        """The transfer returned an outcome: no more rows (tidy up, rows stay durable)."""
+
 
 class IntentSink(Protocol):
     """Where the mover logs deliveries before publishing them; durable on return."""
@@ -383,10 +386,21 @@ class QueueMover:
         )
 
     def _finish(self, result: MoveOutcome | BaseException) -> None:
-        # A mover that returns an outcome has a row for every publish that may have
-        # arrived, so its intents are spent; one that dies keeps them for the retry.
-        self._intents.close(finished=not isinstance(result, BaseException))
-        self._on_finished(result)
+        """Close the ledger (on its lane: it may write a data file), then report.
+
+        A mover that returns an outcome has a row for every publish that may have
+        arrived, so its intents are spent; one that dies keeps them for the retry.
+        """
+        if isinstance(result, BaseException):
+            self._intents.close(finished=False)
+            self._on_finished(result)
+            return
+
+        def closed(error: BaseException | None) -> None:
+            self._intents.close(finished=error is None)
+            self._on_finished(result if error is None else error)
+
+        self._loop.submit(LEDGER, self._ledger.close, closed)
 
     def _start_session(self) -> None:
         """Fresh per-session state; positions continue where the last session stopped."""

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import schema, writer
-from rmq_spark.ledger.writer import read_intents, run_intents_dir, run_partition_dir
+from rmq_spark.ledger.writer import read_stream, run_intents_dir, run_partition_dir, run_rows_dir
 from rmq_spark.spark_session import spark_has_delta
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,14 @@ def commit_run(ledger_path: str, run_id: str) -> int:
 
     One commit for the whole run. Idempotent: files already in the log are skipped,
     so it is safe after a crash and on a re-run. Returns the rows committed.
-    First, intents that never got a row (the process died between publishing and
-    writing) become uncertain rows, so every publish has a row.
+    First, rows streams left by tasks that died become data files, then intents
+    that never got a row (the process died between publishing and writing) become
+    uncertain rows, so every publish has a row.
     """
     path = table_path(ledger_path, "messages")
     table = DeltaTable(path)
     partition = run_partition_dir(ledger_path, run_id)
+    rows_from_streams(ledger_path, run_id)
     rows_from_intents(ledger_path, run_id)
     if not partition.is_dir():
         return 0
@@ -116,6 +118,23 @@ def commit_run(ledger_path: str, run_id: str) -> int:
     return rows
 
 
+def rows_from_streams(ledger_path: str, run_id: str) -> int:
+    """Turn the rows streams of transfers whose task died into data files.
+
+    A transfer that ended converted its own; what is left was durable (and maybe
+    acked) when its task died. Idempotent. Returns the rows written.
+    """
+    streams_dir = run_rows_dir(ledger_path, run_id)
+    if not streams_dir.is_dir():
+        return 0
+    partition = run_partition_dir(ledger_path, run_id)
+    partition.mkdir(parents=True, exist_ok=True)
+    return sum(
+        writer.stream_to_data_file(stream, partition)
+        for stream in sorted(streams_dir.glob(f"part-*{writer.STREAM_SUFFIX}"))
+    )
+
+
 def rows_from_intents(ledger_path: str, run_id: str) -> int:
     """Write an uncertain row for every logged intent whose position has no row.
 
@@ -131,7 +150,7 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
     by_transfer: dict[str, list[pa.Table]] = {}
     for intent_file in sorted(intents_dir.glob("part-*.arrows")):
         prefix = intent_file.name[: len("part-") + 17]  # "part-<16 hex>-"
-        by_transfer.setdefault(prefix, []).append(read_intents(intent_file))
+        by_transfer.setdefault(prefix, []).append(read_stream(intent_file))
     written = 0
     for prefix, intents in by_transfer.items():
         logged = pa.concat_tables(intents)

@@ -1,11 +1,13 @@
 """Executor side: make message rows durable before the source is acked.
 
-Executors have no SparkSession, so rows go out through pyarrow. Each flush writes
-one Parquet data file straight into the messages table's run partition, under a
-temporary name, fsyncs it, and renames it into place: once `write` returns, the
-rows survive a crash of the process and of the machine. The file is not yet in
-the Delta log; `tables.commit_run` adds every such file of a run in one commit
-(per run, not per window), so a crashed task attempt's rows are committed too.
+Executors have no SparkSession, so rows go out through pyarrow. Each flush
+appends the rows to the transfer's Arrow IPC stream and fsyncs it: once `write`
+returns, the rows survive a crash of the process and of the machine. Streams
+become Parquet data files in the messages table's run partition (written under a
+temporary name, fsynced, renamed into place) every ROLL_ROWS rows and when the
+transfer ends. Data files are not yet in the Delta log; `tables.commit_run` turns
+streams left by dead tasks into data files and adds every data file of a run in
+one commit (per run, not per window), so a crashed task attempt's rows count too.
 
 Before a batch of deliveries is published, its rows (without a confirm time) are
 appended to an intent log and fsynced. If the process dies before the confirmed
@@ -15,12 +17,17 @@ rows are written, `tables.commit_run` turns the intents that have no row into
 
 from __future__ import annotations
 
+import array
 import hashlib
+import operator
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import accumulate
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,6 +41,9 @@ from rmq_spark.window import Delivery
 DATA_COLUMNS = tuple(c for c in schema.MESSAGES if c.name != "run_id")
 DATA_SCHEMA = schema.arrow_schema(DATA_COLUMNS)
 TEMP_PREFIX = ".staging-"
+STREAM_SUFFIX = ".arrows"
+# A transfer's rows stream becomes a Parquet data file every this many rows.
+ROLL_ROWS = 65_536
 
 
 @dataclass(frozen=True)
@@ -64,34 +74,146 @@ def run_partition_dir(ledger_path: str, run_id: str) -> Path:
     return Path(ledger_path) / "messages" / f"run_id={run_id}"
 
 
+def run_rows_dir(ledger_path: str, run_id: str) -> Path:
+    """Rows streams of transfers still running (or whose task died)."""
+    return Path(ledger_path) / "rows" / f"run_id={run_id}"
+
+
 def run_intents_dir(ledger_path: str, run_id: str) -> Path:
     return Path(ledger_path) / "intents" / f"run_id={run_id}"
 
 
 def rows_table(key: TransferKey, task_attempt: str, deliveries: Sequence[Delivery]) -> pa.Table:
-    """Ledger data-file rows (every MESSAGES column but run_id) for these deliveries."""
+    """Ledger data-file rows (every MESSAGES column but run_id) for these deliveries.
+
+    Called for every intent batch and every ledger flush, on the mover's CPU: one
+    C-level pass reads the per-delivery fields, each column is built from buffers
+    (`_arrow_column`), and the columns that are the same on every row (the transfer
+    key, the task attempt) are slices of cached arrays.
+    """
     count = len(deliveries)
-    columns = {
-        "source_cluster": [key.source_cluster] * count,
-        "source_vhost": [key.source_vhost] * count,
-        "source_queue": [key.source_queue] * count,
-        "destination_cluster": [key.destination_cluster] * count,
-        "destination_vhost": [key.destination_vhost] * count,
-        "destination_queue": [key.destination_queue] * count,
-        "position": [d.position for d in deliveries],
-        "publish_seq": [d.seq for d in deliveries],
-        "publish_attempts": [d.attempts for d in deliveries],
-        "redelivered": [d.redelivered for d in deliveries],
-        "body_size": [d.body_size for d in deliveries],
-        "body_sha256": [d.body_sha256 for d in deliveries],
-        "properties_sha256": [d.properties_sha256 for d in deliveries],
-        "message_id": [d.message_id for d in deliveries],
-        "consumed_at": [d.consumed_at for d in deliveries],
-        "confirmed_at": [d.confirmed_at for d in deliveries],
-        "task_attempt": [task_attempt] * count,
-        "session": [d.session for d in deliveries],
+    constant = {
+        "source_cluster": key.source_cluster,
+        "source_vhost": key.source_vhost,
+        "source_queue": key.source_queue,
+        "destination_cluster": key.destination_cluster,
+        "destination_vhost": key.destination_vhost,
+        "destination_queue": key.destination_queue,
+        "task_attempt": task_attempt,
     }
-    return pa.Table.from_pydict(columns, schema=DATA_SCHEMA)
+    # Transposed rows: one tuple per column (none at all when there are no rows).
+    columns = list(zip(*map(_per_row_fields, deliveries), strict=True))
+    per_row = dict(zip(_PER_ROW_COLUMNS, columns, strict=True)) if count else {}
+    arrays = []
+    for field in DATA_SCHEMA:
+        if field.name in constant:
+            arrays.append(_repeated(field, constant[field.name], count))
+        else:
+            arrays.append(_arrow_column(field.type, per_row.get(field.name, ())))
+    return pa.Table.from_arrays(arrays, schema=DATA_SCHEMA)
+
+
+# Column name -> Delivery attribute, for the columns that differ from row to row.
+_PER_ROW_ATTRIBUTES = {
+    "position": "position",
+    "publish_seq": "seq",
+    "publish_attempts": "attempts",
+    "redelivered": "redelivered",
+    "body_size": "body_size",
+    "body_sha256": "body_sha256",
+    "properties_sha256": "properties_sha256",
+    "message_id": "message_id",
+    "consumed_at": "consumed_at",
+    "confirmed_at": "confirmed_at",
+    "session": "session",
+}
+_PER_ROW_COLUMNS = tuple(_PER_ROW_ATTRIBUTES)
+_per_row_fields = operator.attrgetter(*_PER_ROW_ATTRIBUTES.values())
+_REPEATED: dict[tuple[str, str], pa.Array] = {}
+
+
+def _repeated(field: pa.Field, value: str, count: int) -> pa.Array:
+    """`value` `count` times: a zero-copy slice of a cached array."""
+    cached = _REPEATED.get((field.name, value))
+    if cached is None or len(cached) < count:
+        if len(_REPEATED) > 256:  # many transfers in one worker: keep it small
+            _REPEATED.clear()
+        cached = _arrow_column(field.type, (value,) * max(count, 4096))
+        _REPEATED[(field.name, value)] = cached
+    return cached.slice(0, count)
+
+
+# -- Arrow columns from Python values, without pa.array ---------------------------------
+#
+# pa.array() asks whether its input is a pandas object, which imports pandas: a third
+# of a second of CPU, before the first intent batch of every Spark Python worker
+# (workers do not import pandas otherwise). The ledger's column types are few and
+# simple, so their buffers are built here.
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _arrow_column(kind: pa.DataType, values: Sequence[Any]) -> pa.Array:
+    """The Arrow array of `values` (None is null) for an int64, bool, string or
+    timestamp[us] column: what pa.array(values, kind) returns."""
+    count = len(values)
+    validity, nulls = _validity(values)
+    if kind == pa.string():
+        buffers = [validity, *_string_buffers(values, nulls)]
+    elif kind == pa.int64():
+        numbers = array.array("q", values if not nulls else (v or 0 for v in values))
+        buffers = [validity, pa.py_buffer(numbers)]
+    elif kind == pa.bool_():
+        buffers = [validity, pa.py_buffer(_bitmap(values))]
+    elif pa.types.is_timestamp(kind) and kind.unit == "us":
+        buffers = [validity, pa.py_buffer(_microseconds(values))]
+    else:
+        raise TypeError(f"no column builder for {kind}")
+    return pa.Array.from_buffers(kind, count, buffers, null_count=nulls)
+
+
+def _validity(values: Sequence[Any]) -> tuple[pa.Buffer | None, int]:
+    """Arrow's validity bitmap (None when nothing is null) and the null count."""
+    nulls = values.count(None) if isinstance(values, tuple | list) else list(values).count(None)
+    if not nulls:
+        return None, 0
+    return pa.py_buffer(_bitmap([value is not None for value in values])), nulls
+
+
+def _string_buffers(values: Sequence[str | None], nulls: int) -> list[pa.Buffer]:
+    """Offsets and data of a UTF-8 string column (nulls are empty)."""
+    texts: Sequence[str] = [value or "" for value in values] if nulls else values  # type: ignore[assignment]
+    data = "".join(texts).encode("utf-8")
+    lengths: Iterable[int] = map(len, texts)
+    if len(data) != sum(map(len, texts)):  # not all ASCII: lengths in bytes, one by one
+        lengths = [len(text.encode("utf-8")) for text in texts]
+    offsets = array.array("i", accumulate(lengths, initial=0))
+    return [pa.py_buffer(offsets), pa.py_buffer(data)]
+
+
+def _bitmap(flags: Sequence[Any]) -> bytes:
+    """Arrow's bit-packed booleans (truthiness of each flag): LSB first, whole bytes."""
+    packed = int("".join("1" if flag else "0" for flag in reversed(flags)) or "0", 2)
+    return packed.to_bytes((len(flags) + 7) // 8, "little")
+
+
+def _microseconds(moments: Sequence[datetime | None]) -> array.array[int]:
+    """Microseconds since the epoch, as Arrow stores timestamp[us] (naive means UTC;
+    null is 0). Rows of a batch share their timestamps, so a repeat is not recomputed."""
+    result = array.array("q")
+    last: datetime | None = None
+    last_value = 0
+    for moment in moments:
+        if moment is not last:
+            last = moment
+            if moment is None:
+                last_value = 0
+            else:
+                aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+                last_value = (aware - _EPOCH) // _MICROSECOND
+        result.append(last_value)
+    return result
 
 
 def write_data_file(directory: Path, name: str, table: pa.Table) -> None:
@@ -153,8 +275,9 @@ class IntentLog:
             Path(self._file.name).unlink(missing_ok=True)
 
 
-def read_intents(path: Path) -> pa.Table:
-    """Every complete batch of an intent log; a torn last batch is dropped."""
+def read_stream(path: Path) -> pa.Table:
+    """Every complete batch of an intent log or rows stream; a torn last batch is
+    dropped (its write never returned, so nothing depended on it)."""
     batches = []
     try:
         with pa.ipc.open_stream(pa.OSFile(str(path))) as reader:
@@ -166,31 +289,95 @@ def read_intents(path: Path) -> pa.Table:
 
 
 class MessageLedgerWriter:
-    """Writes one queue transfer's message rows; each `write` is durable on return."""
+    """Writes one queue transfer's message rows; each `write` is durable on return.
+
+    Rows are appended to an Arrow IPC stream (one per transfer and task attempt,
+    under ``rows/``) and fsynced: a flush costs one append and one fsync, where a
+    Parquet file per flush cost a file, a rename and a directory fsync, on the
+    path every source ack waits on. Every ROLL_ROWS rows, and when the transfer
+    ends (`close`), the stream becomes one Parquet data file in the run partition.
+    A stream left by a task that died is converted by `tables.commit_run`.
+    """
 
     def __init__(self, ledger_path: str, run_id: str, key: TransferKey, task_attempt: str) -> None:
         self._dir = run_partition_dir(ledger_path, run_id)
+        self._rows_dir = run_rows_dir(ledger_path, run_id)
         self._key = key
         self._task_attempt = task_attempt
-        try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LedgerError(
-                f"ledger {ledger_path}: cannot create {self._dir} ({exc.strerror})"
-            ) from exc
+        for directory in (self._dir, self._rows_dir):
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise LedgerError(
+                    f"ledger {ledger_path}: cannot create {directory} ({exc.strerror})"
+                ) from exc
+        self._file: BinaryIO | None = None
+        self._stream: pa.ipc.RecordBatchStreamWriter | None = None
+        self._stream_rows = 0
         self.rows_written = 0
 
     def write(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
-        name = f"{self._key.file_prefix}{uuid.uuid4().hex}.parquet"
         try:
-            write_data_file(self._dir, name, rows_table(self._key, self._task_attempt, deliveries))
+            if self._stream is None or self._file is None:
+                self._file, self._stream = self._open_stream()
+            self._stream.write_table(rows_table(self._key, self._task_attempt, deliveries))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._stream_rows += len(deliveries)
+            self.rows_written += len(deliveries)
+            if self._stream_rows >= ROLL_ROWS:
+                self._roll()
+        except OSError as exc:
+            raise LedgerError(
+                f"ledger {self._rows_dir}: cannot write rows for {self._key.describe()} ({exc})"
+            ) from exc
+
+    def close(self) -> None:
+        """The transfer ended: what is streamed becomes a Parquet data file."""
+        try:
+            if self._stream is not None:
+                self._roll()
         except OSError as exc:
             raise LedgerError(
                 f"ledger {self._dir}: cannot write rows for {self._key.describe()} ({exc})"
             ) from exc
-        self.rows_written += len(deliveries)
+
+    def _open_stream(self) -> tuple[BinaryIO, pa.ipc.RecordBatchStreamWriter]:
+        name = f"{self._key.file_prefix}{self._task_attempt}-{uuid.uuid4().hex}{STREAM_SUFFIX}"
+        file = open(self._rows_dir / name, "wb")  # noqa: SIM115 - closed by _roll
+        stream = pa.ipc.new_stream(file, DATA_SCHEMA)
+        _fsync_dir(self._rows_dir)
+        return file, stream
+
+    def _roll(self) -> None:
+        assert self._stream is not None
+        assert self._file is not None
+        self._stream.close()
+        self._file.close()
+        stream_to_data_file(Path(self._file.name), self._dir)
+        self._file = self._stream = None
+        self._stream_rows = 0
+
+
+def stream_to_data_file(stream: Path, partition: Path) -> int:
+    """Turn a rows stream into the Parquet data file of the same name, then remove it.
+
+    Idempotent: a data file of that name is complete (it is renamed into place), so a
+    crash between the two steps leaves a stream that is only removed. Returns the
+    rows of the data file it wrote (0 if it wrote none).
+    """
+    data_file = partition / f"{stream.name.removesuffix(STREAM_SUFFIX)}.parquet"
+    rows = 0
+    if not data_file.exists():
+        table = read_stream(stream)
+        if table.num_rows:
+            write_data_file(partition, data_file.name, table)
+            rows = table.num_rows
+    stream.unlink(missing_ok=True)
+    _fsync_dir(stream.parent)
+    return rows
 
 
 def next_position(ledger_path: str, run_id: str, key: TransferKey) -> int:
@@ -202,8 +389,9 @@ def next_position(ledger_path: str, run_id: str, key: TransferKey) -> int:
     highest = -1
     for path in _files(run_partition_dir(ledger_path, run_id), f"{key.file_prefix}*.parquet"):
         highest = max(highest, _max_position(pq.read_table(path, columns=["position"])))
-    for path in _files(run_intents_dir(ledger_path, run_id), f"{key.file_prefix}*.arrows"):
-        highest = max(highest, _max_position(read_intents(path)))
+    for directory in (run_rows_dir(ledger_path, run_id), run_intents_dir(ledger_path, run_id)):
+        for path in _files(directory, f"{key.file_prefix}*{STREAM_SUFFIX}"):
+            highest = max(highest, _max_position(read_stream(path)))
     return highest + 1
 
 

@@ -11,7 +11,7 @@ from rmq_spark.ledger.writer import (
     MessageLedgerWriter,
     TransferKey,
     next_position,
-    read_intents,
+    read_stream,
     run_intents_dir,
 )
 from rmq_spark.window import Delivery
@@ -83,4 +83,4 @@ def test_a_torn_last_batch_is_not_read(tmp_path: Path) -> None:
     data = log_file.read_bytes()
     log_file.write_bytes(data[: len(data) - 40])  # the crash cut the second batch short
 
-    assert read_intents(log_file)["position"].to_pylist() == [0]
+    assert read_stream(log_file)["position"].to_pylist() == [0]

@@ -1,0 +1,204 @@
+"""Message rows: streamed and fsynced per flush, Parquet data files when a transfer
+ends, every ROLL_ROWS rows, or at commit for a task that died."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from rmq_spark.ledger import tables, writer
+from rmq_spark.ledger.writer import (
+    DATA_SCHEMA,
+    MessageLedgerWriter,
+    TransferKey,
+    next_position,
+    rows_table,
+    run_partition_dir,
+    run_rows_dir,
+)
+from rmq_spark.window import Delivery
+
+KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
+OTHER = TransferKey("dr", "b", "billing", "main", "b", "billing")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+T1 = datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
+
+
+def delivery(position: int, *, confirmed: bool = True) -> Delivery:
+    return Delivery(
+        tag=position + 1,
+        seq=position + 2,
+        position=position,
+        redelivered=position % 3 == 0,
+        body_size=position * 10,
+        body_sha256=f"body-{position}",
+        properties_sha256=f"props-{position % 2}",
+        message_id=None if position % 4 == 0 else f"m{position}",
+        consumed_at=T0,
+        confirmed_at=T1 if confirmed else None,
+        session=position % 2,
+        attempts=1 + position % 2,
+    )
+
+
+def data_files(ledger: Path) -> list[Path]:
+    return sorted(run_partition_dir(str(ledger), "r1").glob("*.parquet"))
+
+
+def streams(ledger: Path) -> list[Path]:
+    directory = run_rows_dir(str(ledger), "r1")
+    return sorted(directory.glob("*.arrows")) if directory.is_dir() else []
+
+
+def committed_positions(ledger: Path) -> list[int]:
+    rows = tables.read_arrow(str(ledger), "messages", run_id="r1").to_pylist()
+    return sorted(int(str(row["position"])) for row in rows)
+
+
+@pytest.mark.parametrize("count", [1, 5000])
+def test_rows_table_holds_every_field_of_every_delivery(count: int) -> None:
+    deliveries = [delivery(p, confirmed=p % 5 != 0) for p in range(count)]
+    table = rows_table(KEY, "3.1.0", deliveries)
+    assert table.schema == DATA_SCHEMA
+    rows = table.to_pylist()
+    assert len(rows) == count
+    for row, source in zip(rows, deliveries, strict=True):
+        assert row == {
+            "source_cluster": "dr",
+            "source_vhost": "/",
+            "source_queue": "orders",
+            "destination_cluster": "main",
+            "destination_vhost": "/",
+            "destination_queue": "orders",
+            "position": source.position,
+            "publish_seq": source.seq,
+            "publish_attempts": source.attempts,
+            "redelivered": source.redelivered,
+            "body_size": source.body_size,
+            "body_sha256": source.body_sha256,
+            "properties_sha256": source.properties_sha256,
+            "message_id": source.message_id,
+            "consumed_at": source.consumed_at,
+            "confirmed_at": source.confirmed_at,
+            "task_attempt": "3.1.0",
+            "session": source.session,
+        }
+
+
+def test_rows_tables_of_two_transfers_keep_their_own_keys() -> None:
+    first = rows_table(KEY, "a", [delivery(0)])
+    second = rows_table(OTHER, "b", [delivery(1), delivery(2)])
+    again = rows_table(KEY, "a", [delivery(3)] * 3)
+    assert first.column("source_queue").to_pylist() == ["orders"]
+    assert second.column("source_vhost").to_pylist() == ["b", "b"]
+    assert second.column("task_attempt").to_pylist() == ["b", "b"]
+    assert again.column("destination_queue").to_pylist() == ["orders"] * 3
+    assert rows_table(KEY, "a", []).num_rows == 0
+
+
+def test_rows_are_streamed_until_close_makes_one_data_file(tmp_path: Path) -> None:
+    tables.ensure_tables(str(tmp_path))
+    ledger = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
+    ledger.write([delivery(p) for p in range(3)])
+    ledger.write([delivery(p) for p in range(3, 5)])
+    assert len(streams(tmp_path)) == 1
+    assert data_files(tmp_path) == []
+
+    ledger.close()
+
+    assert streams(tmp_path) == []
+    (data_file,) = data_files(tmp_path)
+    assert data_file.name.startswith(KEY.file_prefix)
+    assert tables.commit_run(str(tmp_path), "r1") == 5
+    assert committed_positions(tmp_path) == [0, 1, 2, 3, 4]
+
+
+def test_a_long_transfer_rolls_its_stream_into_data_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer, "ROLL_ROWS", 4)
+    tables.ensure_tables(str(tmp_path))
+    ledger = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
+    for start in range(0, 10, 2):
+        ledger.write([delivery(start), delivery(start + 1)])
+    assert len(data_files(tmp_path)) == 2  # after rows 4 and 8
+    ledger.close()
+    assert len(data_files(tmp_path)) == 3
+    assert streams(tmp_path) == []
+    assert tables.commit_run(str(tmp_path), "r1") == 10
+    assert committed_positions(tmp_path) == list(range(10))
+
+
+def test_a_dead_tasks_stream_is_committed_once(tmp_path: Path) -> None:
+    tables.ensure_tables(str(tmp_path))
+    MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0").write([delivery(0), delivery(1)])
+    finished = MessageLedgerWriter(str(tmp_path), "r1", OTHER, "0.1.0")
+    finished.write([delivery(0)])
+    finished.close()
+
+    assert next_position(str(tmp_path), "r1", KEY) == 2
+    assert tables.commit_run(str(tmp_path), "r1") == 3
+    assert tables.commit_run(str(tmp_path), "r1") == 0
+    assert streams(tmp_path) == []
+    assert committed_positions(tmp_path) == [0, 0, 1]
+
+
+def test_a_crash_between_data_file_and_stream_removal_adds_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    tables.ensure_tables(str(tmp_path))
+    ledger = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
+    ledger.write([delivery(0), delivery(1)])
+    (stream,) = streams(tmp_path)
+    kept = stream.read_bytes()
+    ledger.close()
+    stream.write_bytes(kept)  # as if the process died before removing it
+
+    assert tables.commit_run(str(tmp_path), "r1") == 2
+    assert committed_positions(tmp_path) == [0, 1]
+    assert streams(tmp_path) == []
+
+
+NAIVE = datetime(2026, 3, 4, 5, 6, 7, 891011)
+
+
+@pytest.mark.parametrize(
+    ("kind", "values"),
+    [
+        (pa.int64(), (0, 1, -5, 2**62, None, 7)),
+        (pa.int64(), ()),
+        (pa.bool_(), tuple(index % 3 == 0 for index in range(19))),
+        (pa.string(), ("a", "", None, "ünïcode ✓", "x" * 300, None)),
+        (pa.string(), ("only",)),
+        (pa.timestamp("us", tz="UTC"), (T0, None, T1, NAIVE, datetime(1969, 12, 31, tzinfo=UTC))),
+    ],
+)
+def test_arrow_columns_are_what_pa_array_makes(
+    kind: pa.DataType, values: tuple[object, ...]
+) -> None:
+    built = writer._arrow_column(kind, values)
+    built.validate(full=True)
+    assert built.equals(pa.array(values, kind))
+
+
+def test_building_rows_does_not_import_pandas() -> None:
+    """pa.array would import pandas (a third of a second per Spark Python worker)."""
+    script = (
+        "import sys\n"
+        "from datetime import UTC, datetime\n"
+        "from rmq_spark.ledger.writer import TransferKey, rows_table\n"
+        "from rmq_spark.window import Delivery\n"
+        "now = datetime.now(UTC)\n"
+        "rows = [Delivery(1, 1, 0, False, 3, 'b', 'p', None, now, confirmed_at=now)]\n"
+        "assert rows_table(TransferKey('a', 'b', 'c', 'd', 'e', 'f'), 'x', rows).num_rows == 1\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
