@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
+from hashlib import sha256
 from typing import Any, Protocol
 
 import pika
@@ -52,7 +53,7 @@ import pika.frame
 import pika.spec
 from pika.adapters.select_connection import IOLoop, SelectConnection
 
-from rmq_spark import wire
+from rmq_spark import inbound, wire
 from rmq_spark.amqp import open_error
 from rmq_spark.config import MoverConfig
 from rmq_spark.errors import AccessRefusedError, TransferError
@@ -311,6 +312,7 @@ class QueueMover:
         self._first_position = first_position
         self._limits = limits or MoverConfig()
         self._clock = clock
+        self._properties_digests = wire.DigestCache()
         self._next_position = first_position
         self._session = -1
         self._error: str | None = None
@@ -417,7 +419,7 @@ class QueueMover:
         self._destination_channel: pika.channel.Channel | None = None
         self._publish_frames: wire.PublishFrames | None = None
         # Deliveries received but not yet logged and published (one loop iteration's worth).
-        self._pending: list[tuple[pika.spec.Basic.Deliver, bytes, bytes, str | None]] = []
+        self._pending: list[tuple[int, bool, bytes, bytes]] = []
         self._flush_scheduled = False
         # This session's newest job per durability lane (a lane's jobs finish in order).
         self._last_jobs: dict[str, _DurabilityJob] = {}
@@ -506,6 +508,7 @@ class QueueMover:
     def _on_source_channel_open(self, channel: pika.channel.Channel) -> None:
         """pika: source channel is open; set the window as consumer prefetch."""
         self._source_channel = channel
+        inbound.install(channel.connection, channel, self._on_delivery)
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_cancel_callback(self._on_consumer_cancelled_by_broker)
         channel.basic_qos(prefetch_count=self._prefetch, callback=self._on_qos_ok)
@@ -567,8 +570,15 @@ class QueueMover:
         properties: pika.spec.BasicProperties,
         body: bytes,
     ) -> None:
-        """pika: a source delivery. It is published with its batch (`_publish_pending`)."""
-        self._pending.append((method, body, wire.wire_bytes(properties), properties.message_id))
+        """pika: a source delivery (only if `inbound` did not read it first)."""
+        self._on_delivery(
+            method.delivery_tag, bool(method.redelivered), body, wire.wire_bytes(properties)
+        )
+
+    def _on_delivery(self, tag: int, redelivered: bool, body: bytes, properties: bytes) -> None:
+        """A source delivery, read by `inbound.DeliveryReader`. It is published with
+        its batch (`_publish_pending`)."""
+        self._pending.append((tag, redelivered, body, properties))
         self._published_since_depth_check = True
         if len(self._pending) >= INTENT_BATCH:
             self._publish_pending()
@@ -595,18 +605,22 @@ class QueueMover:
             return
         if self._destination_channel is None or not self._destination_channel.is_open:
             return
+        on_publish = self._window.on_publish
+        consumed_at = self._clock()  # one reading per batch: they arrived together
+        digest_properties = self._properties_digests.digest
         batch = [
-            self._window.on_publish(
-                method.delivery_tag,
-                redelivered=bool(method.redelivered),
+            on_publish(
+                tag,
+                redelivered=redelivered,
                 body_size=len(body),
-                body_sha256=hashlib.sha256(body).hexdigest(),
-                properties_sha256=hashlib.sha256(property_bytes).hexdigest(),
-                message_id=message_id,
+                body_sha256=sha256(body).hexdigest(),
+                properties_sha256=digest_properties(property_bytes),
+                message_id=wire.message_id_of(property_bytes),
                 body=body,
                 properties=property_bytes,
+                consumed_at=consumed_at,
             )
-            for method, body, property_bytes, message_id in pending
+            for tag, redelivered, body, property_bytes in pending
         ]
         intents = self._intents
         self._logging_intents = True
@@ -642,10 +656,7 @@ class QueueMover:
                     self._fatal = error
                 self._close()
             return
-        for delivery in outgoing.deliveries:
-            assert delivery.body is not None
-            assert delivery.properties is not None
-            self._publish(delivery.body, delivery.properties)
+        self._publish(outgoing.deliveries)
         if self._logging_intents and outgoing.logs_intents:
             self._logging_intents = False
             if self._pending:
@@ -658,16 +669,17 @@ class QueueMover:
             outgoing.withdrawn = True
         self._outgoing.clear()
 
-    def _publish(self, body: bytes, property_bytes: bytes) -> None:
-        """basic.publish (mandatory, to the destination queue), the bytes built by us.
+    def _publish(self, deliveries: list[Delivery]) -> None:
+        """basic.publish each (mandatory, to the destination queue), in order, the
+        bytes built by us and handed to pika's output buffer as one chunk.
 
         Same frames as `Channel.basic_publish` with `wire.ForwardedProperties`, a
-        third of the Python work (see `wire.PublishFrames`).
+        fraction of the Python work (see `wire.PublishFrames`).
         """
         assert self._destination_connection is not None
         assert self._publish_frames is not None
         self._destination_connection._output_marshaled_frames(
-            (self._publish_frames.marshal(body, property_bytes),)
+            (self._publish_frames.marshal_all(deliveries),)
         )
 
     def _on_confirm(self, frame: pika.frame.Method) -> None:

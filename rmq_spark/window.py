@@ -137,8 +137,12 @@ class TransferWindow:
         message_id: str | None,
         body: bytes | None = None,
         properties: bytes | None = None,
+        consumed_at: datetime | None = None,
     ) -> Delivery:
-        """Called for a delivery about to be published: gives it a position and a seq."""
+        """Called for a delivery about to be published: gives it a position and a seq.
+
+        `consumed_at` defaults to the clock's reading now.
+        """
         if self._by_tag and tag <= next(reversed(self._by_tag)):
             raise ValueError(f"delivery tag {tag} is not above the last one seen")
         delivery = Delivery(
@@ -150,7 +154,7 @@ class TransferWindow:
             body_sha256=body_sha256,
             properties_sha256=properties_sha256,
             message_id=message_id,
-            consumed_at=self._clock(),
+            consumed_at=consumed_at or self._clock(),
             session=self._session,
             body=body,
             properties=properties,

@@ -24,12 +24,16 @@ says why) and the bytes are forwarded as they are.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from pika import exceptions, frame, spec
 from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
+
+from rmq_spark.window import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +288,35 @@ def _message_id(raw: bytes) -> Any:
         return _UNREADABLE
 
 
+def message_id_of(property_bytes: bytes) -> str | None:
+    """The message_id of a property block as text (non-UTF-8 bytes backslash-escaped),
+    or None when it has none or the block is too short to reach it."""
+    message_id = _message_id(property_bytes)
+    if message_id is _UNREADABLE or message_id is None:
+        return None
+    if isinstance(message_id, bytes):
+        return message_id.decode("utf-8", "backslashreplace")
+    return str(message_id)
+
+
+class DigestCache:
+    """sha256 hex digests of property blocks, remembering the last one.
+
+    Messages of a queue often carry identical property bytes (same content type,
+    delivery mode and headers), so one digest serves a run of them.
+    """
+
+    def __init__(self) -> None:
+        self._last: bytes | None = None
+        self._last_digest = ""
+
+    def digest(self, block: bytes) -> str:
+        if block != self._last:
+            self._last = block
+            self._last_digest = hashlib.sha256(block).hexdigest()
+        return self._last_digest
+
+
 def _property_flags(raw: bytes) -> tuple[int, int]:
     """The property flag words (bit 0 of each says another follows) and the next offset."""
     flags, offset, word_index = 0, 0, 0
@@ -334,6 +367,11 @@ class PublishFrames:
         self._method = frame.Method(channel_number, publish).marshal()
         self._channel = channel_number
         self._max_body_frame = max_body_frame
+
+    def marshal_all(self, deliveries: Sequence[Delivery]) -> bytes:
+        """The frames of every delivery's publish, in order, in one bytes object."""
+        marshal = self.marshal
+        return b"".join([marshal(d.body, d.properties) for d in deliveries])  # type: ignore[arg-type]
 
     def marshal(self, body: bytes, property_bytes: bytes) -> bytes:
         header = _CONTENT_HEADER.pack(_BASIC_CLASS_ID, 0, len(body)) + property_bytes

@@ -8,6 +8,7 @@ broker) and goes through pika's real frame decoder and encoder:
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import struct
 from decimal import Decimal
 
@@ -15,9 +16,11 @@ import pytest
 from pika import data, exceptions, frame, spec
 
 from rmq_spark import wire
+from rmq_spark.window import Delivery
 from tests import amqp_encoding as amqp
 
 CHANNEL = 1
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def header_frame(properties: bytes, body_size: int = 3) -> bytes:
@@ -324,3 +327,44 @@ def test_publish_frames_are_the_bytes_pika_would_send(size: int) -> None:
     )
 
     assert frames.marshal(body, properties) == b"".join(expected)
+
+
+def test_publish_frames_for_a_batch_are_each_publish_in_order() -> None:
+    frames = wire.PublishFrames(
+        5, exchange="", routing_key="q", mandatory=True, max_body_frame=FRAME_MAX_BODY
+    )
+    batch = [(b"a" * size, java_client_properties()) for size in (0, 10, 300_000)]
+    deliveries = [
+        Delivery(tag, tag, tag, False, len(body), "", "", None, NOW, body=body, properties=props)
+        for tag, (body, props) in enumerate(batch, 1)
+    ]
+    assert frames.marshal_all(deliveries) == b"".join(frames.marshal(*pair) for pair in batch)
+
+
+# -- what the mover reads straight from the property bytes -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message_id", "expected"),
+    [("ünïcode-1", "ünïcode-1"), (b"\xff\xfeid-1", "\\xff\\xfeid-1"), (None, None)],
+)
+def test_message_id_of_reads_what_the_decoder_reads(
+    message_id: str | bytes | None, expected: str | None
+) -> None:
+    raw = amqp.BasicProperties(
+        headers=amqp.table_bytes(("n", amqp.short(7))), message_id=message_id, timestamp=5
+    ).encode()
+    assert wire.message_id_of(raw) == expected == decode(raw).message_id
+
+
+def test_message_id_of_a_truncated_block_is_none() -> None:
+    raw = amqp.BasicProperties(message_id="abcdef").encode()
+    assert wire.message_id_of(raw[:-3]) is None
+
+
+def test_digest_cache_digests_each_block() -> None:
+    cache = wire.DigestCache()
+    blocks = [b"a", b"a", b"b", b"a", b""]
+    assert [cache.digest(block) for block in blocks] == [
+        hashlib.sha256(block).hexdigest() for block in blocks
+    ]

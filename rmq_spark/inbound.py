@@ -1,0 +1,178 @@
+"""Reading the source connection's deliveries straight off the bytes.
+
+pika turns every inbound frame into objects: a `Method` with a decoded `Deliver`,
+a `Header` with decoded properties, a `Body`, then a content assembler and a
+callback lookup per message, and it trims its frame buffer by copying the rest of
+it after every frame. On the source connection that was about half of the mover's
+CPU. The mover needs four things of a delivery: its tag, the redelivered flag, the
+body and the property bytes as they arrived, so `DeliveryReader` reads exactly
+those from a basic.deliver and its content frames, and hands every other frame
+(declare-ok, cancel-ok, heartbeats, connection.close...) to pika unchanged and in
+order, so pika's state machine sees everything it did before except the
+deliveries of the one channel it is told about.
+
+The hook is `Connection._on_data_available(data)`, the one method pika's
+transport calls with the bytes it received (pika is pinned).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import pika.connection
+from pika import exceptions, frame, spec
+
+log = logging.getLogger(__name__)
+
+# (delivery tag, redelivered, body, property bytes)
+OnDelivery = Callable[[int, bool, bytes, bytes], None]
+
+_FRAME_START = struct.Struct(">BHI")  # frame type, channel, payload size
+_FRAME_OVERHEAD = 8  # 7 bytes before the payload, 1 after (FRAME_END)
+_METHOD_ID = struct.Struct(">I")
+_DELIVER_ID = spec.Basic.Deliver.INDEX
+_CONTENT_HEADER = struct.Struct(">HHQ")  # class id, weight, body size
+_LONG_LONG = struct.Struct(">Q")
+
+
+class DeliveryReader:
+    """Takes over an open connection's inbound bytes; deliveries on `channel_number`
+    go to `on_delivery`, every other frame to pika.
+
+    A delivery whose consumer was cancelled is rejected (requeued) and one for an
+    unknown consumer is dropped with an error, as pika's own `Channel._on_deliver`
+    does.
+    """
+
+    def __init__(
+        self,
+        connection: pika.connection.Connection,
+        channel: pika.channel.Channel,
+        on_delivery: OnDelivery,
+    ) -> None:
+        self._connection = connection
+        self._channel = channel
+        self._channel_number = channel.channel_number
+        self._on_delivery = on_delivery
+        # Bytes not yet a whole frame; pika's own buffer is taken over on first data.
+        self._rest = b""
+        # The basic.deliver whose content frames are being read, if any.
+        self._consumer_tag = ""
+        self._tag = 0
+        self._redelivered = False
+        self._properties: bytes | None = None
+        self._body_size = 0
+        self._body_parts: list[bytes] = []
+        self._body_received = 0
+        self._in_content = False
+        connection._on_data_available = self.data_received
+
+    def data_received(self, data: bytes) -> None:
+        """pika's transport: bytes from the socket, in order."""
+        connection = self._connection
+        if connection._frame_buffer:  # what pika had buffered before the takeover
+            data = bytes(connection._frame_buffer) + data
+            connection._frame_buffer = b""
+        buffer = self._rest + data if self._rest else data
+        size = len(buffer)
+        offset = 0
+        channel_number = self._channel_number
+        unpack_start = _FRAME_START.unpack_from
+        try:
+            while size - offset >= _FRAME_OVERHEAD:
+                frame_type, channel, payload = unpack_start(buffer, offset)
+                end = offset + 7 + payload
+                if end >= size:
+                    break  # the frame is not all here yet
+                if buffer[end] != spec.FRAME_END:
+                    raise exceptions.InvalidFrameError("Invalid FRAME_END marker")
+                start = offset + 7
+                offset = end + 1
+                if channel == channel_number:
+                    if self._in_content:
+                        connection.frames_received += 1
+                        self._content_frame(frame_type, buffer, start, end)
+                        continue
+                    if (
+                        frame_type == spec.FRAME_METHOD
+                        and _METHOD_ID.unpack_from(buffer, start)[0] == _DELIVER_ID
+                    ):
+                        connection.frames_received += 1
+                        self._deliver_method(buffer, start + 4)
+                        continue
+                self._to_pika(buffer[start - 7 : end + 1])
+        finally:
+            self._rest = buffer[offset:]
+            connection.bytes_received += offset
+
+    def _deliver_method(self, buffer: bytes, at: int) -> None:
+        """basic.deliver: consumer-tag, delivery-tag, redelivered (then exchange and
+        routing key, which the mover does not need)."""
+        length = buffer[at]
+        self._consumer_tag = buffer[at + 1 : at + 1 + length].decode("utf-8")
+        at += 1 + length
+        (self._tag,) = _LONG_LONG.unpack_from(buffer, at)
+        self._redelivered = bool(buffer[at + 8] & 1)
+        self._properties = None
+        self._body_parts = []
+        self._body_received = 0
+        self._in_content = True
+
+    def _content_frame(self, frame_type: int, buffer: bytes, start: int, end: int) -> None:
+        if self._properties is None:
+            if frame_type != spec.FRAME_HEADER:
+                raise exceptions.UnexpectedFrameError(
+                    f"frame type {frame_type} where a content header was expected"
+                )
+            _class, _weight, self._body_size = _CONTENT_HEADER.unpack_from(buffer, start)
+            self._properties = buffer[start + 12 : end]
+        else:
+            if frame_type != spec.FRAME_BODY:
+                raise exceptions.UnexpectedFrameError(
+                    f"frame type {frame_type} where a content body was expected"
+                )
+            part = buffer[start:end]
+            self._body_parts.append(part)
+            self._body_received += len(part)
+        if self._body_received >= self._body_size:
+            self._in_content = False
+            parts = self._body_parts
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
+            self._deliver(body, self._properties)
+
+    def _deliver(self, body: bytes, properties: bytes) -> None:
+        """What `pika.channel.Channel._on_deliver` decides, then the mover's callback."""
+        channel = self._channel
+        tag = self._consumer_tag
+        if tag in channel._cancelled:
+            if channel.is_open and tag not in channel._consumers_with_noack:
+                channel.basic_reject(self._tag)
+            return
+        if tag not in channel._consumers:
+            log.error("unexpected delivery for consumer %r (tag %d)", tag, self._tag)
+            return
+        self._on_delivery(self._tag, self._redelivered, body, properties)
+
+    def _to_pika(self, raw: bytes) -> None:
+        """Any other frame: decoded and processed by pika, as it would have been."""
+        _consumed, value = frame.decode_frame(raw)
+        if value is not None:
+            self._connection._process_frame(value)
+
+
+# pika reads the socket 4 KiB at a time and at most 100 KiB per readiness event: for
+# 1 KiB messages that was a recv and a parse call per four messages.
+RECV_BYTES = 256 * 1024
+CONSUME_BYTES = 1024 * 1024
+
+
+def install(connection: Any, channel: pika.channel.Channel, on_delivery: OnDelivery) -> None:
+    """Read `channel`'s deliveries on `connection` with a `DeliveryReader`, in large reads."""
+    DeliveryReader(connection, channel, on_delivery)
+    transport = getattr(connection, "_transport", None)
+    if transport is not None:
+        transport._MAX_RECV_BYTES = RECV_BYTES
+        transport._MAX_CONSUME_BYTES = CONSUME_BYTES

@@ -1,0 +1,184 @@
+"""The source connection's delivery reader: frames in, whole deliveries out.
+
+Pure parsing, so the connection and channel are stand-ins that record what pika
+would have been asked to do; the real path is covered end to end by the
+integration tests (byte-exact, faults, multiplexing) against real brokers.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pika import exceptions, frame, spec
+
+from rmq_spark import inbound, wire
+from tests import amqp_encoding as amqp
+
+CHANNEL = 1
+FRAME_MAX_BODY = 4096 - 8  # small frames, so bodies span several
+
+
+@dataclass
+class StandInChannel:
+    channel_number: int = CHANNEL
+    is_open: bool = True
+    _consumers: dict[str, Any] = field(default_factory=lambda: {"ctag": object()})
+    _cancelled: set[str] = field(default_factory=set)
+    _consumers_with_noack: set[str] = field(default_factory=set)
+    rejected: list[int] = field(default_factory=list)
+
+    def basic_reject(self, tag: int) -> None:
+        self.rejected.append(tag)
+
+
+@dataclass
+class StandInConnection:
+    events: list[Any] = field(default_factory=list)
+    _frame_buffer: bytes = b""
+    frames_received: int = 0
+    bytes_received: int = 0
+
+    def _on_data_available(self, data: bytes) -> None:
+        raise AssertionError("pika's reader must not be called after the takeover")
+
+    def _process_frame(self, value: Any) -> None:
+        self.events.append(("pika", type(value).__name__, getattr(value, "method", None)))
+
+
+def reader() -> tuple[StandInConnection, StandInChannel]:
+    connection, channel = StandInConnection(), StandInChannel()
+    inbound.install(
+        connection,
+        channel,  # type: ignore[arg-type]
+        lambda tag, redelivered, body, props: connection.events.append(
+            ("delivery", tag, redelivered, body, props)
+        ),
+    )
+    return connection, channel
+
+
+def delivery_frames(
+    tag: int, body: bytes, properties: bytes, *, redelivered: bool = False, consumer: str = "ctag"
+) -> bytes:
+    deliver = spec.Basic.Deliver(
+        consumer_tag=consumer,
+        delivery_tag=tag,
+        redelivered=redelivered,
+        exchange="ex.é",
+        routing_key="rk",
+    )
+    parts = [
+        frame.Method(CHANNEL, deliver).marshal(),
+        frame.Header(CHANNEL, len(body), wire.ForwardedProperties(properties)).marshal(),
+    ]
+    parts += [
+        frame.Body(CHANNEL, body[start : start + FRAME_MAX_BODY]).marshal()
+        for start in range(0, len(body), FRAME_MAX_BODY)
+    ]
+    return b"".join(parts)
+
+
+def feed(connection: StandInConnection, stream: bytes, cuts: list[int]) -> None:
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        connection._on_data_available(stream[start:end])  # the reader, after install
+
+
+PROPERTIES = amqp.BasicProperties(
+    headers=amqp.table_bytes(("n", amqp.short(7)), ("f", amqp.float32(1.5))),
+    delivery_mode=2,
+    message_id="m-1",
+).encode()
+
+
+def test_a_delivery_split_at_every_byte_arrives_whole() -> None:
+    stream = delivery_frames(5, b"body bytes", PROPERTIES, redelivered=True)
+    for cut in range(1, len(stream)):
+        connection, _ = reader()
+        feed(connection, stream, [cut])
+        assert connection.events == [("delivery", 5, True, b"body bytes", PROPERTIES)]
+        assert connection.bytes_received == len(stream)
+
+
+def test_deliveries_and_other_frames_keep_their_order_in_any_chunking() -> None:
+    generator = random.Random(7)
+    expected: list[Any] = []
+    parts: list[bytes] = []
+    for tag in range(1, 60):
+        size = generator.choice([0, 1, 1000, FRAME_MAX_BODY, FRAME_MAX_BODY + 1, 20_000])
+        body = generator.randbytes(size)
+        parts.append(delivery_frames(tag, body, PROPERTIES))
+        expected.append(("delivery", tag, False, body, PROPERTIES))
+        if tag % 10 == 0:  # a heartbeat and another channel's method, between deliveries
+            parts.append(frame.Heartbeat().marshal())
+            expected.append(("pika", "Heartbeat", None))
+            ok = spec.Queue.DeclareOk(queue="q", message_count=tag, consumer_count=1)
+            parts.append(frame.Method(CHANNEL, ok).marshal())
+            expected.append(("pika", "Method", ok))
+    stream = b"".join(parts)
+    cuts = sorted(generator.sample(range(1, len(stream)), 300))
+
+    connection, _ = reader()
+    feed(connection, stream, cuts)
+
+    assert [comparable(event) for event in connection.events] == [
+        comparable(event) for event in expected
+    ]
+
+
+def comparable(event: tuple[Any, ...]) -> tuple[Any, ...]:
+    """pika's method objects have no equality: compare their name and count."""
+    if event[0] == "pika" and event[2] is not None:
+        return (event[0], event[1], event[2].NAME, event[2].message_count)
+    return event
+
+
+def test_a_cancelled_consumers_delivery_is_rejected_not_delivered() -> None:
+    connection, channel = reader()
+    channel._cancelled.add("ctag")
+    connection._on_data_available(delivery_frames(9, b"x", PROPERTIES))
+    assert connection.events == []
+    assert channel.rejected == [9]
+
+
+def test_an_unknown_consumers_delivery_is_dropped() -> None:
+    connection, channel = reader()
+    connection._on_data_available(delivery_frames(3, b"x", PROPERTIES, consumer="other"))
+    assert connection.events == []
+    assert channel.rejected == []
+
+
+def test_another_channels_delivery_goes_to_pika() -> None:
+    connection, _ = reader()
+    deliver = spec.Basic.Deliver(consumer_tag="ctag", delivery_tag=1, exchange="", routing_key="")
+    connection._on_data_available(frame.Method(CHANNEL + 1, deliver).marshal())
+    assert [(kind, name, method.NAME) for kind, name, method in connection.events] == [
+        ("pika", "Method", "Basic.Deliver")
+    ]
+
+
+def test_bytes_pika_had_buffered_are_read_first() -> None:
+    stream = delivery_frames(2, b"abc", PROPERTIES)
+    connection, _ = reader()
+    connection._frame_buffer = stream[:10]
+    connection._on_data_available(stream[10:])
+    assert connection.events == [("delivery", 2, False, b"abc", PROPERTIES)]
+    assert connection._frame_buffer == b""
+
+
+def test_a_bad_frame_end_is_a_protocol_error() -> None:
+    stream = bytearray(delivery_frames(2, b"abc", PROPERTIES))
+    stream[-1] = 0
+    connection, _ = reader()
+    with pytest.raises(exceptions.InvalidFrameError):
+        connection._on_data_available(bytes(stream))
+
+
+def test_a_body_frame_where_a_header_belongs_is_a_protocol_error() -> None:
+    deliver = spec.Basic.Deliver(consumer_tag="ctag", delivery_tag=1, exchange="", routing_key="")
+    stream = frame.Method(CHANNEL, deliver).marshal() + frame.Body(CHANNEL, b"x").marshal()
+    connection, _ = reader()
+    with pytest.raises(exceptions.UnexpectedFrameError):
+        connection._on_data_available(stream)
