@@ -38,7 +38,7 @@ def test_valid_config_loads_with_defaults_and_resolved_password() -> None:
     assert dr.management == "http://dr-host:15672"
     assert dr.password.get_secret_value() == "s3cret-value"
     assert config.clusters["main"].password.get_secret_value() == "guest"
-    assert config.window.messages == 1000
+    assert config.window.messages == 5000
     assert config.max_active == 4
     assert config.routes[0].destination.queue == "{queue}-moved"
 
