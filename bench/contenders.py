@@ -295,6 +295,7 @@ def job_config(
     max_active: int,
     queues: Sequence[str] | None = None,
     queue_pattern: str | None = None,
+    queues_per_task: int | None = None,
 ) -> dict[str, Any]:
     """A job config moving the bench queues from ``src`` to ``dst`` (same vhost and name)."""
 
@@ -323,7 +324,7 @@ def job_config(
         "window": {"messages": window, "bytes": WINDOW_BYTES},
         "max_active": max_active,
         "ledger": {"path": str(ledger)},
-    }
+    } | ({"mover": {"queues_per_task": queues_per_task}} if queues_per_task else {})
 
 
 def run_job(
