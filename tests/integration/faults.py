@@ -155,9 +155,15 @@ class Transfer:
         return tables.read_arrow(self.config.ledger.path, "messages", run_id=self.run_id)
 
 
-def fault_config(tmp_path: Path, brokers: Brokers, vhost: str, **mover: Any) -> JobConfig:
-    """A config whose retries are quick, so a fault test waits seconds, not minutes."""
+def fault_config(
+    tmp_path: Path, brokers: Brokers, vhost: str, *, window: int | None = None, **mover: Any
+) -> JobConfig:
+    """A config whose retries are quick, so a fault test waits seconds, not minutes.
+
+    `window` (messages) for tests that run the whole job and bound duplicates by it.
+    """
     limits = {"backoff_seconds": 0.2, "max_backoff_seconds": 2.0, **mover}
+    extra: dict[str, Any] = {"window": {"messages": window}} if window is not None else {}
     return load_config(
         write_config(
             tmp_path / "job.yaml",
@@ -165,6 +171,7 @@ def fault_config(tmp_path: Path, brokers: Brokers, vhost: str, **mover: Any) -> 
             vhosts=[vhost],
             ledger=tmp_path / "ledger",
             mover=MoverConfig(**limits).model_dump(),
+            **extra,
         )
     )
 

@@ -332,7 +332,7 @@ def test_killed_executor_worker_is_retried_by_spark_without_loss(
     vhost = fresh_vhost(brokers, "fault-sigkill")
     seed(brokers.dr, vhost, "orders", MESSAGES)
     declare(brokers.main, vhost, "orders")
-    config = fault_config(tmp_path, brokers, vhost)
+    config = fault_config(tmp_path, brokers, vhost, window=WINDOW)
     outcome: dict[str, object] = {}
 
     def job() -> None:
