@@ -45,6 +45,9 @@ from tests.integration.support import (
 )
 
 MESSAGES = 30_000
+# The SIGKILL test runs the whole job: enough messages that the transfer (about 10k
+# msg/s here) is still running when the test has found the worker and a tenth arrived.
+SIGKILL_MESSAGES = 150_000
 WINDOW = 500
 
 
@@ -330,7 +333,7 @@ def test_killed_executor_worker_is_retried_by_spark_without_loss(
     brokers: Brokers, password_env: str, tmp_path: Path, spark: SparkSession
 ) -> None:
     vhost = fresh_vhost(brokers, "fault-sigkill")
-    seed(brokers.dr, vhost, "orders", MESSAGES)
+    seed(brokers.dr, vhost, "orders", SIGKILL_MESSAGES)
     declare(brokers.main, vhost, "orders")
     config = fault_config(tmp_path, brokers, vhost, window=WINDOW)
     outcome: dict[str, object] = {}
@@ -343,9 +346,14 @@ def test_killed_executor_worker_is_retried_by_spark_without_loss(
 
     runner = threading.Thread(target=job, daemon=True)
     runner.start()
-    wait_until(lambda: depth(brokers.main, vhost, "orders") >= MESSAGES // 10, "a tenth to arrive")
+    # The worker is found first (the management API lists a connection within a few
+    # seconds), then killed once a tenth has arrived, so it dies mid-transfer.
     wait_until(lambda: bool(mover_connections(brokers.dr, "consumer", "sigkill")), "the consumer")
-    os.kill(worker_pid_of(brokers, "sigkill"), signal.SIGKILL)
+    worker = worker_pid_of(brokers, "sigkill")
+    wait_until(
+        lambda: depth(brokers.main, vhost, "orders") >= SIGKILL_MESSAGES // 10, "a tenth to arrive"
+    )
+    os.kill(worker, signal.SIGKILL)
     runner.join(300)
 
     assert "error" not in outcome, outcome.get("error")
@@ -353,7 +361,7 @@ def test_killed_executor_worker_is_retried_by_spark_without_loss(
     verification = result.verification  # type: ignore[attr-defined]
     assert verification.verified, verification.failed_expectations
     assert (verification.lost, verification.unexpected) == (0, 0)
-    assert verification.messages == MESSAGES
+    assert verification.messages == SIGKILL_MESSAGES
     assert verification.duplicates <= WINDOW * 2  # a window per failed attempt
     rows = tables.read_arrow(config.ledger.path, "messages", run_id="sigkill").to_pylist()
     first_attempt = min(row["task_attempt"] for row in rows)
