@@ -51,13 +51,14 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*):(?P<line>\d+)\)$")
 # (category, test on one frame); the first category any frame of a stack matches wins,
 # so specific work comes before the pika loop that every mover stack sits in.
 MOVER_CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("pika: socket send (one syscall per frame)", "_sigint_safe_send"),
+    ("pika: socket send", "_sigint_safe_send"),
     ("pika: socket recv", "_sigint_safe_recv"),
     ("intent log (Arrow IPC + fsync per batch)", "IntentLog.append"),
-    ("ledger rows (Parquet + fsync + rename)", "MessageLedgerWriter.write"),
+    ("ledger rows (Arrow append + fsync)", "MessageLedgerWriter.write"),
     ("checksums (sha256 of body and properties)", "@sha256"),
     ("window bookkeeping (window.py)", "rmq_spark/window.py"),
     ("property bytes (wire.py)", "rmq_spark/wire.py"),
+    ("source deliveries (inbound.py)", "rmq_spark/inbound.py"),
     ("pika: frame encode/decode, callbacks, timers", "pika/"),
 )
 JOB_CATEGORIES: tuple[tuple[str, str], ...] = (

@@ -14,7 +14,7 @@ like a returned one, it is refused: never acked, back to the source when the
 channel closes, and the transfer fails with an error naming the queue.
 
 Several movers can share one I/O loop (`run_movers`): an executor task moves several
-queues at once on one thread. Intent-log appends and ledger files are written by two
+queues at once on one thread. Intent-log appends and ledger-row appends are written by two
 durability threads per loop (`MoverLoop`), so an fsync never stalls the loop; acks
 still wait for the ledger row and publishes for the intent.
 
@@ -126,7 +126,7 @@ class _DurabilityJob:
         self.applied = False
 
 
-# The durability lanes: intent-log appends (which publishes wait for) and ledger files
+# The durability lanes: intent-log appends (which publishes wait for) and ledger rows
 # (which acks wait for). Each lane is one thread, so its jobs finish in order; the two
 # lanes' fsyncs overlap.
 INTENTS, LEDGER = "intents", "ledger"
@@ -135,7 +135,7 @@ INTENTS, LEDGER = "intents", "ledger"
 class MoverLoop:
     """One pika I/O loop and two durability threads, shared by the movers of a task.
 
-    Intent appends and ledger writes (Parquet + fsync, milliseconds each) run on their
+    Intent appends and ledger writes (an Arrow append + fsync each) run on their
     lane's thread in the order they were submitted; completions run back on the loop,
     in the same order per lane. A mover that must be sure its rows are durable (a
     session ending) waits for its last jobs with `wait_for`, which blocks the loop
@@ -426,7 +426,7 @@ class QueueMover:
         # Batches whose intents are being logged; published in this order when durable.
         self._outgoing: list[_Outgoing] = []
         self._logging_intents = False
-        self._writing_rows = False  # a ledger file of this session is being written
+        self._writing_rows = False  # a ledger write of this session is under way
         self._qos_ok = False
         self._confirms_on = False
         self._consumer_tag: str | None = None
@@ -749,11 +749,11 @@ class QueueMover:
             self._source_channel.basic_ack(ack.tag, multiple=ack.multiple)
 
     def _write_confirmed_async(self) -> None:
-        """Hand the rows of every confirmed delivery to the ledger lane (one file).
+        """Hand the rows of every confirmed delivery to the ledger lane (one write).
 
-        One file at a time per transfer: confirms arriving meanwhile go into the next
-        file as soon as this one is durable (group commit), so acks flow continuously
-        when writes are fast and files grow when they are slow.
+        One write at a time per transfer: confirms arriving meanwhile go into the next
+        write as soon as this one is durable (group commit), so acks flow continuously
+        when writes are fast and writes grow when they are slow.
         """
         if self._writing_rows:
             return  # _on_rows_durable settles again
@@ -771,7 +771,7 @@ class QueueMover:
     def _on_rows_durable(
         self, window: TransferWindow, rows: list[Delivery], error: BaseException | None
     ) -> None:
-        """Loop: a ledger file is durable (or failed). Its deliveries may now be acked."""
+        """Loop: a ledger write is durable (or failed). Its deliveries may now be acked."""
         if window is self._window:
             self._writing_rows = False
         if error is not None:

@@ -28,8 +28,8 @@ from datetime import datetime
 
 # Flush the ledger when this share of the window is confirmed but not yet durable
 # (or nothing else is unconfirmed, or the oldest waited MAX_FLUSH_DELAY_SECONDS):
-# acks, and so new deliveries, follow confirms closely, while a file holds a quarter
-# of a window or more (a 100k-message queue makes ~400 small files at most).
+# acks, and so new deliveries, follow confirms closely, while a ledger write holds a
+# quarter of a window or more (each write is one append and one fsync).
 FLUSH_FRACTION = 4
 # ...or when the oldest confirmed-but-unwritten delivery has waited this long.
 MAX_FLUSH_DELAY_SECONDS = 0.25
