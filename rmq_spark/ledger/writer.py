@@ -175,7 +175,7 @@ def _arrow_column(kind: pa.DataType, values: Sequence[Any]) -> pa.Array:
 
 def _validity(values: Sequence[Any]) -> tuple[pa.Buffer | None, int]:
     """Arrow's validity bitmap (None when nothing is null) and the null count."""
-    nulls = values.count(None) if isinstance(values, tuple | list) else list(values).count(None)
+    nulls = values.count(None)
     if not nulls:
         return None, 0
     return pa.py_buffer(_bitmap([value is not None for value in values])), nulls
