@@ -13,6 +13,7 @@ import os
 import secrets
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from rmq_spark.config import JobConfig, load_config, validate_run_id
@@ -123,21 +124,30 @@ def run_transfer_command(args: argparse.Namespace) -> int:
 
     from pyspark.sql import SparkSession
 
-    from rmq_spark.pipeline import run_transfer
+    from rmq_spark.pipeline import prepare_run, run_transfer
     from rmq_spark.report import print_queue_table, result_line, result_summary
     from rmq_spark.spark_session import build_session
+    from rmq_spark.verify import preload_great_expectations
 
-    # A notebook's or Databricks' session is theirs to stop, not ours.
-    ours = SparkSession.getActiveSession() is None
-    spark = build_session(f"rmq-spark transfer {run_id}", master=args.master or default_master())
-    try:
-        result = run_transfer(spark, config, run_id=run_id)
-    except RmqSparkError as exc:
-        print_error(exc, config)
-        return EXIT_ERROR
-    finally:
-        if ours:
-            spark.stop()
+    # Spark takes seconds to start and leaves a core idle meanwhile: the pre-flight
+    # (ledger, discovery, plan) and verification's imports need no Spark, so they run
+    # on threads while it starts.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmq-spark-preflight") as pool:
+        preflight = pool.submit(prepare_run, config, run_id)
+        preload_great_expectations()
+        # A notebook's or Databricks' session is theirs to stop, not ours.
+        ours = SparkSession.getActiveSession() is None
+        spark = build_session(
+            f"rmq-spark transfer {run_id}", master=args.master or default_master()
+        )
+        try:
+            result = run_transfer(spark, config, run_id=run_id, prepared=preflight.result())
+        except RmqSparkError as exc:
+            print_error(exc, config)
+            return EXIT_ERROR
+        finally:
+            if ours:
+                spark.stop()
     print_queue_table(result)
     print(result_line(result_summary(result, config.ledger.path)), flush=True)
     return EXIT_VERIFIED if result.verification.verified else EXIT_UNVERIFIED

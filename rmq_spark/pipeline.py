@@ -1,6 +1,6 @@
 """The transfer job on the driver, one function per stage.
 
-    discover ─► plan DataFrame ─► mapPartitions(move) ─► commit ledger ─► verify ─► record
+    discover ─► plan rows ─► mapPartitions(move) ─► commit ledger ─► verify ─► record
 
 Each stage is a plain function of its inputs; `run_transfer` only strings them
 together, so a notebook or a test can run any stage alone.
@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark import RDD
+from pyspark.sql import Row, SparkSession
 
 from rmq_spark import verify
 from rmq_spark.colocation import node_uris
@@ -29,7 +30,7 @@ from rmq_spark.federation import paused_federation
 from rmq_spark.ledger import schema, tables
 from rmq_spark.management import ManagementClient
 from rmq_spark.mover import MoveOutcome
-from rmq_spark.plan import assign_partitions, plan_dataframe
+from rmq_spark.plan import assign_partitions, plan_rows
 from rmq_spark.progress import ProgressReporter, amqp_sampler
 from rmq_spark.verify import DESTINATION_SHARED, Verification, verify_ledger_run
 
@@ -58,28 +59,55 @@ class RunResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run's pre-flight, done: what to move now, and the run's whole plan."""
+
+    started_at: datetime
+    started: float  # time.monotonic() at the start
+    to_move: list[QueueTransfer]
+    transfers: list[QueueTransfer]
+
+
+def prepare_run(
+    config: JobConfig,
+    run_id: str,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> PreparedRun:
+    """Pre-flight and plan, which need no Spark: `rmq-spark transfer` runs this while
+    Spark starts. Raises RmqSparkError subclasses; nothing has moved if it does."""
+    validate_run_id(run_id)
+    started_at, started = clock(), time.monotonic()
+    # Cheapest first: the ledger path, then every cluster, vhost and queue of the
+    # plan (discover raises one error listing every problem).
+    tables.ensure_tables(config.ledger.path)
+    with management_clients(config) as clients:
+        to_move = discover(config, clients)
+    # The run's whole plan: what an earlier, crashed driver of this run id planned
+    # (with the depths it saw first), plus what is new. Durable before anything moves.
+    transfers = record_plan(config, run_id, to_move, clock())
+    return PreparedRun(started_at, started, to_move, transfers)
+
+
 def run_transfer(
     spark: SparkSession,
     config: JobConfig,
     *,
     run_id: str,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    prepared: PreparedRun | None = None,
 ) -> RunResult:
-    """Discover, move, commit, verify and record one run. Raises RmqSparkError subclasses."""
+    """Discover, move, commit, verify and record one run. Raises RmqSparkError subclasses.
+
+    `prepared`: this run's `prepare_run`, if the caller did it already.
+    """
     validate_run_id(run_id)
-    started_at, started = clock(), time.monotonic()
+    prepared = prepared or prepare_run(config, run_id, clock)
+    started_at, started = prepared.started_at, prepared.started
+    to_move, transfers = prepared.to_move, prepared.transfers
     ledger_path = config.ledger.path
-    # Pre-flight, cheapest first: the ledger path, then every cluster, vhost and queue
-    # of the plan (discover raises one error listing every problem). Nothing has
-    # moved if either fails.
-    tables.ensure_tables(ledger_path)
-    with management_clients(config) as clients:
-        to_move = discover(config, clients)
-    # The run's whole plan: what an earlier, crashed driver of this run id planned
-    # (with the depths it saw first), plus what is new. Durable before anything moves.
-    transfers = record_plan(config, run_id, to_move, clock())
     assignment = assign_partitions(to_move, config.max_active, config.mover.queues_per_task)
-    plan = plan_dataframe(spark, to_move, assignment)
+    plan = plan_rows(spark, to_move, assignment)
     log.info("run %s: %d queues in %d partitions", run_id, len(to_move), len(set(assignment)))
 
     # Verification's Great Expectations import takes seconds; done while the movers run.
@@ -177,7 +205,7 @@ def management_clients(config: JobConfig) -> Iterator[dict[str, ManagementClient
 
 def move(
     spark: SparkSession,
-    plan: DataFrame,
+    plan: RDD[Row],
     config: JobConfig,
     run_id: str,
     nodes: dict[str, dict[str, str]] | None = None,
@@ -200,7 +228,7 @@ def move(
         )
     )
     try:
-        return plan.rdd.mapPartitions(partial(move_partition, settings=settings)).collect()
+        return plan.mapPartitions(partial(move_partition, settings=settings)).collect()
     finally:
         settings.unpersist()
 

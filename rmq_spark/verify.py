@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import importlib
 import json
 import logging
@@ -734,14 +735,17 @@ _GX_MODULES: tuple[str, ...] = (
 )
 
 
+@functools.cache
 def preload_great_expectations() -> threading.Thread:
-    """Start importing Great Expectations on a background thread; returns the thread.
+    """Start importing Great Expectations on a background thread, once per process;
+    returns the thread.
 
-    The pipeline starts it before the move, while the driver only waits for the
-    executors, so verification does not spend those seconds after the move. Importing
-    is idempotent: `_validate_with_gx` imports the same modules and, if the thread is
-    still at it, waits for it (Python's import lock). Not a daemon: the interpreter
-    does not stop halfway through an import at exit.
+    `rmq-spark transfer` starts it with Spark, whose start leaves a core idle on a
+    small machine, and the pipeline (for callers with a session of their own) before
+    the move, so verification does not spend those seconds (~2 CPU-s) after the move.
+    Importing is idempotent: `_validate_with_gx` imports the same modules and, if the
+    thread is still at it, waits for it (Python's import lock). Not a daemon: the
+    interpreter does not stop halfway through an import at exit.
     """
     thread = threading.Thread(target=_import_gx, name="rmq-spark-preload-gx")
     thread.start()

@@ -1,10 +1,11 @@
-"""The plan DataFrame puts each queue in the partition the planner chose, with no shuffle."""
+"""The plan (rows and DataFrame) puts each queue in the partition the planner chose,
+with no shuffle."""
 
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from rmq_spark.plan import PLAN_SCHEMA, assign_partitions, plan_dataframe
+from rmq_spark.plan import PLAN_SCHEMA, assign_partitions, plan_dataframe, plan_rows
 from tests.unit.test_plan import transfer
 
 
@@ -33,3 +34,23 @@ def test_empty_plan_is_an_empty_dataframe(spark: SparkSession) -> None:
     plan = plan_dataframe(spark, [], [])
     assert plan.count() == 0
     assert plan.schema == PLAN_SCHEMA
+
+
+def test_plan_rows_are_what_the_movers_get(spark: SparkSession) -> None:
+    transfers = [transfer(f"q{i}", n) for i, n in enumerate([50, 400, 10, 300])]
+    assignment = assign_partitions(transfers, 2)
+
+    partitions = plan_rows(spark, transfers, assignment).glom().collect()
+
+    assert len(partitions) == 2
+    for index, rows in enumerate(partitions):
+        for row in rows:
+            # move_partition reads row.asDict(): every plan column, by name.
+            assert list(row.asDict()) == PLAN_SCHEMA.fieldNames()
+            assert row.partition == index
+            assert assignment[int(row.source_queue[1:])] == index
+    assert sorted(r.source_queue for rows in partitions for r in rows) == ["q0", "q1", "q2", "q3"]
+
+
+def test_an_empty_plan_has_no_rows(spark: SparkSession) -> None:
+    assert plan_rows(spark, [], []).collect() == []
