@@ -70,3 +70,118 @@ def test_a_pipe_on_stdout_means_log_lines(stub_spark_home: Path, tmp_path: Path)
 def test_the_users_choice_stands(stub_spark_home: Path, tmp_path: Path) -> None:
     seen = submit(stub_spark_home, tmp_path, subprocess.PIPE, **{TERMINAL_ENV: "1"})
     assert seen == "1 unset"
+
+
+# -- class data sharing (local runs only) ---------------------------------------------
+
+# Records the driver's Java options, writes an archive where the JVM would at exit
+# (-XX:ArchiveClassesAtExit), and exits with $STUB_EXIT.
+CDS_STUB = r"""#!/bin/sh
+opts=""
+for arg in "$@"; do
+  case "$arg" in spark.driver.extraJavaOptions=*) opts="${arg#*=}" ;; esac
+done
+printf '%s' "$opts" > "$STUB_OUT"
+case "$opts" in
+  *ArchiveClassesAtExit=*)
+    archive="${opts#*ArchiveClassesAtExit=}"
+    printf 'classes' > "${archive%% *}"
+    ;;
+esac
+exit "${STUB_EXIT:-0}"
+"""
+
+
+@pytest.fixture
+def cds_spark_home(tmp_path: Path) -> Path:
+    home = tmp_path / "spark"
+    (home / "bin").mkdir(parents=True)
+    (home / "jars").mkdir()
+    stub = home / "bin" / "spark-submit"
+    stub.write_text(CDS_STUB)
+    stub.chmod(0o755)
+    return home
+
+
+def driver_options(
+    spark_home: Path, tmp_path: Path, *spark_args: str, expect_status: int = 0, **env: str
+) -> str:
+    """Run spark-submit.sh; the driver Java options the stub was given."""
+    out = tmp_path / "options.txt"
+    environ = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+    completed = subprocess.run(
+        [str(SCRIPT), *spark_args, "--config", "conf/demo.yaml"],
+        env={
+            **environ,
+            "SPARK_HOME": str(spark_home),
+            "STUB_OUT": str(out),
+            "RMQ_SPARK_CDS_DIR": str(tmp_path / "cds"),
+            **env,
+        },
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert completed.returncode == expect_status, completed.stderr
+    assert completed.stderr == b""
+    return out.read_text()
+
+
+def test_the_first_local_run_writes_the_archive_and_later_runs_map_it(
+    cds_spark_home: Path, tmp_path: Path
+) -> None:
+    first = driver_options(cds_spark_home, tmp_path)
+    archives = list((tmp_path / "cds").iterdir())
+    assert "-XX:ArchiveClassesAtExit=" in first
+    assert [a.suffix for a in archives] == [".jsa"]  # renamed from its .tmp name
+
+    second = driver_options(cds_spark_home, tmp_path)
+    assert f"-XX:SharedArchiveFile={archives[0]}" in second
+    assert "ArchiveClassesAtExit" not in second
+    assert list((tmp_path / "cds").iterdir()) == archives
+
+
+def test_other_spark_options_make_another_archive(cds_spark_home: Path, tmp_path: Path) -> None:
+    driver_options(cds_spark_home, tmp_path)
+    options = driver_options(cds_spark_home, tmp_path, "--driver-memory", "2g")
+    assert "-XX:ArchiveClassesAtExit=" in options
+    assert len(list((tmp_path / "cds").iterdir())) == 2
+
+
+def test_the_exit_status_is_the_jobs_and_only_whole_archives_stay(
+    cds_spark_home: Path, tmp_path: Path
+) -> None:
+    # A job that fails (verification: exit 1) still leaves a whole archive.
+    driver_options(cds_spark_home, tmp_path, expect_status=3, STUB_EXIT="3")
+    assert [a.suffix for a in (tmp_path / "cds").iterdir()] == [".jsa"]
+    # A JVM that dies before writing anything leaves nothing behind.
+    (cds_spark_home / "bin" / "spark-submit").write_text("#!/bin/sh\nexit 4\n")
+    for archive in (tmp_path / "cds").iterdir():
+        archive.unlink()
+    completed = subprocess.run(
+        [str(SCRIPT), "--config", "conf/demo.yaml"],
+        env={
+            **os.environ,
+            "SPARK_HOME": str(cds_spark_home),
+            "RMQ_SPARK_CDS_DIR": str(tmp_path / "cds"),
+        },
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert completed.returncode == 4
+    assert list((tmp_path / "cds").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("spark_args", "env"),
+    [(("--master", "yarn"), {}), ((), {"RMQ_SPARK_CDS": "0"})],
+    ids=["a cluster master", "turned off"],
+)
+def test_no_class_data_sharing_on_a_cluster_or_when_turned_off(
+    cds_spark_home: Path, tmp_path: Path, spark_args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    options = driver_options(cds_spark_home, tmp_path, *spark_args, **env)
+    assert "SharedArchiveFile" not in options
+    assert "ArchiveClassesAtExit" not in options
+    assert not (tmp_path / "cds").exists() or not list((tmp_path / "cds").iterdir())
