@@ -21,8 +21,8 @@ import matplotlib.pyplot as plt  # after choosing the backend
 SHOVEL_COLOUR, MOVER_COLOUR, JOB_COLOUR = "#8c8c8c", "#1f77b4", "#ff7f0e"
 SIZE_LABELS = {100: "100 B", 1024: "1 KiB", 65536: "64 KiB", 1048576: "1 MiB"}
 STAGE_COLOURS = {
-    "spark_start": "#c7c7c7",
-    "discovery_plan": "#9edae5",
+    "launch": "#c7c7c7",
+    "spark_and_plan": "#9edae5",
     "transfer": MOVER_COLOUR,
     "commit": "#98df8a",
     "verify": "#d62728",

@@ -395,9 +395,9 @@ def _result_line(stdout: str) -> dict[str, Any] | None:
 def job_stages(ledger: Path, run_id: str, launched: datetime, exited: datetime) -> dict[str, float]:
     """Where a job's wall time went, from what the run left behind.
 
-    The runs row's start (Spark is up), the first consume and last confirm in the
-    ledger (the transfer), the Delta commit file and verification.json (their
-    modification times), and the process exit.
+    The runs row's start (the pre-flight: the Python driver is up), the first consume
+    and last confirm in the ledger (the transfer), the Delta commit file and
+    verification.json (their modification times), and the process exit.
     """
     # tables.read_arrow, not DeltaTable.to_pyarrow_table: the latter can abort the
     # interpreter at exit (code 134).
@@ -413,8 +413,10 @@ def job_stages(ledger: Path, run_id: str, launched: datetime, exited: datetime) 
     committed = _mtime(max((ledger / "messages" / "_delta_log").glob("*.json")))
     verified = _mtime(ledger / "verification" / f"run_id={run_id}" / "verification.json")
     marks = [
-        ("spark_start", run["started_at"]),
-        ("discovery_plan", first_consumed),
+        # The pre-flight starts as soon as the Python driver is up, and Spark starts
+        # alongside it (cli.run_transfer_command).
+        ("launch", run["started_at"]),
+        ("spark_and_plan", first_consumed),
         ("transfer", last_confirmed),
         ("commit", committed),
         ("verify", verified),
