@@ -78,7 +78,8 @@ fi
 # JVM exits: ~2 s once), and later runs map it and start in ~4 s. The archive's name
 # depends on the Java, the Spark jars and the spark-submit options, and the JVM
 # itself checks it against its classpath and quietly ignores one that does not fit.
-# RMQ_SPARK_CDS=0 turns it off; RMQ_SPARK_CDS_DIR says where archives are kept.
+# RMQ_SPARK_CDS=0 turns it off; RMQ_SPARK_CDS_DIR says where archives are kept (an
+# archive unused for 30 days is removed when a new one is written).
 cds_archive=""
 cds_new=""
 if [ "$has_master" = 0 ] && [ "${RMQ_SPARK_CDS:-1}" != 0 ]; then
@@ -97,6 +98,7 @@ if [ "$has_master" = 0 ] && [ "${RMQ_SPARK_CDS:-1}" != 0 ]; then
     cds_archive="$cds_dir/spark-driver-$cds_key.jsa"
     if [ -s "$cds_archive" ]; then
       driver_java_options+=" -XX:SharedArchiveFile=$cds_archive"
+      touch -c "$cds_archive" 2>/dev/null || true  # its mtime: when it was last used
     else
       # Written under this run's own name, renamed into place once whole.
       cds_new="$cds_archive.$$.tmp"
@@ -136,6 +138,8 @@ status=0
   "$job" "${job_args[@]}" || status=$?
 if [ -n "$cds_new" ] && [ -s "$cds_new" ]; then
   mv -f "$cds_new" "$cds_archive" || true
+  # Archives of another Java, Spark or set of options, unused for 30 days, go (~110 MB each).
+  find "$cds_dir" -maxdepth 1 -name 'spark-driver-*.jsa' -mtime +30 -delete 2>/dev/null || true
 fi
 rm -f "${cds_new:-/nonexistent}"
 exit "$status"

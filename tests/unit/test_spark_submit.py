@@ -8,6 +8,7 @@ import os
 import struct
 import subprocess
 import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,33 @@ def test_no_class_data_sharing_on_a_cluster_or_when_turned_off(
     assert "SharedArchiveFile" not in options
     assert "ArchiveClassesAtExit" not in options
     assert not (tmp_path / "cds").exists() or not list((tmp_path / "cds").iterdir())
+
+
+def test_a_new_archive_clears_out_archives_unused_for_a_month(
+    cds_spark_home: Path, tmp_path: Path
+) -> None:
+    cds = tmp_path / "cds"
+    cds.mkdir()
+    stale, recent, other = cds / "spark-driver-1.jsa", cds / "spark-driver-2.jsa", cds / "notes"
+    for path in (stale, recent, other):
+        path.write_text("x")
+    month_and_more = time.time() - 31 * 24 * 3600
+    os.utime(stale, (month_and_more, month_and_more))
+    os.utime(other, (month_and_more, month_and_more))
+
+    driver_options(cds_spark_home, tmp_path)
+
+    left = sorted(p.name for p in cds.iterdir())
+    assert stale.name not in left
+    assert {recent.name, other.name} <= set(left)
+    assert len(left) == 3  # recent, other, and the one just written
+
+
+def test_using_an_archive_marks_it_as_used(cds_spark_home: Path, tmp_path: Path) -> None:
+    driver_options(cds_spark_home, tmp_path)
+    (archive,) = (tmp_path / "cds").iterdir()
+    long_ago = time.time() - 40 * 24 * 3600
+    os.utime(archive, (long_ago, long_ago))
+
+    assert "SharedArchiveFile" in driver_options(cds_spark_home, tmp_path)
+    assert archive.stat().st_mtime > time.time() - 3600
