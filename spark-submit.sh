@@ -75,7 +75,7 @@ fi
 # Class data sharing, locally: every JVM loads and verifies Spark's classes afresh,
 # about half of the 8 s a local SparkSession takes to start on a 2-core box. The
 # first local run records them in an archive (the JDK's dynamic CDS, written as the
-# JVM exits: ~2 s once), and later runs map it and start in ~4 s. The archive's name
+# JVM exits: ~10 s, once), and later runs map it and start in ~4 s. The archive's name
 # depends on the Java, the Spark jars and the spark-submit options, and the JVM
 # itself checks it against its classpath and quietly ignores one that does not fit.
 # RMQ_SPARK_CDS=0 turns it off; RMQ_SPARK_CDS_DIR says where archives are kept (an

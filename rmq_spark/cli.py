@@ -129,9 +129,9 @@ def run_transfer_command(args: argparse.Namespace) -> int:
     from rmq_spark.spark_session import build_session
     from rmq_spark.verify import preload_great_expectations
 
-    # Spark takes seconds to start and leaves a core idle meanwhile: the pre-flight
-    # (ledger, discovery, plan) and verification's imports need no Spark, so they run
-    # on threads while it starts.
+    # Spark takes seconds to start. The pre-flight (ledger, discovery, plan: mostly
+    # waiting for the brokers) and verification's imports need no Spark, so they run
+    # on threads meanwhile.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmq-spark-preflight") as pool:
         preflight = pool.submit(prepare_run, config, run_id)
         preload_great_expectations()

@@ -740,9 +740,9 @@ def preload_great_expectations() -> threading.Thread:
     """Start importing Great Expectations on a background thread, once per process;
     returns the thread.
 
-    `rmq-spark transfer` starts it with Spark, whose start leaves a core idle on a
-    small machine, and the pipeline (for callers with a session of their own) before
-    the move, so verification does not spend those seconds (~2 CPU-s) after the move.
+    `rmq-spark transfer` starts it while Spark starts, and the pipeline (for callers
+    with a session of their own) before the move, so verification does not spend
+    those seconds (~2 CPU-s) after the move.
     Importing is idempotent: `_validate_with_gx` imports the same modules and, if the
     thread is still at it, waits for it (Python's import lock). Not a daemon: the
     interpreter does not stop halfway through an import at exit.
