@@ -12,12 +12,17 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("rmq_spark")
 
@@ -95,6 +100,23 @@ def default_master() -> str | None:
     return None if launched else LOCAL_MASTER
 
 
+@contextmanager
+def command_session(app_name: str, master: str | None) -> Iterator[SparkSession]:
+    """A command's SparkSession, stopped on the way out unless one was already active:
+    a notebook's or Databricks' session is theirs to stop, not ours."""
+    from pyspark.sql import SparkSession
+
+    from rmq_spark.spark_session import build_session
+
+    ours = SparkSession.getActiveSession() is None
+    spark = build_session(app_name, master=master or default_master())
+    try:
+        yield spark
+    finally:
+        if ours:
+            spark.stop()
+
+
 # -- transfer ------------------------------------------------------------------------
 
 
@@ -122,11 +144,8 @@ def run_transfer_command(args: argparse.Namespace) -> int:
         print_error(exc)
         return EXIT_ERROR
 
-    from pyspark.sql import SparkSession
-
     from rmq_spark.pipeline import prepare_run, run_transfer
     from rmq_spark.report import print_queue_table, result_line, result_summary
-    from rmq_spark.spark_session import build_session
     from rmq_spark.verify import preload_great_expectations
 
     # Spark takes seconds to start. The pre-flight (ledger, discovery, plan: mostly
@@ -135,19 +154,12 @@ def run_transfer_command(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmq-spark-preflight") as pool:
         preflight = pool.submit(prepare_run, config, run_id)
         preload_great_expectations()
-        # A notebook's or Databricks' session is theirs to stop, not ours.
-        ours = SparkSession.getActiveSession() is None
-        spark = build_session(
-            f"rmq-spark transfer {run_id}", master=args.master or default_master()
-        )
-        try:
-            result = run_transfer(spark, config, run_id=run_id, prepared=preflight.result())
-        except RmqSparkError as exc:
-            print_error(exc, config)
-            return EXIT_ERROR
-        finally:
-            if ours:
-                spark.stop()
+        with command_session(f"rmq-spark transfer {run_id}", args.master) as spark:
+            try:
+                result = run_transfer(spark, config, run_id=run_id, prepared=preflight.result())
+            except RmqSparkError as exc:
+                print_error(exc, config)
+                return EXIT_ERROR
     print_queue_table(result)
     print(result_line(result_summary(result, config.ledger.path)), flush=True)
     return EXIT_VERIFIED if result.verification.verified else EXIT_UNVERIFIED
@@ -335,22 +347,12 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         print_error(exc, config)
         return EXIT_ERROR
 
-    from pyspark.sql import SparkSession
-
-    from rmq_spark.spark_session import build_session
-
-    ours = SparkSession.getActiveSession() is None
-    spark = build_session(
-        f"rmq-spark migrate {migration_id}", master=args.master or default_master()
-    )
-    try:
-        result = migrate(spark, config, options=options, migration_id=migration_id)
-    except RmqSparkError as exc:
-        print_error(exc, config)
-        return EXIT_ERROR
-    finally:
-        if ours:
-            spark.stop()
+    with command_session(f"rmq-spark migrate {migration_id}", args.master) as spark:
+        try:
+            result = migrate(spark, config, options=options, migration_id=migration_id)
+        except RmqSparkError as exc:
+            print_error(exc, config)
+            return EXIT_ERROR
     for queue in result.queues:
         print(
             f"vhost {queue.vhost!r} queue {queue.queue!r}: moved out {queue.moved_out}, "
