@@ -110,7 +110,8 @@ def run_transfer(
     plan = plan_rows(spark, to_move, assignment)
     log.info("run %s: %d queues in %d partitions", run_id, len(to_move), len(set(assignment)))
 
-    # Verification's Great Expectations import takes seconds; done while the movers run.
+    # Verification's Great Expectations import takes seconds: started here, while the
+    # movers run, unless the caller already did (`rmq-spark transfer`, with Spark).
     verify.preload_great_expectations()
     # federation: pause keeps federated source queues from pulling from upstream while
     # the movers consume them; restored on the way out, also after a failure.
