@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
-.PHONY: setup system demo test lint typecheck unit soak bench bench-memory clean
+.PHONY: setup system demo test lint typecheck unit soak bench bench-memory bench-stages clean
 
 setup: system $(INSTALLED)
 
@@ -59,6 +59,10 @@ clean:
 
 bench-memory: setup
 	$(BIN)/python -m bench.memory
+
+# Where one mover's window sits (source, intent log, destination, ledger), ~1 min a round.
+bench-stages: setup
+	$(BIN)/python -m bench.stages
 
 # rmq-spark vs RabbitMQ's Shovel, side by side (~30 min); figures in bench/results/.
 bench: setup

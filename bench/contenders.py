@@ -210,7 +210,8 @@ def _depth(channel: Any, queue: str) -> int:
 # -- the mover alone --------------------------------------------------------------------
 
 
-def _cluster(node: LocalNode) -> dict[str, str]:
+def cluster_request(node: LocalNode) -> dict[str, str]:
+    """A node as `bench.mover_child` requests name it (the password included)."""
     return {
         "amqp": node.amqp_uri,
         "management": node.management_url,
@@ -236,7 +237,10 @@ def run_mover(
         "run_id": run_id,
         "ledger": ledger is not None,
         "ledger_path": str(ledger or ""),
-        "clusters": {SOURCE: _cluster(brokers.src), DESTINATION: _cluster(brokers.dst)},
+        "clusters": {
+            SOURCE: cluster_request(brokers.src),
+            DESTINATION: cluster_request(brokers.dst),
+        },
         "window_messages": window,
         "window_bytes": WINDOW_BYTES,
         "row": {

@@ -272,6 +272,20 @@ class MoveOutcome:
     sessions: int
 
 
+@dataclass(frozen=True)
+class WindowStages:
+    """Where a mover's deliveries are at one moment (`QueueMover.window_stages`).
+
+    The prefetch window minus these three is what the source holds for the mover:
+    acked but not yet redelivered into the window, or on its way.
+    """
+
+    logging: int  # received; waiting for, or in, their intent-log append
+    destination: int  # published; waiting for the destination's confirm
+    ledger: int  # confirmed; their rows being written (or waiting for the ack)
+    moved: int  # rows durable and acked, since the transfer started
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -318,6 +332,11 @@ class QueueMover:
         self._error: str | None = None
         self._moved_messages = 0
         self._moved_bytes = 0
+
+    @property
+    def prefetch(self) -> int:
+        """The consumer prefetch: how many deliveries may be unacked at once."""
+        return self._prefetch
 
     # -- running --------------------------------------------------------------------
 
@@ -457,6 +476,27 @@ class QueueMover:
                 callback()
 
         self._ioloop.call_later(delay, fire)
+
+    def window_stages(self) -> WindowStages:
+        """A sample of where this mover's deliveries are (`bench.stages`).
+
+        Safe to call from another thread while the loop runs: it only reads lengths
+        and counters, each consistent on its own, so a sample may be off by a batch.
+        All zeros before the first session has begun.
+        """
+        window = getattr(self, "_window", None)
+        if window is None:
+            return WindowStages(logging=0, destination=0, ledger=0, moved=0)
+        unlogged = len(getattr(self, "_pending", ()))
+        # Batches being logged are already publishes to the window (seq numbers given).
+        being_logged = sum(len(o.deliveries) for o in list(getattr(self, "_outgoing", ())))
+        unconfirmed = window.unconfirmed
+        return WindowStages(
+            logging=unlogged + being_logged,
+            destination=max(0, unconfirmed - being_logged),
+            ledger=window.in_flight - unconfirmed,
+            moved=self._moved_messages,
+        )
 
     # -- connections ----------------------------------------------------------------
 
