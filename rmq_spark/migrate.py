@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from pyspark.sql import SparkSession
 
-from rmq_spark.amqp import queue_depths
+from rmq_spark.amqp import queue_depths, queue_is_empty
 from rmq_spark.config import (
     DestinationSpec,
     JobConfig,
@@ -851,13 +851,14 @@ def _cleanup(
                 f"cluster {cluster} {plan.where}: helper queue {helper!r} is still bound; "
                 "re-run to finish the rebind"
             )
-        if left:
+        # The count alone is not proof: a busy quorum leader is counted as empty.
+        if left or not queue_is_empty(cluster, config.clusters[cluster], plan.vhost, helper):
             raise MigrationError(
-                f"cluster {cluster} {plan.where}: helper queue {helper!r} still holds {left} "
-                "message(s); re-run to move them"
+                f"cluster {cluster} {plan.where}: helper queue {helper!r} still holds "
+                f"{left or 'at least 1'} message(s); re-run to move them"
             )
-        # Quorum queues refuse queue.delete with if-empty, hence the exact count just
-        # before; no binding routes to a helper queue any more, so it stays empty.
+        # Quorum queues refuse queue.delete with if-empty, hence the get just before;
+        # no binding routes to a helper queue any more, so it stays empty.
         client.delete_queue(plan.vhost, helper, if_empty=False)
     log.info("%s: migrated", plan.where)
 

@@ -28,6 +28,7 @@ import yaml
 from pyspark.sql import SparkSession
 
 from rmq_spark import wire
+from rmq_spark.amqp import ready_count
 from rmq_spark.cli import main
 from rmq_spark.config import load_config
 from rmq_spark.demo import demo_messages
@@ -222,9 +223,10 @@ def expected_bindings(spec: Spec) -> set[tuple[str, str, str]]:
 
 
 def exact_depth(cluster: LocalCluster, vhost: str, name: str) -> int:
+    """Ready count, asked again while a busy quorum leader answers 0 (`ready_count`)."""
     connection = connect(cluster.first, vhost)
     try:
-        return int(connection.channel().queue_declare(name, passive=True).method.message_count)
+        return ready_count(connection.channel(), name, f"vhost {vhost!r} queue {name!r}")
     finally:
         connection.close()
 
