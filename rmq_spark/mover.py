@@ -451,6 +451,7 @@ class QueueMover:
         self._consumer_tag: str | None = None
         self._consuming = False
         self._cancel_ok = False
+        self._drain_get_pending = False  # the get that proves a drain (_on_cancel_ok)
         self._depth_check_pending = False
         self._last_depth_check = 0.0
         self._published_since_depth_check = True
@@ -551,6 +552,7 @@ class QueueMover:
         inbound.install(channel.connection, channel, self._on_delivery)
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_cancel_callback(self._on_consumer_cancelled_by_broker)
+        channel.add_callback(self._on_get_empty, [pika.spec.Basic.GetEmpty], one_shot=False)
         channel.basic_qos(prefetch_count=self._prefetch, callback=self._on_qos_ok)
 
     def _on_destination_channel_open(self, channel: pika.channel.Channel) -> None:
@@ -867,9 +869,16 @@ class QueueMover:
         )
 
     def _on_depth(self, frame: pika.frame.Method) -> None:
-        """pika: passive declare-ok. Zero ready and nothing in flight means drained."""
+        """pika: passive declare-ok. Zero ready and nothing in flight means drained,
+        but only from a reply that counted our own consumer.
+
+        A quorum queue answers a declare with "0 messages, 0 consumers" when its leader
+        does not reply within 250 ms (or is unavailable); RabbitMQ 3.10's
+        `rabbit_quorum_queue:stat/1`. Such a reply is asked again on a later tick.
+        """
         self._depth_check_pending = False
-        if frame.method.message_count == 0 and self._idle():
+        counted = frame.method.consumer_count > 0
+        if frame.method.message_count == 0 and counted and self._idle():
             self._stop_consuming()
 
     def _idle(self) -> bool:
@@ -890,29 +899,45 @@ class QueueMover:
         """pika: cancel-ok. Every delivery sent before it has reached _on_message.
 
         A drain is confirmed only now: RabbitMQ's ready count leaves out deliveries
-        already on their way to us, and pika rejects (requeues) any that arrive after
-        the cancel was sent. Ask again; what is there is consumed by a new consumer.
+        already on their way to us, and the reader rejects (requeues) any that arrive
+        after the cancel was sent. The proof is a basic.get, not a count: a get goes
+        through the queue itself (a quorum queue's log), after those requeues, and
+        waits for a busy leader where a declare would answer 0 (`_on_depth`).
         """
         if self._error is None and self._source_channel is not None:
-            self._source_channel.queue_declare(
-                self._source.queue, passive=True, callback=self._on_depth_after_cancel
-            )
+            self._drain_get_pending = True
+            self._source_channel.basic_get(self._source.queue, self._on_get_after_cancel)
             return
         self._cancel_ok = True
 
-    def _on_depth_after_cancel(self, frame: pika.frame.Method) -> None:
-        """pika: declare-ok after cancel-ok. Zero: drained. Otherwise consume again."""
-        remaining = frame.method.message_count
-        if remaining == 0 or self._error is not None:
+    def _on_get_empty(self, _frame: pika.frame.Method) -> None:
+        """pika: get-empty. After cancel-ok (the only get the mover sends): drained."""
+        if self._drain_get_pending:
+            self._drain_get_pending = False
+            self._cancel_ok = True
+
+    def _on_get_after_cancel(
+        self,
+        _channel: pika.channel.Channel,
+        method: pika.spec.Basic.GetOk,
+        properties: pika.spec.BasicProperties,
+        body: bytes,
+    ) -> None:
+        """pika: get-ok after cancel-ok. Not drained: move this one, consume again."""
+        self._drain_get_pending = False
+        if self._error is not None:
+            # Never acked: the message goes back to the source when the channel closes.
             self._cancel_ok = True
             return
         log.info(
             "%s: %d message(s) still ready after the drain check; consuming again",
             self._key.describe(),
-            remaining,
+            method.message_count + 1,
         )
         self._stopping_since = None
-        self._published_since_depth_check = True
+        self._on_delivery(
+            method.delivery_tag, bool(method.redelivered), body, wire.wire_bytes(properties)
+        )
         self._start_consuming()
 
     def _finish_if_settled(self, now: float) -> None:
