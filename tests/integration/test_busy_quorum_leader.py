@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pika
 import pytest
-import yaml
 from pyspark.sql import SparkSession
 
 from rmq_spark.amqp import QUORUM_STAT_TIMEOUT_SECONDS, queue_depths, queue_is_empty
@@ -25,8 +24,7 @@ from rmq_spark.config import JobConfig, load_config
 from rmq_spark.local_brokers import LocalCluster
 from rmq_spark.pipeline import run_transfer
 from tests.integration.faults import wait_until
-from tests.integration.support import PASSWORD_ENV
-from tests.integration.test_migrate import connect, fresh_cluster_vhost
+from tests.integration.test_migrate import connect, fresh_cluster_vhost, write_cluster_config
 
 pytestmark = pytest.mark.usefixtures("cluster_password_env")
 
@@ -146,25 +144,12 @@ def test_a_transfer_out_of_a_quorum_queue_with_a_busy_leader_moves_everything(
 
 def busy_config(tmp_path: Path, cluster: LocalCluster, vhost: str) -> JobConfig:
     """busy.src -> busy.dst (a quorum queue) on the test cluster, window 100."""
-    path = tmp_path / "busy.yaml"
-    config = {
-        "clusters": {
-            "qq": {
-                "amqp": cluster.amqp_uris,
-                "management": cluster.first.management_url,
-                "username": cluster.first.username,
-                "password_env": PASSWORD_ENV,
-            }
-        },
-        "routes": [
-            {
-                "name": "busy",
-                "source": {"cluster": "qq", "vhosts": [vhost], "queues": ["busy.src"]},
-                "destination": {"cluster": "qq", "queue": "busy.dst", "queue_type": "quorum"},
-            }
-        ],
-        "ledger": {"path": str(tmp_path / "ledger")},
-        "window": {"messages": 100},
-    }
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    path = write_cluster_config(
+        tmp_path / "busy.yaml",
+        cluster,
+        vhost,
+        queues=["busy.src"],
+        destination={"queue": "busy.dst", "queue_type": "quorum"},
+        window={"messages": 100},
+    )
     return load_config(path)

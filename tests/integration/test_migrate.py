@@ -237,6 +237,7 @@ def write_cluster_config(
     vhost: str,
     *,
     queues: list[str] | None = None,
+    destination: dict[str, object] | None = None,
     **top_level: object,
 ) -> Path:
     source: dict[str, Any] = {"cluster": "qq", "vhosts": [vhost]}
@@ -251,7 +252,13 @@ def write_cluster_config(
                 "password_env": PASSWORD_ENV,
             }
         },
-        "routes": [{"name": "migrate", "source": source, "destination": {"cluster": "qq"}}],
+        "routes": [
+            {
+                "name": "migrate",
+                "source": source,
+                "destination": {"cluster": "qq", **(destination or {})},
+            }
+        ],
         "ledger": {"path": str(path.parent / "ledger")},
         "max_active": 4,
         **top_level,
