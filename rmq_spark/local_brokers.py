@@ -61,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -421,8 +421,12 @@ def _cookie() -> str:
     return "".join(secrets.choice(string.ascii_uppercase) for _ in range(32))
 
 
-def _config_text(amqp_port: int, management_port: int) -> str:
-    """rabbitmq.conf for one node: loopback only, fresh stats, modest resource limits."""
+def _config_text(
+    amqp_port: int, management_port: int, settings: Mapping[str, str] | None = None
+) -> str:
+    """rabbitmq.conf for one node: loopback only, fresh stats, modest resource limits,
+    then the caller's `settings` (e.g. a node with its metrics collector off)."""
+    extra = "".join(f"{key} = {value}\n" for key, value in (settings or {}).items())
     return (
         "# Written by rmq_spark.local_brokers; a throw-away demo/test node.\n"
         f"listeners.tcp.default = 127.0.0.1:{amqp_port}\n"
@@ -436,6 +440,7 @@ def _config_text(amqp_port: int, management_port: int) -> str:
         f"disk_free_limit.absolute = {DISK_FREE_LIMIT}\n"
         "log.console = false\n"
         "log.file.level = info\n"
+        f"{extra}"
     )
 
 
@@ -459,6 +464,7 @@ def _prepare_node(
     password: str,
     cookie: str,
     run_as: str | None,
+    settings: Mapping[str, str] | None = None,
 ) -> LocalNode:
     """Name one node and write its directory (ports chosen by the caller); start nothing."""
     suffix = secrets.token_hex(3)
@@ -473,7 +479,7 @@ def _prepare_node(
     fd = os.open(cookie_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
     with os.fdopen(fd, "w", encoding="ascii") as fh:
         fh.write(cookie)
-    paths["config"].write_text(_config_text(amqp_port, management_port), encoding="utf-8")
+    paths["config"].write_text(_config_text(amqp_port, management_port, settings), encoding="utf-8")
     paths["plugins"].write_text(f"[{','.join(ENABLED_PLUGINS)}].\n", encoding="utf-8")
     paths["env_file"].write_text(
         "# Intentionally empty: the harness passes every setting in the environment.\n"
@@ -741,8 +747,11 @@ def start_nodes(
     username: str = "rmqspark",
     password: str | None = None,
     timeout: float = 180,
+    settings: Mapping[str, str] | None = None,
 ) -> list[LocalNode]:
     """Start one independent RabbitMQ node per label and return them, ready for use.
+
+    `settings` are extra rabbitmq.conf lines for every node (key -> value).
 
     All nodes boot concurrently; the call returns once each answers
     ``GET /api/overview`` as ``username`` with its label as cluster name. All nodes
@@ -784,6 +793,7 @@ def start_nodes(
                 password=secret,
                 cookie=cookie,
                 run_as=run_as,
+                settings=settings,
             )
             nodes.append(node)
             _launch(node)
