@@ -29,7 +29,7 @@ from rmq_spark.config import ClusterConfig
 from rmq_spark.executor import ExecutorSettings, move_queue
 from rmq_spark.ledger.writer import TransferKey
 from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover
-from rmq_spark.window import Delivery, prefetch_for
+from rmq_spark.window import Delivery
 
 
 class DiscardingLedger:
@@ -61,7 +61,7 @@ def settings_from(request: dict[str, Any]) -> ExecutorSettings:
 
 
 def move_without_ledger(row: dict[str, Any], settings: ExecutorSettings) -> MoveOutcome:
-    """`move_queue` minus the ledger: same endpoints and prefetch, rows discarded."""
+    """`move_queue` minus the ledger: same endpoints and windows, rows discarded."""
     key = TransferKey(
         source_cluster=str(row["source_cluster"]),
         source_vhost=str(row["source_vhost"]),
@@ -77,7 +77,6 @@ def move_without_ledger(row: dict[str, Any], settings: ExecutorSettings) -> Move
         )
         return Endpoint(cluster, vhost, queue, tuple(params))
 
-    average = int(row["message_bytes"]) / int(row["messages"])
     return QueueMover(
         key,
         endpoint(key.source_cluster, key.source_vhost, key.source_queue, "consumer"),
@@ -85,7 +84,8 @@ def move_without_ledger(row: dict[str, Any], settings: ExecutorSettings) -> Move
             key.destination_cluster, key.destination_vhost, key.destination_queue, "publisher"
         ),
         DiscardingLedger(),
-        prefetch=prefetch_for(settings.window_messages, settings.window_bytes, average),
+        window_messages=settings.window_messages,
+        window_bytes=settings.window_bytes,
     ).run()
 
 

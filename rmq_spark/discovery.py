@@ -65,7 +65,9 @@ class QueueTransfer:
     destination_vhost: str
     destination_queue: str
     messages: int  # exact ready count at plan time
-    message_bytes: int  # sampled by the management API; planning only
+    # Sampled by the management API; planning and display only. 0 with messages ready
+    # means unknown: no statistics yet, or the metrics collector is off.
+    message_bytes: int
     destination_messages: int  # exact ready count at plan time
     destination_created: bool = False  # missing at plan time; created (or, dry run, would be)
     destination_node: str = ""  # node hosting the destination (quorum leader), if it existed
@@ -80,6 +82,11 @@ class QueueTransfer:
 
     def describe(self) -> str:
         return f"{self.source_label} -> {self.destination_label}"
+
+    @property
+    def bytes_known(self) -> bool:
+        """Whether the management API said how many bytes the source holds."""
+        return self.message_bytes > 0 or self.messages == 0
 
     @property
     def average_message_bytes(self) -> float:

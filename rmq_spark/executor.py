@@ -19,7 +19,6 @@ from rmq_spark.config import ClusterConfig, MoverConfig
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, TransferKey, next_position
 from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover, run_movers
 from rmq_spark.plan import queues_at_once
-from rmq_spark.window import prefetch_for
 
 if TYPE_CHECKING:
     from pyspark import Broadcast
@@ -83,8 +82,6 @@ def queue_mover(row: dict[str, object], settings: ExecutorSettings, attempt: str
         destination_vhost=str(row["destination_vhost"]),
         destination_queue=str(row["destination_queue"]),
     )
-    messages = int(str(row["messages"]))
-    average = int(str(row["message_bytes"])) / messages if messages else 0.0
     source = _endpoint(
         settings,
         key.source_cluster,
@@ -106,7 +103,8 @@ def queue_mover(row: dict[str, object], settings: ExecutorSettings, attempt: str
         source,
         destination,
         MessageLedgerWriter(settings.ledger_path, settings.run_id, key, attempt),
-        prefetch=prefetch_for(settings.window_messages, settings.window_bytes, average),
+        window_messages=settings.window_messages,
+        window_bytes=settings.window_bytes,
         first_position=next_position(settings.ledger_path, settings.run_id, key),
         limits=settings.mover,
         # The mover closes it: kept on disk if the mover dies, so a retry names

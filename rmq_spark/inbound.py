@@ -13,6 +13,11 @@ deliveries of the one channel it is told about.
 
 The hook is `Connection._on_data_available(data)`, the one method pika's
 transport calls with the bytes it received (pika is pinned).
+
+The reader is also where the byte window is enforced (`byte_window.py`): when the
+mover's `on_delivery` answers False, the reader stops after that delivery and takes
+the socket out of pika's I/O loop until `resume`. Bytes already read by then (at
+most one transport read, `CONSUME_BYTES`) wait unparsed.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from pika import exceptions, frame, spec
 
 log = logging.getLogger(__name__)
 
-# (delivery tag, redelivered, body, property bytes)
-OnDelivery = Callable[[int, bool, bytes, bytes], None]
+# (delivery tag, redelivered, body, property bytes) -> whether to go on reading
+OnDelivery = Callable[[int, bool, bytes, bytes], bool]
 
 _FRAME_START = struct.Struct(">BHI")  # frame type, channel, payload size
 _FRAME_OVERHEAD = 8  # 7 bytes before the payload, 1 after (FRAME_END)
@@ -68,21 +73,72 @@ class DeliveryReader:
         self._body_parts: list[bytes] = []
         self._body_received = 0
         self._in_content = False
+        self._paused = False
         connection._on_data_available = self.data_received
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """Stop reading the socket; what was read already waits for `resume`.
+
+        The socket leaves the I/O loop on the loop's next turn, once pika's transport
+        is out of its read loop (its SSL transport re-registers the reader on the
+        way out of a read otherwise).
+        """
+        if not self._paused:
+            self._paused = True
+            self._connection.ioloop.call_later(0, self._stop_reading)
+
+    def resume(self) -> None:
+        """Read again: first what was read while paused, then the socket."""
+        if not self._paused:
+            return
+        self._paused = False
+        self._start_reading()
+        if self._rest:
+            self._connection.ioloop.call_later(0, lambda: self.data_received(b""))
+
+    def _stop_reading(self) -> None:
+        transport = getattr(self._connection, "_transport", None)
+        if not self._paused or transport is None or transport._sock is None:
+            return
+        if hasattr(transport, "_ssl_readable_action"):
+            if transport._ssl_readable_action != transport._consume:
+                return  # mid-handshake or a write waiting to read: let SSL finish it
+            transport._ssl_readable_action = None
+        transport._nbio.remove_reader(transport._sock.fileno())
+
+    def _start_reading(self) -> None:
+        transport = getattr(self._connection, "_transport", None)
+        if transport is None or transport._sock is None:
+            return
+        if hasattr(transport, "_ssl_readable_action"):
+            if transport._ssl_readable_action is not None:
+                return  # never stopped
+            transport._ssl_readable_action = transport._consume
+            # SSL may hold decrypted bytes the socket will not signal again.
+            transport._nbio.add_callback_threadsafe(transport._on_socket_readable)
+        transport._nbio.set_reader(transport._sock.fileno(), transport._on_socket_readable)
 
     def data_received(self, data: bytes) -> None:
         """pika's transport: bytes from the socket, in order."""
         connection = self._connection
+        connection.bytes_received += len(data)  # counted when read: the peer is alive
         if connection._frame_buffer:  # what pika had buffered before the takeover
             data = bytes(connection._frame_buffer) + data
             connection._frame_buffer = b""
+        if self._paused:
+            self._rest += data  # bounded by one transport read: the socket is leaving the loop
+            return
         buffer = self._rest + data if self._rest else data
         size = len(buffer)
         offset = 0
         channel_number = self._channel_number
         unpack_start = _FRAME_START.unpack_from
         try:
-            while size - offset >= _FRAME_OVERHEAD:
+            while size - offset >= _FRAME_OVERHEAD and not self._paused:
                 frame_type, channel, payload = unpack_start(buffer, offset)
                 end = offset + 7 + payload
                 if end >= size:
@@ -106,7 +162,6 @@ class DeliveryReader:
                 self._to_pika(buffer[start - 7 : end + 1])
         finally:
             self._rest = buffer[offset:]
-            connection.bytes_received += offset
 
     def _deliver_method(self, buffer: bytes, at: int) -> None:
         """basic.deliver: consumer-tag, delivery-tag, redelivered (then exchange and
@@ -154,7 +209,8 @@ class DeliveryReader:
         if tag not in channel._consumers:
             log.error("unexpected delivery for consumer %r (tag %d)", tag, self._tag)
             return
-        self._on_delivery(self._tag, self._redelivered, body, properties)
+        if not self._on_delivery(self._tag, self._redelivered, body, properties):
+            self.pause()
 
     def _to_pika(self, raw: bytes) -> None:
         """Any other frame: decoded and processed by pika, as it would have been."""
@@ -169,10 +225,13 @@ RECV_BYTES = 256 * 1024
 CONSUME_BYTES = 1024 * 1024
 
 
-def install(connection: Any, channel: pika.channel.Channel, on_delivery: OnDelivery) -> None:
+def install(
+    connection: Any, channel: pika.channel.Channel, on_delivery: OnDelivery
+) -> DeliveryReader:
     """Read `channel`'s deliveries on `connection` with a `DeliveryReader`, in large reads."""
-    DeliveryReader(connection, channel, on_delivery)
+    reader = DeliveryReader(connection, channel, on_delivery)
     transport = getattr(connection, "_transport", None)
     if transport is not None:
         transport._MAX_RECV_BYTES = RECV_BYTES
         transport._MAX_CONSUME_BYTES = CONSUME_BYTES
+    return reader

@@ -55,6 +55,7 @@ from pika.adapters.select_connection import IOLoop, SelectConnection
 
 from rmq_spark import inbound, wire
 from rmq_spark.amqp import open_error
+from rmq_spark.byte_window import ByteWindow
 from rmq_spark.config import MoverConfig
 from rmq_spark.errors import AccessRefusedError, TransferError
 from rmq_spark.ledger.writer import TransferKey
@@ -270,6 +271,9 @@ class MoveOutcome:
     next_position: int
     seconds: float
     sessions: int
+    # Most body bytes held at once (received, not yet acked at the source): the byte
+    # window's bound is window.bytes plus one message (byte_window.py).
+    peak_held_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -300,7 +304,9 @@ class QueueMover:
 
     Usage::
 
-        outcome = QueueMover(key, source, destination, ledger, prefetch=1000).run()
+        outcome = QueueMover(
+            key, source, destination, ledger, window_messages=1000, window_bytes=64 << 20
+        ).run()
     """
 
     def __init__(
@@ -310,7 +316,8 @@ class QueueMover:
         destination: Endpoint,
         ledger: LedgerSink,
         *,
-        prefetch: int,
+        window_messages: int,
+        window_bytes: int,
         first_position: int = 0,
         limits: MoverConfig | None = None,
         intents: IntentSink | None = None,
@@ -322,7 +329,10 @@ class QueueMover:
         self._destination = destination
         self._ledger = ledger
         self._intents = intents or _NoIntents()
-        self._prefetch = prefetch
+        # Learned sizes outlive a session: a reconnect starts at the learned prefetch.
+        self._flow = ByteWindow(window_messages, window_bytes)
+        self._window_bytes = window_bytes
+        self._peak_held_bytes = 0
         self._first_position = first_position
         self._limits = limits or MoverConfig()
         self._clock = clock
@@ -335,8 +345,8 @@ class QueueMover:
 
     @property
     def prefetch(self) -> int:
-        """The consumer prefetch: how many deliveries may be unacked at once."""
-        return self._prefetch
+        """The consumer prefetch now: how many deliveries may be unacked at once."""
+        return self._flow.granted
 
     # -- running --------------------------------------------------------------------
 
@@ -358,7 +368,12 @@ class QueueMover:
         self._on_finished = on_finished
         self._started = time.monotonic()
         self._failures = 0
-        log.info("moving %s (prefetch %d)", self._key.describe(), self._prefetch)
+        log.info(
+            "moving %s (window %d messages, %d bytes)",
+            self._key.describe(),
+            self._flow.window_messages,
+            self._window_bytes,
+        )
         self._start_session()
 
     def _after_session(self) -> None:
@@ -404,6 +419,7 @@ class QueueMover:
             next_position=self._next_position,
             seconds=seconds,
             sessions=self._session + 1,
+            peak_held_bytes=self._peak_held_bytes,
         )
 
     def _finish(self, result: MoveOutcome | BaseException) -> None:
@@ -427,7 +443,7 @@ class QueueMover:
         """Fresh per-session state; positions continue where the last session stopped."""
         self._session += 1
         self._window = TransferWindow(
-            self._prefetch,
+            self._flow.granted,
             first_position=self._next_position,
             session=self._session,
             clock=self._clock,
@@ -439,6 +455,9 @@ class QueueMover:
         self._publish_frames: wire.PublishFrames | None = None
         # Deliveries received but not yet logged and published (one loop iteration's worth).
         self._pending: list[tuple[int, bool, bytes, bytes]] = []
+        self._pending_bytes = 0
+        self._pending_largest = 0
+        self._reader: inbound.DeliveryReader | None = None
         self._flush_scheduled = False
         # This session's newest job per durability lane (a lane's jobs finish in order).
         self._last_jobs: dict[str, _DurabilityJob] = {}
@@ -547,13 +566,15 @@ class QueueMover:
         connection.channel(on_open_callback=self._on_destination_channel_open)
 
     def _on_source_channel_open(self, channel: pika.channel.Channel) -> None:
-        """pika: source channel is open; set the window as consumer prefetch."""
+        """pika: source channel is open; ask for the byte window's prefetch."""
         self._source_channel = channel
-        inbound.install(channel.connection, channel, self._on_delivery)
+        self._reader = inbound.install(channel.connection, channel, self._on_delivery)
         channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_cancel_callback(self._on_consumer_cancelled_by_broker)
         channel.add_callback(self._on_get_empty, [pika.spec.Basic.GetEmpty], one_shot=False)
-        channel.basic_qos(prefetch_count=self._prefetch, callback=self._on_qos_ok)
+        prefetch = self._flow.granted
+        self._flow.qos_sent(prefetch)
+        channel.basic_qos(prefetch_count=prefetch, callback=self._on_qos_ok)
 
     def _on_destination_channel_open(self, channel: pika.channel.Channel) -> None:
         """pika: destination channel is open; turn on publisher confirms."""
@@ -571,8 +592,35 @@ class QueueMover:
         channel.confirm_delivery(self._on_confirm, callback=self._on_confirm_select_ok)
 
     def _on_qos_ok(self, _frame: pika.frame.Method) -> None:
+        self._flow.qos_ok()
         self._qos_ok = True
         self._start_consuming()
+
+    def _follow_sizes(self) -> None:
+        """Ask the source for the prefetch the sizes received so far call for."""
+        prefetch = self._flow.wanted_prefetch()
+        channel = self._source_channel
+        if prefetch is None or channel is None or not channel.is_open or self._closing:
+            return
+        log.debug(
+            "%s: prefetch %d -> %d (messages up to %d bytes)",
+            self._key.describe(),
+            self._flow.granted,
+            prefetch,
+            self._flow.estimate,
+        )
+        self._flow.qos_sent(prefetch)
+        self._window.resize(prefetch)
+        channel.basic_qos(prefetch_count=prefetch, callback=self._on_prefetch_ok)
+
+    def _on_prefetch_ok(self, _frame: pika.frame.Method) -> None:
+        """pika: the source took the new prefetch; sizes learned meanwhile may change it."""
+        self._flow.qos_ok()
+        self._follow_sizes()
+
+    def _held_bytes(self) -> int:
+        """Body bytes received and not yet acked at the source (the byte window's measure)."""
+        return self._pending_bytes + self._window.in_flight_bytes
 
     def _on_confirm_select_ok(self, _frame: pika.frame.Method) -> None:
         self._confirms_on = True
@@ -617,16 +665,27 @@ class QueueMover:
             method.delivery_tag, bool(method.redelivered), body, wire.wire_bytes(properties)
         )
 
-    def _on_delivery(self, tag: int, redelivered: bool, body: bytes, properties: bytes) -> None:
+    def _on_delivery(self, tag: int, redelivered: bool, body: bytes, properties: bytes) -> bool:
         """A source delivery, read by `inbound.DeliveryReader`. It is published with
-        its batch (`_publish_pending`)."""
+        its batch (`_publish_pending`).
+
+        Returns whether the reader may go on: False once the bytes held pass the byte
+        window, and the reader pauses until `_send_acks` resumes it.
+        """
+        size = len(body)
         self._pending.append((tag, redelivered, body, properties))
+        self._pending_bytes += size
+        self._pending_largest = max(self._pending_largest, size)
         self._published_since_depth_check = True
+        held = self._pending_bytes + self._window.in_flight_bytes
+        self._peak_held_bytes = max(self._peak_held_bytes, held)
         if len(self._pending) >= INTENT_BATCH:
             self._publish_pending()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._call_later(0, self._publish_pending)
+        # Closing: the connection must read its close-ok; what arrives goes back anyway.
+        return held <= self._window_bytes or self._closing
 
     def _publish_pending(self) -> None:
         """Log the batch as intents (durable, on the intents lane), then publish
@@ -643,6 +702,8 @@ class QueueMover:
         if self._logging_intents:
             return  # _send_logged calls again when the batch being logged is out
         pending, self._pending = self._pending, []
+        self._flow.observe(len(pending), self._pending_largest)
+        self._pending_bytes = self._pending_largest = 0
         if not pending or self._closing:
             return
         if self._destination_channel is None or not self._destination_channel.is_open:
@@ -667,6 +728,7 @@ class QueueMover:
         intents = self._intents
         self._logging_intents = True
         self._send_when_durable(batch, lambda: intents.append(batch))
+        self._follow_sizes()
 
     def _send_when_durable(
         self, deliveries: list[Delivery], log_intents: Callable[[], None]
@@ -789,6 +851,9 @@ class QueueMover:
         assert self._source_channel is not None
         for ack in self._window.take_acks():
             self._source_channel.basic_ack(ack.tag, multiple=ack.multiple)
+        reader = self._reader
+        if reader is not None and reader.paused and self._held_bytes() <= self._window_bytes:
+            reader.resume()
 
     def _write_confirmed_async(self) -> None:
         """Hand the rows of every confirmed delivery to the ledger lane (one write).
@@ -991,6 +1056,8 @@ class QueueMover:
             uncertain = self._window.mark_uncertain()
             if uncertain:
                 self._ledger.write(uncertain)
+            if self._reader is not None:
+                self._reader.resume()  # a paused source could not read its close-ok
         for connection in (self._source_connection, self._destination_connection):
             # A connection still opening is left to finish: pika's connect workflow
             # cannot be closed mid-way. Its open (or open-error) callback closes it.

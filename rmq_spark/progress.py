@@ -77,13 +77,15 @@ class Snapshot:
             return None
         return max(self.total - self.moved, 0) / self.rate
 
-    def log_line(self, bytes_per_message: float) -> str:
+    def log_line(self, bytes_per_message: float | None) -> str:
         eta = "?" if self.eta_seconds is None else f"{self.eta_seconds:.0f}s"
         done = sum(1 for moved, total in self.per_queue.values() if moved >= total)
+        bytes_rate = (
+            "unknown" if bytes_per_message is None else f"{self.rate * bytes_per_message:.0f}B/s"
+        )
         return (
             f"progress moved={self.moved}/{self.total} queues_done={done}/{len(self.per_queue)} "
-            f"rate={self.rate:.0f}msg/s bytes_rate={self.rate * bytes_per_message:.0f}B/s "
-            f"eta={eta}"
+            f"rate={self.rate:.0f}msg/s bytes_rate={bytes_rate} eta={eta}"
         )
 
 
@@ -97,8 +99,10 @@ def human_bytes(count: float) -> str:
     return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
-def rate_text(rate: float, bytes_per_message: float) -> str:
+def rate_text(rate: float, bytes_per_message: float | None) -> str:
     """What a bar shows after its count: messages and bytes per second."""
+    if bytes_per_message is None:
+        return f"{rate:,.0f} msg/s ? B/s"  # the management API gave no byte counts
     return f"{rate:,.0f} msg/s {human_bytes(rate * bytes_per_message)}/s"
 
 
@@ -212,9 +216,17 @@ class ProgressReporter:
         interval: float | None = None,
     ) -> None:
         self._before = {t.source_label: t.messages for t in transfers}
+        # Bytes come from the management API's statistics, which may be missing:
+        # then a rate in bytes is unknown, not 0 B/s.
         total_bytes = sum(t.message_bytes for t in transfers)
-        self._bytes_per_message = total_bytes / max(sum(self._before.values()), 1)
-        self._queue_bytes_per_message = {t.source_label: t.average_message_bytes for t in transfers}
+        self._bytes_per_message: float | None = (
+            total_bytes / max(sum(self._before.values()), 1)
+            if all(t.bytes_known for t in transfers)
+            else None
+        )
+        self._queue_bytes_per_message: dict[str, float | None] = {
+            t.source_label: t.average_message_bytes if t.bytes_known else None for t in transfers
+        }
         self._sampler = sampler
         self._console = console or progress_console()
         # Bars need cursor movement, not only colour: a dumb terminal gets log lines.

@@ -90,21 +90,27 @@ def plan_document(
                 "source": transfer.source_label,
                 "source_type": transfer.source_type,
                 "messages": transfer.messages,
-                "bytes": transfer.message_bytes,
+                "bytes": transfer.message_bytes if transfer.bytes_known else None,
                 "destination": transfer.destination_label,
                 "destination_messages": transfer.destination_messages,
                 "destination_created": transfer.destination_created,
                 "partition": partition,
+                # What the mover's prefetch settles at for the queue's average size;
+                # it follows the sizes it receives (byte_window.py), so unknown bytes
+                # only mean no forecast.
                 "prefetch": prefetch_for(
                     config.window.messages, config.window.bytes, transfer.average_message_bytes
-                ),
+                )
+                if transfer.bytes_known
+                else None,
             }
         )
+    known = [q["bytes"] for q in queues if q["bytes"] is not None]
     return {
         "queues": queues,
         "partitions": len(set(partitions)),
         "messages": sum(q["messages"] for q in queues),
-        "bytes": sum(q["bytes"] for q in queues),
+        "bytes": sum(known) if len(known) == len(queues) else None,
         "problems": [],
     }
 
@@ -121,16 +127,22 @@ def print_plan_table(document: dict[str, Any], file: IO[str] | None = None) -> N
             queue["source"],
             queue["source_type"],
             str(queue["messages"]),
-            str(queue["bytes"]),
+            _or_unknown(queue["bytes"]),
             destination,
             str(queue["partition"]),
-            str(queue["prefetch"]),
+            _or_unknown(queue["prefetch"]),
         )
     console = Console(file=file, width=160)
     console.print(table)
     console.print(
-        f"total: {document['messages']} messages, {document['bytes']} bytes; nothing moved"
+        f"total: {document['messages']} messages, {_or_unknown(document['bytes'])} bytes; "
+        "nothing moved"
     )
+
+
+def _or_unknown(value: int | None) -> str:
+    """Bytes the management API did not report are unknown, never 0."""
+    return "?" if value is None else str(value)
 
 
 _NUMERIC_PLAN = {"messages", "bytes", "part", "prefetch"}

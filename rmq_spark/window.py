@@ -124,6 +124,12 @@ class TransferWindow:
 
         self.in_flight_bytes = 0
 
+    def resize(self, window_messages: int) -> None:
+        """The prefetch changed (the byte window follows the sizes): flush in step."""
+        if window_messages < 1:
+            raise ValueError(f"window_messages must be >= 1, got {window_messages}")
+        self._flush_at = max(1, window_messages // FLUSH_FRACTION)
+
     # -- events -------------------------------------------------------------------
 
     def on_publish(

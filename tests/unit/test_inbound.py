@@ -50,13 +50,12 @@ class StandInConnection:
 
 def reader() -> tuple[StandInConnection, StandInChannel]:
     connection, channel = StandInConnection(), StandInChannel()
-    inbound.install(
-        connection,
-        channel,  # type: ignore[arg-type]
-        lambda tag, redelivered, body, props: connection.events.append(
-            ("delivery", tag, redelivered, body, props)
-        ),
-    )
+
+    def on_delivery(tag: int, redelivered: bool, body: bytes, props: bytes) -> bool:
+        connection.events.append(("delivery", tag, redelivered, body, props))
+        return True
+
+    inbound.install(connection, channel, on_delivery)  # type: ignore[arg-type]
     return connection, channel
 
 
@@ -182,3 +181,72 @@ def test_a_body_frame_where_a_header_belongs_is_a_protocol_error() -> None:
     connection, _ = reader()
     with pytest.raises(exceptions.UnexpectedFrameError):
         connection._on_data_available(stream)
+
+
+@dataclass
+class StandInLoop:
+    """pika's I/O loop and transport as far as pausing a reader uses them."""
+
+    callbacks: list[Any] = field(default_factory=list)
+    readers: dict[int, Any] = field(default_factory=dict)
+
+    def call_later(self, _delay: float, callback: Any) -> None:
+        self.callbacks.append(callback)
+
+    def run_callbacks(self) -> None:
+        while self.callbacks:
+            self.callbacks.pop(0)()
+
+    def set_reader(self, fd: int, callback: Any) -> None:
+        self.readers[fd] = callback
+
+    def remove_reader(self, fd: int) -> None:
+        self.readers.pop(fd)
+
+
+@dataclass
+class StandInSocket:
+    def fileno(self) -> int:
+        return 7
+
+
+@dataclass
+class StandInTransport:
+    _nbio: StandInLoop
+    _sock: StandInSocket = field(default_factory=StandInSocket)
+
+    def _on_socket_readable(self) -> None:
+        raise AssertionError("not read in this test")
+
+
+def test_reader_stops_after_the_delivery_the_mover_refuses_and_resumes_in_order() -> None:
+    connection, channel = StandInConnection(), StandInChannel()
+    loop = StandInLoop()
+    transport = StandInTransport(loop)
+    loop.readers[7] = transport._on_socket_readable
+    connection.ioloop = loop  # type: ignore[attr-defined]
+    connection._transport = transport  # type: ignore[attr-defined]
+    room = {"left": 2}
+
+    def on_delivery(tag: int, redelivered: bool, body: bytes, props: bytes) -> bool:
+        connection.events.append(("delivery", tag, redelivered, body, props))
+        room["left"] -= 1
+        return room["left"] > 0
+
+    reader = inbound.install(connection, channel, on_delivery)  # type: ignore[arg-type]
+    stream = b"".join(delivery_frames(tag, b"m%d" % tag, PROPERTIES) for tag in range(1, 6))
+    connection._on_data_available(stream[:-3])
+
+    assert [event[1] for event in connection.events] == [1, 2]
+    assert reader.paused
+    loop.run_callbacks()
+    assert 7 not in loop.readers  # the socket left the loop
+    connection._on_data_available(stream[-3:])  # read before it left: kept, not parsed
+    assert [event[1] for event in connection.events] == [1, 2]
+
+    room["left"] = 10
+    reader.resume()
+    assert loop.readers[7] == transport._on_socket_readable
+    loop.run_callbacks()
+    assert [event[1] for event in connection.events] == [1, 2, 3, 4, 5]
+    assert connection.bytes_received == len(stream)

@@ -1,0 +1,99 @@
+"""The byte window: how many deliveries the source may have out, from the sizes seen.
+
+Pure logic, no pika, so every rule is unit-tested on its own.
+
+AMQP 0-9-1 prefetch counts messages (RabbitMQ ignores `prefetch_size`), and the
+management API's byte statistics are no guide to a queue's sizes: they lag by
+seconds after a publish, are missing where the metrics collector is off, and an
+average hides the few large messages of a mixed queue. So the mover keeps the
+byte window itself, from the sizes it actually receives, in two parts:
+
+1. **The prefetch follows the sizes.** It starts at what `window.bytes` allows
+   for the largest message the source may hold (`LARGEST_MESSAGE_BYTES` unless
+   told better, so 1 for the default 64 MiB window) and, after each batch, is
+   `window.bytes // estimate`, where the estimate is the largest message among
+   the recent deliveries (this generation and the last, a generation being one
+   prefetch's worth). Within `window.messages`. A lower prefetch is asked for at
+   once; a higher one when it is at least `GROW_FACTOR` times the current one, so
+   a steady queue sends one `basic.qos`, not one per batch.
+2. **The hard bound.** The prefetch can only guess the size of messages the
+   source has not sent yet. When the bytes held (received and not yet acked at
+   the source: waiting to be logged, publishing, unconfirmed, being written)
+   pass `window.bytes`, the mover stops reading the source connection until
+   acks bring them back under (`DeliveryReader.pause`). So the bytes held never
+   exceed `window.bytes` by more than the one message whose arrival crossed it.
+   Messages the broker has already sent sit in the socket buffers meanwhile:
+   the kernel's memory, not the executor's.
+"""
+
+from __future__ import annotations
+
+# RabbitMQ's default max_message_size from 3.8 to 3.13 (4.0 lowered it to 16 MiB):
+# the largest message a source queue holds unless its broker says otherwise.
+LARGEST_MESSAGE_BYTES = 128 * 1024 * 1024
+# A prefetch this many times the current one is worth a basic.qos round trip.
+GROW_FACTOR = 1.25
+
+
+class ByteWindow:
+    """The prefetch to ask of the source for one transfer, from the sizes received.
+
+    `observe` is called once per batch of deliveries; `wanted_prefetch` says what
+    the prefetch should be now, `qos_sent`/`qos_ok` track what the broker has.
+    """
+
+    def __init__(
+        self,
+        window_messages: int,
+        window_bytes: int,
+        *,
+        largest_message: int = LARGEST_MESSAGE_BYTES,
+    ) -> None:
+        if window_messages < 1:
+            raise ValueError(f"window_messages must be >= 1, got {window_messages}")
+        if window_bytes < 1:
+            raise ValueError(f"window_bytes must be >= 1, got {window_bytes}")
+        self.window_messages = window_messages
+        self.window_bytes = window_bytes
+        self._estimate = max(1, largest_message)
+        self._generation_max = 0  # largest message seen in this generation
+        self._previous_max = 0  # ...and in the one before
+        self._generation_left = 0
+        self.granted = self._for(self._estimate)  # what the broker was last told
+        self._asking = False  # a basic.qos is on its way
+        self._generation_left = self.granted
+
+    @property
+    def estimate(self) -> int:
+        """The message size the prefetch is sized for."""
+        return self._estimate
+
+    def observe(self, count: int, largest: int) -> None:
+        """A batch of `count` deliveries arrived, the largest `largest` bytes."""
+        if count <= 0:
+            return
+        self._generation_max = max(self._generation_max, largest)
+        self._generation_left -= count
+        if self._generation_left <= 0:
+            self._previous_max, self._generation_max = self._generation_max, 0
+            self._generation_left = max(1, self._for(max(self._previous_max, 1)))
+        self._estimate = max(self._generation_max, self._previous_max, 1)
+
+    def wanted_prefetch(self) -> int | None:
+        """The prefetch to send now, or None to leave the broker's as it is."""
+        if self._asking:
+            return None  # qos_ok asks again with what was learned meanwhile
+        wanted = self._for(self._estimate)
+        if wanted < self.granted or wanted >= self.granted * GROW_FACTOR:
+            return wanted
+        return None
+
+    def qos_sent(self, prefetch: int) -> None:
+        self._asking = True
+        self.granted = prefetch
+
+    def qos_ok(self) -> None:
+        self._asking = False
+
+    def _for(self, size: int) -> int:
+        return max(1, min(self.window_messages, self.window_bytes // size))

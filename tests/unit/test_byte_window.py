@@ -1,0 +1,85 @@
+"""The byte window's prefetch rules (byte_window.py), without a broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from rmq_spark.byte_window import GROW_FACTOR, LARGEST_MESSAGE_BYTES, ByteWindow
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def test_first_prefetch_cannot_overflow_the_byte_window_whatever_the_sizes() -> None:
+    window = ByteWindow(5000, 64 * MiB)
+    assert window.granted == max(1, 64 * MiB // LARGEST_MESSAGE_BYTES) == 1
+    told = ByteWindow(5000, 64 * MiB, largest_message=16 * MiB)
+    assert told.granted == 4
+
+
+def test_prefetch_follows_the_sizes_received() -> None:
+    window = ByteWindow(5000, 16 * MiB)
+    window.qos_sent(window.granted)
+    window.qos_ok()
+    window.observe(1, MiB)
+    assert window.wanted_prefetch() == 16
+    window.qos_sent(16)
+    window.qos_ok()
+    window.observe(16, MiB)
+    assert window.wanted_prefetch() is None  # steady sizes: no more basic.qos
+
+
+def test_small_messages_are_capped_by_the_message_window() -> None:
+    window = ByteWindow(5000, 64 * MiB)
+    window.observe(1, KiB)
+    assert window.wanted_prefetch() == 5000
+
+
+def test_a_large_message_lowers_the_prefetch_at_once() -> None:
+    window = ByteWindow(5000, 64 * MiB)
+    window.observe(1, KiB)
+    window.qos_sent(5000)
+    window.qos_ok()
+    window.observe(3, 32 * MiB)
+    assert window.wanted_prefetch() == 2
+
+
+def test_the_large_message_is_forgotten_after_two_generations() -> None:
+    window = ByteWindow(5000, 64 * MiB)
+    window.observe(1, 32 * MiB)
+    window.qos_sent(window.wanted_prefetch() or 0)
+    window.qos_ok()
+    assert window.granted == 2
+    # The generation after the large one and the one after that, of small messages.
+    for _ in range(2):
+        window.observe(2, KiB)
+    assert window.estimate == KiB
+    assert window.wanted_prefetch() == 5000
+
+
+def test_no_second_qos_while_one_is_on_its_way() -> None:
+    window = ByteWindow(5000, 64 * MiB)
+    window.qos_sent(1)
+    window.observe(1, KiB)
+    assert window.wanted_prefetch() is None
+    window.qos_ok()
+    assert window.wanted_prefetch() == 5000
+
+
+def test_small_growth_is_not_worth_a_qos() -> None:
+    window = ByteWindow(5000, 100 * MiB)
+    window.observe(1, MiB)
+    window.qos_sent(100)
+    window.qos_ok()
+    # Slightly smaller messages: a prefetch below GROW_FACTOR times the current one.
+    smaller = int(MiB / (GROW_FACTOR - 0.1))
+    for _ in range(3):
+        window.observe(100, smaller)
+    assert window.estimate == smaller
+    assert window.wanted_prefetch() is None
+
+
+@pytest.mark.parametrize(("messages", "window_bytes"), [(0, MiB), (10, 0)])
+def test_empty_windows_are_refused(messages: int, window_bytes: int) -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        ByteWindow(messages, window_bytes)
