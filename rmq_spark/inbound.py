@@ -74,7 +74,14 @@ class DeliveryReader:
         self._body_received = 0
         self._in_content = False
         self._paused = False
+        # Consumers cancelled to consume again with another prefetch: what they were
+        # sent before the cancel-ok is a delivery like any other, not to be requeued.
+        self._kept: set[str] = set()
         connection._on_data_available = self.data_received
+
+    def keep_after_cancel(self, consumer_tag: str) -> None:
+        """Deliver, not reject, what `consumer_tag` is sent until its cancel-ok."""
+        self._kept.add(consumer_tag)
 
     @property
     def paused(self) -> bool:
@@ -202,7 +209,7 @@ class DeliveryReader:
         """What `pika.channel.Channel._on_deliver` decides, then the mover's callback."""
         channel = self._channel
         tag = self._consumer_tag
-        if tag in channel._cancelled:
+        if tag in channel._cancelled and tag not in self._kept:
             if channel.is_open and tag not in channel._consumers_with_noack:
                 channel.basic_reject(self._tag)
             return

@@ -469,6 +469,8 @@ class QueueMover:
         self._confirms_on = False
         self._consumer_tag: str | None = None
         self._consuming = False
+        self._changing_prefetch = False  # consumer cancelled, to consume again (_follow_sizes)
+        self._new_prefetch_set = False  # ...and the new prefetch is set
         self._cancel_ok = False
         self._drain_get_pending = False  # the get that proves a drain (_on_cancel_ok)
         self._depth_check_pending = False
@@ -597,10 +599,29 @@ class QueueMover:
         self._start_consuming()
 
     def _follow_sizes(self) -> None:
-        """Ask the source for the prefetch the sizes received so far call for."""
-        prefetch = self._flow.wanted_prefetch()
+        """Give the source the prefetch the sizes received so far call for.
+
+        RabbitMQ fixes a consumer's prefetch when it consumes (basic.qos with
+        global=false applies to new consumers only, and quorum queues refuse a
+        global one), so a new prefetch means a new consumer: cancel, basic.qos,
+        consume again. What the old consumer was sent before its cancel-ok is
+        delivered and acked as usual (`DeliveryReader.keep_after_cancel`); the new
+        consumer starts once all of it is acked, because the broker would not count
+        the old consumer's unacked deliveries against the new one's prefetch. Its
+        deliveries follow the old ones, so source order is kept.
+        """
         channel = self._source_channel
-        if prefetch is None or channel is None or not channel.is_open or self._closing:
+        if (
+            self._changing_prefetch
+            or not self._consuming
+            or self._stopping_since is not None
+            or self._closing
+            or channel is None
+            or not channel.is_open
+        ):
+            return
+        prefetch = self._flow.wanted_prefetch()
+        if prefetch is None:
             return
         log.debug(
             "%s: prefetch %d -> %d (messages up to %d bytes)",
@@ -609,14 +630,54 @@ class QueueMover:
             prefetch,
             self._flow.estimate,
         )
+        self._changing_prefetch = True
+        self._new_prefetch_set = False
         self._flow.qos_sent(prefetch)
         self._window.resize(prefetch)
-        channel.basic_qos(prefetch_count=prefetch, callback=self._on_prefetch_ok)
+        assert self._consumer_tag is not None
+        assert self._reader is not None
+        self._reader.keep_after_cancel(self._consumer_tag)
+        channel.basic_cancel(self._consumer_tag, callback=self._on_prefetch_cancel_ok)
 
-    def _on_prefetch_ok(self, _frame: pika.frame.Method) -> None:
-        """pika: the source took the new prefetch; sizes learned meanwhile may change it."""
+    def _on_prefetch_cancel_ok(self, _frame: pika.frame.Method) -> None:
+        """pika: the old consumer is gone; set the new prefetch (or stop, if asked to)."""
+        channel = self._source_channel
+        if self._closing or channel is None or not channel.is_open:
+            return
+        if self._stopping_since is not None:
+            self._prefetch_changed_while_stopping()
+            return
+        channel.basic_qos(prefetch_count=self._flow.granted, callback=self._on_prefetch_qos_ok)
+
+    def _on_prefetch_qos_ok(self, _frame: pika.frame.Method) -> None:
+        """pika: the new prefetch is set; consume again once the old deliveries are acked."""
         self._flow.qos_ok()
-        self._follow_sizes()
+        channel = self._source_channel
+        if self._closing or channel is None or not channel.is_open:
+            return
+        if self._stopping_since is not None:
+            self._prefetch_changed_while_stopping()
+            return
+        self._new_prefetch_set = True
+        self._consume_with_new_prefetch()
+
+    def _consume_with_new_prefetch(self) -> None:
+        """Consume again if the prefetch change is ready and nothing old is unacked."""
+        channel = self._source_channel
+        if not (self._new_prefetch_set and self._idle()) or channel is None or self._closing:
+            return
+        self._changing_prefetch = self._new_prefetch_set = False
+        self._consumer_tag = channel.basic_consume(
+            self._source.queue, self._on_message, auto_ack=False
+        )
+
+    def _prefetch_changed_while_stopping(self) -> None:
+        """The transfer began stopping while it had no consumer: that cancel is the
+        stop's cancel, so the drain's proof follows as after its own cancel-ok."""
+        self._flow.qos_ok()
+        self._changing_prefetch = self._new_prefetch_set = False
+        self._consuming = False
+        self._on_cancel_ok(None)
 
     def _held_bytes(self) -> int:
         """Body bytes received and not yet acked at the source (the byte window's measure)."""
@@ -854,6 +915,8 @@ class QueueMover:
         reader = self._reader
         if reader is not None and reader.paused and self._held_bytes() <= self._window_bytes:
             reader.resume()
+        if self._changing_prefetch:
+            self._consume_with_new_prefetch()
 
     def _write_confirmed_async(self) -> None:
         """Hand the rows of every confirmed delivery to the ledger lane (one write).
@@ -916,7 +979,12 @@ class QueueMover:
         now = time.monotonic()
         if self._stopping_since is not None:
             self._finish_if_settled(now)
-        elif self._consuming and self._idle() and not self._depth_check_pending:
+        elif (
+            self._consuming
+            and not self._changing_prefetch
+            and self._idle()
+            and not self._depth_check_pending
+        ):
             # Ask at once when the window just emptied; an idle queue only now and then.
             idle_for = now - self._last_depth_check
             if self._published_since_depth_check or idle_for >= IDLE_DEPTH_CHECK_SECONDS:
@@ -954,13 +1022,17 @@ class QueueMover:
         """Cancel the consumer; deliveries already on the wire are still handled."""
         if self._stopping_since is None:
             self._stopping_since = time.monotonic()
+        if self._changing_prefetch:
+            if self._new_prefetch_set:  # only waiting to consume again: stop instead
+                self._prefetch_changed_while_stopping()
+            return  # else the cancel or qos under way sees the stop when it completes
         if self._consuming and self._source_channel is not None and self._source_channel.is_open:
             self._consuming = False
             self._source_channel.basic_cancel(self._consumer_tag, callback=self._on_cancel_ok)
         elif not self._consuming:
             self._cancel_ok = True  # never consumed (or the broker cancelled): nothing to wait for
 
-    def _on_cancel_ok(self, _frame: pika.frame.Method) -> None:
+    def _on_cancel_ok(self, _frame: pika.frame.Method | None) -> None:
         """pika: cancel-ok. Every delivery sent before it has reached _on_message.
 
         A drain is confirmed only now: RabbitMQ's ready count leaves out deliveries

@@ -1,10 +1,11 @@
 """The byte window holds whatever the management API's statistics say (byte_window.py).
 
 Each test measures what is in flight from exact depths while the job runs: the
-destination's count, then the source's ready count, each by a passive declare. In
-source order (one consumer per queue), the messages in flight are the positions
-from the destination's count up to what has left the source; reading the
-destination first can only overstate them, never hide any.
+destination's count, the source's ready count, and the destination's count again,
+each by a passive declare. In source order (one consumer per queue), the messages
+in flight are the positions from the destination's count up to what has left the
+source. A sample counts only when the destination's count did not move while the
+source's was read, so it is what was in flight at that moment.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class InFlightSampler:
         while not self._stop.is_set():
             arrived = queue_depth(destination, self._queue)
             left = total - queue_depth(source, self._queue)
+            if queue_depth(destination, self._queue) != arrived:
+                continue
             in_flight = self._sizes[arrived:left]
             self.samples += 1
             self.peak_messages = max(self.peak_messages, len(in_flight))

@@ -49,14 +49,19 @@ class StandInConnection:
 
 
 def reader() -> tuple[StandInConnection, StandInChannel]:
+    connection, channel, _reader = installed_reader()
+    return connection, channel
+
+
+def installed_reader() -> tuple[StandInConnection, StandInChannel, inbound.DeliveryReader]:
     connection, channel = StandInConnection(), StandInChannel()
 
     def on_delivery(tag: int, redelivered: bool, body: bytes, props: bytes) -> bool:
         connection.events.append(("delivery", tag, redelivered, body, props))
         return True
 
-    inbound.install(connection, channel, on_delivery)  # type: ignore[arg-type]
-    return connection, channel
+    installed = inbound.install(connection, channel, on_delivery)  # type: ignore[arg-type]
+    return connection, channel, installed
 
 
 def delivery_frames(
@@ -250,3 +255,12 @@ def test_reader_stops_after_the_delivery_the_mover_refuses_and_resumes_in_order(
     loop.run_callbacks()
     assert [event[1] for event in connection.events] == [1, 2, 3, 4, 5]
     assert connection.bytes_received == len(stream)
+
+
+def test_a_consumer_cancelled_to_change_its_prefetch_keeps_its_deliveries() -> None:
+    connection, channel, installed = installed_reader()
+    channel._cancelled.add("ctag")
+    installed.keep_after_cancel("ctag")
+    connection._on_data_available(delivery_frames(9, b"x", PROPERTIES))
+    assert channel.rejected == []
+    assert connection.events == [("delivery", 9, False, b"x", PROPERTIES)]
