@@ -13,9 +13,12 @@ byte window itself, from the sizes it actually receives, in two parts:
    told better, so 1 for the default 64 MiB window) and, after each batch, is
    `window.bytes // estimate`, where the estimate is the largest message among
    the recent deliveries (this generation and the last, a generation being one
-   prefetch's worth). Within `window.messages`. A lower prefetch is asked for at
-   once; a higher one when it is at least `GROW_FACTOR` times the current one, so
-   a steady queue sends one `basic.qos`, not one per batch.
+   prefetch's worth). Within `window.messages`. The prefetch changes only when the
+   new one is `CHANGE_FACTOR` times larger or smaller than the current one: a
+   change means consuming again (see `QueueMover._follow_sizes`), so a steady queue
+   changes once, and sizes that wander a little change nothing. Between changes the
+   source may send up to that factor more bytes than the window; the hard bound
+   below keeps them out of the executor's memory.
 2. **The hard bound.** The prefetch can only guess the size of messages the
    source has not sent yet. When the bytes held (received and not yet acked at
    the source: waiting to be logged, publishing, unconfirmed, being written)
@@ -31,8 +34,9 @@ from __future__ import annotations
 # RabbitMQ's default max_message_size from 3.8 to 3.13 (4.0 lowered it to 16 MiB):
 # the largest message a source queue holds unless its broker says otherwise.
 LARGEST_MESSAGE_BYTES = 128 * 1024 * 1024
-# A prefetch this many times the current one is worth a basic.qos round trip.
-GROW_FACTOR = 1.25
+# A prefetch this many times larger or smaller than the current one is worth a
+# change (a new consumer, after the old one's deliveries are acked).
+CHANGE_FACTOR = 1.25
 
 
 class ByteWindow:
@@ -84,7 +88,7 @@ class ByteWindow:
         if self._asking:
             return None  # qos_ok asks again with what was learned meanwhile
         wanted = self._for(self._estimate)
-        if wanted < self.granted or wanted >= self.granted * GROW_FACTOR:
+        if wanted * CHANGE_FACTOR <= self.granted or wanted >= self.granted * CHANGE_FACTOR:
             return wanted
         return None
 

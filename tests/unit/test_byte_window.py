@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rmq_spark.byte_window import GROW_FACTOR, LARGEST_MESSAGE_BYTES, ByteWindow
+from rmq_spark.byte_window import CHANGE_FACTOR, LARGEST_MESSAGE_BYTES, ByteWindow
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -66,16 +66,16 @@ def test_no_second_qos_while_one_is_on_its_way() -> None:
     assert window.wanted_prefetch() == 5000
 
 
-def test_small_growth_is_not_worth_a_qos() -> None:
+@pytest.mark.parametrize("factor", [CHANGE_FACTOR - 0.1, 1 / (CHANGE_FACTOR - 0.1)])
+def test_sizes_that_wander_a_little_change_nothing(factor: float) -> None:
     window = ByteWindow(5000, 100 * MiB)
     window.observe(1, MiB)
     window.qos_sent(100)
     window.qos_ok()
-    # Slightly smaller messages: a prefetch below GROW_FACTOR times the current one.
-    smaller = int(MiB / (GROW_FACTOR - 0.1))
+    wandered = int(MiB / factor)
     for _ in range(3):
-        window.observe(100, smaller)
-    assert window.estimate == smaller
+        window.observe(100, wandered)
+    assert window.estimate == wandered
     assert window.wanted_prefetch() is None
 
 
