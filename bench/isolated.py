@@ -58,7 +58,9 @@ def seed(request: dict[str, Any]) -> dict[str, Any]:
     from rmq_spark.demo import wait_for_depth
 
     rng = random.Random(request["seed"])
-    count, size, queue = int(request["count"]), int(request["size"]), str(request["queue"])
+    queue = str(request["queue"])
+    sizes = request.get("sizes") or [int(request["size"])] * int(request["count"])
+    count = len(sizes)
     started = time.monotonic()
     connection = pika.BlockingConnection(
         pika.ConnectionParameters(
@@ -71,7 +73,7 @@ def seed(request: dict[str, Any]) -> dict[str, Any]:
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True)
-        for index in range(count):
+        for index, size in enumerate(sizes):
             channel.basic_publish(
                 "",
                 queue,
@@ -131,6 +133,7 @@ def move(request: dict[str, Any]) -> dict[str, Any]:
             "messages": outcome.messages,
             "bytes": outcome.bytes,
             "sessions": outcome.sessions,
+            "peak_held_bytes": outcome.peak_held_bytes,
             "mover_seconds": outcome.seconds,
         },
     }

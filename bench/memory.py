@@ -13,9 +13,12 @@ Any failed check makes the script exit 1.
 
 Against local brokers the mover rarely fills its window: confirms come back faster
 than it reads the next messages. The "stalled" cases show the worst case the window
-allows: the destination is held under a memory alarm until the source reports the
-whole prefetch delivered and unacked (the window is full, and most of it waits a
-second time in pika's outbound buffer), then released, and the transfer completes.
+allows: once the first messages have arrived (the mover has learned their size and
+set its prefetch from it, byte_window.py), the destination is held under a memory
+alarm until the source reports the whole prefetch delivered and unacked (the window
+is full, and most of it waits a second time in pika's outbound buffer), then
+released, and the transfer completes. The mixed case (1 KiB messages with a burst of
+32 MiB ones) shows the byte window holding where no single prefetch fits.
 
 Run from the repository root (it starts and removes its own two local nodes)::
 
@@ -74,18 +77,25 @@ POLL_SECONDS = 0.1
 @dataclass(frozen=True)
 class Case:
     count: int
-    size: int
+    size: int  # the largest message
     stalled: bool = False
     control: bool = False
+    mixed: tuple[int, ...] = ()  # every message's size, when they differ
 
     @property
     def name(self) -> str:
         size = f"{self.size // MiB} MiB" if self.size >= MiB else f"{self.size // KiB} KiB"
+        if self.mixed:
+            return f"{self.count} mixed, to {size}"
         return f"{self.count} x {size}{', stalled' if self.stalled else ''}"
 
     @property
+    def sizes(self) -> list[int]:
+        return list(self.mixed) or [self.size] * self.count
+
+    @property
     def total_bytes(self) -> int:
-        return self.count * self.size
+        return sum(self.sizes)
 
 
 CASES = (
@@ -94,6 +104,9 @@ CASES = (
     Case(200, MiB, stalled=True),
     Case(20, 16 * MiB, stalled=True),
     Case(20_000, KiB, control=True),
+    # 1 KiB messages with a burst of four 32 MiB ones after the first 3000: a
+    # prefetch sized for the small ones would have all four out at once.
+    Case(6004, 32 * MiB, mixed=(KiB,) * 3000 + (32 * MiB,) * 4 + (KiB,) * 3000),
 )
 
 
@@ -120,8 +133,7 @@ def run_case(
             "password": source.password,
             "vhost": VHOST,
             "queue": source_queue,
-            "count": case.count,
-            "size": case.size,
+            "sizes": case.sizes,
             "seed": f"{run_id}/{case.name}",
         },
     )
@@ -152,13 +164,22 @@ def run_case(
     }
     held_unacked = None
     if case.stalled:
-        with stalled(destination):
-            mover = start_isolated("move", request)
-            try:
-                held_unacked = hold_full_window(mover, source, source_queue, case.count, prefetch)
-            except BaseException:
-                stop_child(mover)
-                raise
+        mover = start_isolated("move", request)
+        try:
+            wait_for_arrival(mover, destination, destination_queue)
+            with stalled(destination):
+                held_unacked = hold_full_window(
+                    mover,
+                    source,
+                    source_queue,
+                    destination,
+                    destination_queue,
+                    case.count,
+                    prefetch,
+                )
+        except BaseException:
+            stop_child(mover)
+            raise
         moved = finish_isolated("move", mover)
     else:
         moved = finish_isolated("move", start_isolated("move", request))
@@ -181,7 +202,8 @@ def run_case(
         "size_bytes": case.size,
         "total_bytes": case.total_bytes,
         "prefetch": prefetch,
-        "in_flight_cap_mib": round(prefetch * case.size / MiB, 1),
+        "in_flight_cap_mib": round(min(prefetch * case.size, WINDOW_BYTES) / MiB, 1),
+        "mover_peak_held_mib": mib(outcome["peak_held_bytes"]),
         "baseline_rss_mib": mib(baseline),
         "peak_rss_mib": mib(peak),
         "transfer_rss_mib": mib(peak - baseline),
@@ -286,8 +308,26 @@ def stalled(node: LocalNode) -> Iterator[None]:
         node.rabbitmqctl("set_vm_memory_high_watermark", "absolute", str(limit))
 
 
+def wait_for_arrival(mover: subprocess.Popen[str], destination: LocalNode, queue: str) -> None:
+    """Wait until the mover has moved its first message (and so learned its size)."""
+    deadline = time.monotonic() + STALL_FILL_TIMEOUT_SECONDS
+    while passive_depth(destination, queue) == 0:
+        if mover.poll() is not None:
+            raise BenchmarkError(f"the mover exited with {mover.returncode} before moving")
+        if time.monotonic() > deadline:
+            raise BenchmarkError("the mover moved nothing before the stall")
+        time.sleep(POLL_SECONDS)
+
+
 def hold_full_window(
-    mover: subprocess.Popen[str], source: LocalNode, queue: str, count: int, prefetch: int
+    mover: subprocess.Popen[str],
+    source: LocalNode,
+    *,
+    queue: str,
+    destination: LocalNode,
+    destination_queue: str,
+    count: int,
+    prefetch: int,
 ) -> int:
     """Wait until the source has delivered the whole prefetch (unacked), then hold it.
 
@@ -295,9 +335,10 @@ def hold_full_window(
     destination is blocked, so it holds its full window of bodies, and most of them
     a second time in pika's outbound buffer (the rest sits in socket buffers).
     """
-    full = min(prefetch, count)
+    moved = passive_depth(destination, destination_queue)  # no more arrive while blocked
+    full = min(prefetch, count - moved)
     deadline = time.monotonic() + STALL_FILL_TIMEOUT_SECONDS
-    while (unacked := count - passive_depth(source, queue)) < full:
+    while (unacked := count - moved - passive_depth(source, queue)) < full:
         if mover.poll() is not None:
             raise BenchmarkError(f"the mover exited with {mover.returncode} while stalled")
         if time.monotonic() > deadline:
@@ -430,8 +471,8 @@ def source_tree() -> dict[str, Any]:
 
 def table(cases: list[dict[str, Any]]) -> str:
     header = (
-        f"{'case':<24} {'prefetch':>8} {'cap MiB':>8} {'base MiB':>9} {'peak MiB':>9} "
-        f"{'peak-base':>9} {'seconds':>8} {'MB/s':>7}  result"
+        f"{'case':<24} {'prefetch':>8} {'cap MiB':>8} {'held MiB':>8} {'base MiB':>9} "
+        f"{'peak MiB':>9} {'peak-base':>9} {'seconds':>8} {'MB/s':>7}  result"
     )
     lines = [header, "-" * len(header)]
     for case in cases:
@@ -441,7 +482,8 @@ def table(cases: list[dict[str, Any]]) -> str:
         throughput = "-" if case["mb_per_second"] is None else case["mb_per_second"]
         lines.append(
             f"{case['case']:<24} {case['prefetch']:>8} {case['in_flight_cap_mib']:>8} "
-            f"{case['baseline_rss_mib']:>9} {case['peak_rss_mib']:>9} "
+            f"{case['mover_peak_held_mib']:>8} {case['baseline_rss_mib']:>9} "
+            f"{case['peak_rss_mib']:>9} "
             f"{case['transfer_rss_mib']:>9} {case['seconds']:>8} {throughput:>7}  "
             f"{verdict}"
         )
