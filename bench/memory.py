@@ -171,11 +171,11 @@ def run_case(
                 held_unacked = hold_full_window(
                     mover,
                     source,
-                    source_queue,
-                    destination,
-                    destination_queue,
-                    case.count,
-                    prefetch,
+                    queue=source_queue,
+                    destination=destination,
+                    destination_queue=destination_queue,
+                    count=case.count,
+                    prefetch=prefetch,
                 )
         except BaseException:
             stop_child(mover)
