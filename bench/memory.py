@@ -12,13 +12,15 @@ source is empty, the destination holds every message, the outcome is "moved".
 Any failed check makes the script exit 1.
 
 Against local brokers the mover rarely fills its window: confirms come back faster
-than it reads the next messages. The "stalled" cases show the worst case the window
-allows: once the first messages have arrived (the mover has learned their size and
-set its prefetch from it, byte_window.py), the destination is held under a memory
-alarm until the source reports the whole prefetch delivered and unacked (the window
-is full, and most of it waits a second time in pika's outbound buffer), then
-released, and the transfer completes. The mixed case (1 KiB messages with a burst of
-32 MiB ones) shows the byte window holding where no single prefetch fits.
+than it reads the next messages. The "stalled" cases hold the destination under a
+memory alarm from the start until the source reports the mover's first prefetch
+delivered and unacked, then release it, and the transfer completes. The first
+prefetch is what the byte window allows for the largest message a broker may hold
+(byte_window.py: 1 message for a 64 MiB window), and the mover learns the real
+sizes only from confirmed deliveries, so a destination blocked before the first
+confirm costs one message. The mixed case (1 KiB messages with a burst of 32 MiB
+ones) shows the byte window holding where no single prefetch fits; "held MiB" is the
+mover's own peak of bytes held (`MoveOutcome.peak_held_bytes`).
 
 Run from the repository root (it starts and removes its own two local nodes)::
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -49,6 +52,7 @@ from typing import Any
 import pika
 import requests
 
+from rmq_spark.byte_window import ByteWindow
 from rmq_spark.local_brokers import LocalNode, running_nodes
 from rmq_spark.window import prefetch_for
 
@@ -61,6 +65,8 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 WINDOW_MESSAGES = 1000
 WINDOW_BYTES = 64 * MiB
+# What the mover asks for before it has seen a message.
+FIRST_PREFETCH = ByteWindow(WINDOW_MESSAGES, WINDOW_BYTES).granted
 # The issue's target, in decimal megabytes (300 MB = 286.1 MiB).
 TARGET_PEAK_BYTES = 300 * 1000 * 1000
 VHOST = "bench"
@@ -164,22 +170,15 @@ def run_case(
     }
     held_unacked = None
     if case.stalled:
-        mover = start_isolated("move", request)
-        try:
-            wait_for_arrival(mover, destination, destination_queue)
-            with stalled(destination):
+        with stalled(destination):
+            mover = start_isolated("move", request)
+            try:
                 held_unacked = hold_full_window(
-                    mover,
-                    source,
-                    queue=source_queue,
-                    destination=destination,
-                    destination_queue=destination_queue,
-                    count=case.count,
-                    prefetch=prefetch,
+                    mover, source, source_queue, case.count, FIRST_PREFETCH
                 )
-        except BaseException:
-            stop_child(mover)
-            raise
+            except BaseException:
+                stop_child(mover)
+                raise
         moved = finish_isolated("move", mover)
     else:
         moved = finish_isolated("move", start_isolated("move", request))
@@ -308,26 +307,8 @@ def stalled(node: LocalNode) -> Iterator[None]:
         node.rabbitmqctl("set_vm_memory_high_watermark", "absolute", str(limit))
 
 
-def wait_for_arrival(mover: subprocess.Popen[str], destination: LocalNode, queue: str) -> None:
-    """Wait until the mover has moved its first message (and so learned its size)."""
-    deadline = time.monotonic() + STALL_FILL_TIMEOUT_SECONDS
-    while passive_depth(destination, queue) == 0:
-        if mover.poll() is not None:
-            raise BenchmarkError(f"the mover exited with {mover.returncode} before moving")
-        if time.monotonic() > deadline:
-            raise BenchmarkError("the mover moved nothing before the stall")
-        time.sleep(POLL_SECONDS)
-
-
 def hold_full_window(
-    mover: subprocess.Popen[str],
-    source: LocalNode,
-    *,
-    queue: str,
-    destination: LocalNode,
-    destination_queue: str,
-    count: int,
-    prefetch: int,
+    mover: subprocess.Popen[str], source: LocalNode, queue: str, count: int, prefetch: int
 ) -> int:
     """Wait until the source has delivered the whole prefetch (unacked), then hold it.
 
@@ -335,10 +316,9 @@ def hold_full_window(
     destination is blocked, so it holds its full window of bodies, and most of them
     a second time in pika's outbound buffer (the rest sits in socket buffers).
     """
-    moved = passive_depth(destination, destination_queue)  # no more arrive while blocked
-    full = min(prefetch, count - moved)
+    full = min(prefetch, count)
     deadline = time.monotonic() + STALL_FILL_TIMEOUT_SECONDS
-    while (unacked := count - moved - passive_depth(source, queue)) < full:
+    while (unacked := count - passive_depth(source, queue)) < full:
         if mover.poll() is not None:
             raise BenchmarkError(f"the mover exited with {mover.returncode} while stalled")
         if time.monotonic() > deadline:
@@ -427,8 +407,12 @@ def rabbitmq_version(node: LocalNode) -> str:
     return str(management_get(node, "/api/overview").get("rabbitmq_version", "?"))
 
 
+@functools.cache
 def memory_limit(node: LocalNode) -> int:
-    """The node's memory high watermark in bytes (restored after a stall)."""
+    """The node's memory high watermark in bytes (restored after a stall).
+
+    Read once: the API samples it, so right after a stall it may still say 0.
+    """
     return int(management_get(node, f"/api/nodes/{node.node_name}")["mem_limit"])
 
 
