@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from rmq_spark import __version__
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
 
@@ -441,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rmq-spark", description="Move RabbitMQ messages, verifiably."
     )
+    parser.add_argument("--version", action="version", version=f"rmq-spark {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     add_transfer_arguments(commands.add_parser("transfer", help="run the transfer job in-process"))
     add_plan_arguments(
