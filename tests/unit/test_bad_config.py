@@ -156,6 +156,11 @@ BAD_CONFIGS = [
         ("ledger: required key is missing",),
     ),
     BadConfig(
+        "ledger.path that is a URI",
+        _replace("path: /tmp/rmq-spark-bad-config-ledger", "path: s3://bucket/ledger"),
+        ("ledger.path", "'s3://bucket/ledger' is a URI (s3:)", "a directory they all mount"),
+    ),
+    BadConfig(
         "duplicate route names",
         lambda text: text.replace("routes:\n", "routes:\n" + _route_block("back")),
         ("route names must be unique",),
