@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rmq_spark.compat import installed_version, pika_problem
 from rmq_spark.errors import (
     ExecutorEnvironmentError,
     LedgerNotSharedError,
@@ -63,6 +64,7 @@ class ProbeReport:
     sentinel: str  # the file it wrote ("" when it could not write)
     token: str  # written into the sentinel; the driver expects the same back
     write_error: str = ""
+    pika_version: str | None = None
 
     @property
     def where(self) -> str:
@@ -100,6 +102,7 @@ def probe(
         "sentinel": sentinel,
         "token": token,
         "write_error": write_error,
+        "pika_version": installed_version("pika"),
     }
 
 
@@ -133,6 +136,8 @@ def problems_of(
                     f"{ARCHIVE_HINT}"
                 )
             )
+        elif "pika" in EXECUTOR_MODULES and (problem := pika_problem(report.pika_version)):
+            problems.append(ExecutorEnvironmentError(f"{report.where}: {problem}"))
         if report.write_error:
             problems.append(
                 LedgerNotSharedError(
@@ -189,6 +194,7 @@ def check_executors(spark: SparkSession, ledger_path: str) -> None:
                 sentinel=str(row["sentinel"]),
                 token=str(row["token"]),
                 write_error=str(row["write_error"]),
+                pika_version=row.get("pika_version"),
             )
             for row in raw
         ]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pika
 import pytest
 
 from rmq_spark.config import LedgerConfig
@@ -29,6 +30,7 @@ def report(**changes: object) -> ProbeReport:
         "missing": (),
         "sentinel": "/ledger/_preflight/x/worker-1-4242-0-t.json",
         "token": "t0k3n",
+        "pika_version": "1.4.4",
     }
     return ProbeReport(**{**fields, **changes})  # type: ignore[arg-type]
 
@@ -38,6 +40,7 @@ def test_the_probe_writes_a_sentinel_the_driver_reads_back(tmp_path: Path) -> No
 
     assert row["missing"] == ["no_such_mod"]
     assert row["write_error"] == ""
+    assert row["pika_version"] == pika.__version__
     sentinel = Path(str(row["sentinel"]))
     assert sentinel.parent == tmp_path / "s"
     assert sentinel.name.endswith(f"-3-{row['token']}.json")
@@ -95,6 +98,13 @@ def test_missing_modules_name_the_executor_and_the_archive() -> None:
     assert "lacks the Python module(s) pika, deltalake" in str(problem)
     assert "Python /usr/bin/python3" in str(problem)
     assert "--env-archive" in str(problem)
+
+
+def test_an_executors_unsupported_pika_is_named() -> None:
+    (problem,) = problems_of([report(pika_version="1.3.2")], "/ledger", read=lambda _: "t0k3n")
+    assert isinstance(problem, ExecutorEnvironmentError)
+    assert "executor on host worker-1" in str(problem)
+    assert "pika 1.3.2 is installed" in str(problem)
 
 
 def test_problems_of_both_kinds_are_one_preflight_error() -> None:
