@@ -13,13 +13,19 @@ APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
 setup: system $(INSTALLED)
 
-# Java 17 for Spark and Debian's rabbitmq-server (with its management, shovel and
+# Java 17 for Spark, fuse3 for one ledger test, and Debian's rabbitmq-server (with its management, shovel and
 # federation plugins) for the local brokers; installed only when missing.
 system:
 	@if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])'; then \
 	  echo "installing Java 17"; \
 	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
+	fi
+	@# fuse3: the ledger test on a FUSE mount without hard links (as Databricks' /Volumes).
+	@if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3; then \
+	  echo "installing fuse3"; \
+	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3; \
 	fi
 	@if [ ! -x /usr/sbin/rabbitmq-server ]; then \
 	  echo "installing rabbitmq-server"; \
