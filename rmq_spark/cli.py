@@ -172,7 +172,11 @@ def command_session(app_name: str, master: str | None) -> Iterator[SparkSession]
 
     from rmq_spark.spark_session import build_session
 
-    ours = SparkSession.getActiveSession() is None
+    # On Databricks the runtime owns the session (its driver may not show it as this
+    # process's active one yet): stopping it would break the cluster's other work.
+    ours = (
+        SparkSession.getActiveSession() is None and "DATABRICKS_RUNTIME_VERSION" not in os.environ
+    )
     spark = build_session(app_name, master=master or default_master())
     try:
         yield spark
