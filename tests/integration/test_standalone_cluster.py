@@ -1,7 +1,9 @@
 """The job on a real Spark standalone cluster whose workers have a bare Python.
 
 A module fixture starts a master and two workers from the pip pyspark's
-`bin/spark-class` (pip ships no sbin start scripts) on free loopback ports. The
+`bin/spark-class` (pip ships no sbin start scripts) on free loopback ports. Each
+worker runs in its own mount namespace with a private tmpfs at one directory, so a
+ledger there is "local to each host", as a path on each node's own disk would be. The
 workers' Python is a fresh `python -m venv` without any package (first on their PATH
 and their PYSPARK_PYTHON), as on a YARN node or a Spark image: the job runs there only
 with the environment archive `make package` builds, shipped by `spark-submit.sh
@@ -43,6 +45,7 @@ WORKERS = 2
 QUEUES = ("q1", "q2", "q3", "q4")
 MESSAGES = 2000
 START_TIMEOUT_SECONDS = 120
+NOT_SHARED = "not-shared"
 
 
 def free_port() -> int:
@@ -125,10 +128,24 @@ def standalone_master(standalone_work: Path, bare_python: Path) -> Iterator[str]
         )
     ]
     url = f"spark://127.0.0.1:{port}"
+    private = work / NOT_SHARED
+    private.mkdir()
     for index in range(WORKERS):
         processes.append(
             subprocess.Popen(
                 [
+                    # Each worker (and so its executors) gets its own mount namespace
+                    # with an empty tmpfs at <work>/not-shared: a path that exists on
+                    # every "host" but is not shared with the driver.
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--",
+                    "sh",
+                    "-c",
+                    'mount -t tmpfs rmq-spark-not-shared "$0" && exec "$@"',
+                    str(private),
                     str(SPARK_CLASS),
                     "org.apache.spark.deploy.worker.Worker",
                     url,
@@ -260,6 +277,36 @@ def test_without_the_archive_bare_workers_are_refused_before_anything_moves(
     assert "lacks the Python module(s) pika, pyarrow, deltalake" in output
     assert "--env-archive" in output
     assert (depth(brokers.dr, vhost, "q1"), depth(brokers.main, vhost, "q1")) == (100, 0)
+
+
+@pytest.mark.usefixtures("password_env")
+def test_a_ledger_path_the_executors_do_not_share_is_refused_before_anything_moves(
+    brokers: Brokers,
+    tmp_path: Path,
+    standalone_master: str,
+    standalone_work: Path,
+    env_archive: Path,
+) -> None:
+    vhost = fresh_vhost(brokers, "standalone-unshared")
+    ledger = standalone_work / NOT_SHARED / "ledger"  # each worker sees its own tmpfs here
+    config = write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=ledger)
+    seed(brokers.dr, vhost, "q1", 100)
+    declare(brokers.main, vhost, "q1")
+
+    completed = submit(
+        config, "unshared", "--master", standalone_master, "--env-archive", str(env_archive)
+    )
+
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 2, output[-4000:]
+    errors = [line for line in output.splitlines() if "rmq-spark: error:" in line]
+    assert errors == [
+        "rmq-spark: error: executor pre-flight refused the run; nothing was moved:"
+    ], output[-4000:]
+    assert f"ledger.path {ledger} is not shared: the executor on host" in output
+    assert "lacks the Python module" not in output  # the archive was shipped
+    assert (depth(brokers.dr, vhost, "q1"), depth(brokers.main, vhost, "q1")) == (100, 0)
+    assert not (ledger / "_preflight").exists() or not any((ledger / "_preflight").iterdir())
 
 
 def test_standalone_refuses_cluster_deploy_mode_for_python(
