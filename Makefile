@@ -98,7 +98,8 @@ package: setup
 	$(PACK_ENV)/bin/rmq-spark --version
 	tag="$$($(PACK_ENV)/bin/python -c 'import sys, sysconfig; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-" + sysconfig.get_platform().replace("-", "_"))')"; \
 	  version="$$($(PACK_ENV)/bin/python -c 'import rmq_spark; print(rmq_spark.__version__)')"; \
-	  $(BIN)/venv-pack -q -p $(PACK_ENV) -o "$(DIST)/rmq-spark-env-$$version-$$tag.tar.gz"
+	  $(BIN)/venv-pack -q -p $(PACK_ENV) -o "$(DIST)/rmq-spark-env-$$version-$$tag.tar.gz" && \
+	  chmod 644 "$(DIST)/rmq-spark-env-$$version-$$tag.tar.gz"  # venv-pack writes it 0600
 	rm -rf $(PACK_ENV)
 	@ls -l $(DIST)
 
