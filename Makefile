@@ -8,17 +8,24 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
-.PHONY: setup system demo test lint typecheck unit soak bench bench-memory bench-stages clean
+.PHONY: setup system demo test lint typecheck unit soak bench bench-memory bench-stages clean \
+	package lock-runtime
 
 setup: system $(INSTALLED)
 
-# Java 17 for Spark and Debian's rabbitmq-server (with its management, shovel and
+# Java 17 for Spark, fuse3 for one ledger test, and Debian's rabbitmq-server (with its management, shovel and
 # federation plugins) for the local brokers; installed only when missing.
 system:
 	@if ! command -v java >/dev/null || ! java -version 2>&1 | grep -qE 'version "(1[7-9]|2[0-9])'; then \
 	  echo "installing Java 17"; \
 	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless; \
+	fi
+	@# fuse3: the ledger test on a FUSE mount without hard links (as Databricks' /Volumes).
+	@if ! command -v fusermount3 >/dev/null || ! ldconfig -p | grep -q libfuse3.so.3; then \
+	  echo "installing fuse3"; \
+	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3; \
 	fi
 	@if [ ! -x /usr/sbin/rabbitmq-server ]; then \
 	  echo "installing rabbitmq-server"; \
@@ -55,7 +62,7 @@ soak: setup
 	for round in 1 2 3; do $(BIN)/pytest -q tests/integration/test_faults.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache dist build
 
 bench-memory: setup
 	$(BIN)/python -m bench.memory
@@ -67,3 +74,42 @@ bench-stages: setup
 # rmq-spark vs RabbitMQ's Shovel, side by side (~30 min); figures in bench/results/.
 bench: setup
 	$(BIN)/python -m bench.throughput
+
+# What a cluster runs, built into dist/ (see README, Deploying):
+#   rmq_spark-VERSION-py3-none-any.whl         the package; Spark is the [spark] extra
+#   requirements-runtime.lock                  the runtime closure it was built from
+#   rmq-spark-env-VERSION-cpXY-linux_ARCH.tar.gz  a venv-pack archive of the wheel plus
+#                                              that lock, for spark-submit --archives
+# The archive's bin/python links to the interpreter that built it ($(PYTHON)): the
+# executors need a CPython of the same version at the same path (venv-pack ships
+# libraries, not Python).
+DIST := dist
+PACK_ENV := $(DIST)/.pack-env
+package: setup
+	rm -rf $(DIST) build
+	mkdir -p $(DIST)
+	$(BIN)/pip wheel -q --no-deps --wheel-dir $(DIST) .
+	rm -rf build
+	cp requirements-runtime.lock $(DIST)/
+	$(PYTHON) -m venv --without-pip $(PACK_ENV)
+	$(BIN)/pip --python $(PACK_ENV)/bin/python install -q --no-deps -r requirements-runtime.lock
+	$(BIN)/pip --python $(PACK_ENV)/bin/python install -q --no-deps $(DIST)/rmq_spark-*.whl
+	$(BIN)/pip --python $(PACK_ENV)/bin/python check
+	$(PACK_ENV)/bin/rmq-spark --version
+	tag="$$($(PACK_ENV)/bin/python -c 'import sys, sysconfig; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-" + sysconfig.get_platform().replace("-", "_"))')"; \
+	  version="$$($(PACK_ENV)/bin/python -c 'import rmq_spark; print(rmq_spark.__version__)')"; \
+	  $(BIN)/venv-pack -q -p $(PACK_ENV) -o "$(DIST)/rmq-spark-env-$$version-$$tag.tar.gz" && \
+	  chmod 644 "$(DIST)/rmq-spark-env-$$version-$$tag.tar.gz"  # venv-pack writes it 0600
+	rm -rf $(PACK_ENV)
+	@ls -l $(DIST)
+
+# requirements-runtime.lock from requirements.lock: resolve the package's own
+# dependencies (no dev tools, no Spark) in a scratch venv, constrained to the tested pins.
+lock-runtime: setup
+	rm -rf $(DIST)/.lock-env
+	$(PYTHON) -m venv $(DIST)/.lock-env
+	$(DIST)/.lock-env/bin/pip install -q -c requirements.lock .
+	{ sed -n '1,/^# Regenerate/p' requirements-runtime.lock; \
+	  $(DIST)/.lock-env/bin/pip freeze --exclude rmq-spark; } > requirements-runtime.lock.new
+	mv requirements-runtime.lock.new requirements-runtime.lock
+	rm -rf $(DIST)/.lock-env build

@@ -15,7 +15,17 @@
 #       --conf spark.kubernetes.container.image=IMAGE --config conf/prod.yaml
 #
 # The rmq_spark package is zipped and shipped with --py-files, so executors import
-# the same code as the driver; their Python needs the dependencies in pyproject.toml.
+# the same code as the driver. Their Python needs the runtime dependencies: on a
+# cluster, ship them with the environment archive `make package` builds:
+#
+#   ./spark-submit.sh --master yarn --env-archive dist/rmq-spark-env-*.tar.gz \
+#       --config conf/prod.yaml
+#
+# --env-archive ARCHIVE becomes `--archives ARCHIVE#environment`, and the executors'
+# Python (and in cluster deploy mode the driver's) becomes ./environment/bin/python,
+# a path inside each container's working directory. Without it, a non-local master
+# is never told a Python path of this machine: the executors run their own python3
+# (or the cluster's spark.pyspark.python, or a PYSPARK_PYTHON you export).
 # The job defaults to jobs/transfer.py; RMQ_SPARK_JOB=jobs/other.py picks another.
 #
 # Live progress: spark-submit's JVM passes everything the Python driver writes on to
@@ -32,21 +42,68 @@ job="${RMQ_SPARK_JOB:-$here/jobs/transfer.py}"
 spark_args=()
 job_args=()
 has_master=0
+master=""
+deploy_mode="client"
+env_archive=""
+user_archives=""
 in_job_args=0
+pending=""  # the option whose value the next argument is
 for arg in "$@"; do
-  if [ "$in_job_args" = 0 ] && [ "$arg" = "--config" ]; then
+  if [ "$in_job_args" = 0 ] && [ -z "$pending" ] && [ "$arg" = "--config" ]; then
     in_job_args=1
   fi
   if [ "$in_job_args" = 1 ]; then
     job_args+=("$arg")
-  else
-    case "$arg" in --master|--master=*) has_master=1 ;; esac
-    spark_args+=("$arg")
+    continue
   fi
+  case "$pending" in
+    --env-archive)
+      case "$arg" in --*) echo "$0: --env-archive needs a value" >&2; exit 2 ;; esac
+      env_archive="$arg"; pending=""; continue ;;
+    --archives) user_archives="$arg"; pending=""; continue ;;
+    --master) master="$arg" ;;
+    --deploy-mode) deploy_mode="$arg" ;;
+    --conf) case "$arg" in spark.submit.deployMode=*) deploy_mode="${arg#*=}" ;; esac ;;
+  esac
+  if [ -n "$pending" ]; then
+    pending=""
+    spark_args+=("$arg")
+    continue
+  fi
+  case "$arg" in
+    --env-archive|--archives) pending="$arg"; continue ;;
+    --env-archive=*) env_archive="${arg#*=}"; continue ;;
+    --archives=*) user_archives="${arg#*=}"; continue ;;
+    --master|--deploy-mode|--conf) pending="$arg" ;;
+    --master=*) master="${arg#*=}" ;;
+    --deploy-mode=*) deploy_mode="${arg#*=}" ;;
+    --conf=spark.submit.deployMode=*) deploy_mode="${arg#*deployMode=}" ;;
+  esac
+  case "$arg" in --master|--master=*) has_master=1 ;; esac
+  spark_args+=("$arg")
 done
 if [ "${#job_args[@]}" = 0 ]; then
-  echo "usage: $0 [spark-submit options...] --config FILE [job options...]" >&2
+  echo "usage: $0 [spark-submit options...] [--env-archive ARCHIVE] --config FILE [job options...]" >&2
   exit 2
+fi
+if [ -n "$pending" ]; then
+  echo "$0: $pending needs a value" >&2
+  exit 2
+fi
+local_master=0
+case "${master:-local}" in local|local\[*) local_master=1 ;; esac
+if [ -n "$env_archive" ]; then
+  if [ "$local_master" = 1 ]; then
+    # Local executors are this machine's processes and run the checkout's .venv;
+    # Spark unpacks a local run's archives elsewhere than ./environment.
+    echo "$0: --env-archive is for cluster masters (yarn, k8s://, spark://); a local run uses this checkout's .venv" >&2
+    exit 2
+  fi
+  if [ ! -f "$env_archive" ]; then
+    echo "$0: --env-archive $env_archive: no such file (build it with: make package)" >&2
+    exit 2
+  fi
+  env_archive="$(cd "$(dirname "$env_archive")" && pwd)/$(basename "$env_archive")"
 fi
 driver_java_options="-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties"
 if [ "$has_master" = 0 ]; then
@@ -60,16 +117,58 @@ if [ "$has_master" = 0 ]; then
   driver_java_options+=" -XX:TieredStopAtLevel=1"
 fi
 
-# Prefer the project's virtual environment (made by `make`), then what is on PATH.
+# The driver's Python (client deploy mode: this machine) is the project's virtual
+# environment (made by `make`) when there is one, else python3 on PATH.
 venv="$here/.venv"
+local_python="python3"
 if [ -x "$venv/bin/python" ]; then
-  export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$venv/bin/python}"
-  export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$venv/bin/python}"
-  submit="${SPARK_HOME:+$SPARK_HOME/bin/spark-submit}"
-  submit="${submit:-$venv/bin/spark-submit}"
+  local_python="$venv/bin/python"
+fi
+submit="${SPARK_HOME:+$SPARK_HOME/bin/spark-submit}"
+if [ -z "$submit" ] && [ -x "$venv/bin/spark-submit" ]; then
+  submit="$venv/bin/spark-submit"
+fi
+submit="${submit:-spark-submit}"
+python_args=()
+environment_python="./environment/bin/python"
+if [ "$local_master" = 1 ]; then
+  # Local executors run on this machine: this environment's Python is theirs too.
+  export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$local_python}"
+  export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$local_python}"
+elif [ -n "$env_archive" ]; then
+  # Every container unpacks the archive into ./environment of its working directory.
+  # spark.pyspark.python is what the driver hands to the executors (as PYSPARK_PYTHON
+  # in its process); the executorEnv copy covers code that reads the variable there.
+  python_args+=(
+    --archives "${user_archives:+$user_archives,}$env_archive#environment"
+    --conf "spark.pyspark.python=$environment_python"
+    --conf "spark.executorEnv.PYSPARK_PYTHON=$environment_python"
+  )
+  unset PYSPARK_PYTHON
+  if [ "$deploy_mode" = cluster ]; then
+    # The driver runs in a container of the cluster too (YARN's application master,
+    # a Kubernetes driver pod), where the archive is unpacked beside it.
+    python_args+=(
+      --conf "spark.pyspark.driver.python=$environment_python"
+      --conf "spark.yarn.appMasterEnv.PYSPARK_PYTHON=$environment_python"
+    )
+    unset PYSPARK_DRIVER_PYTHON
+  else
+    # spark-submit would run a client-mode driver with spark.pyspark.python too when
+    # no driver Python is configured; the driver is here, where ./environment is not.
+    driver_python="${PYSPARK_DRIVER_PYTHON:-$local_python}"
+    python_args+=(--conf "spark.pyspark.driver.python=$driver_python")
+    export PYSPARK_DRIVER_PYTHON="$driver_python"
+  fi
 else
-  submit="${SPARK_HOME:+$SPARK_HOME/bin/spark-submit}"
-  submit="${submit:-spark-submit}"
+  # No archive: the executors use their own Python; a path of this machine would not
+  # exist there. A PYSPARK_PYTHON the user exported is theirs to choose.
+  if [ "$deploy_mode" != cluster ]; then
+    export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$local_python}"
+  fi
+fi
+if [ -n "$user_archives" ] && [ -z "$env_archive" ]; then
+  python_args+=(--archives "$user_archives")
 fi
 
 # Class data sharing, locally: every JVM loads and verifies Spark's classes afresh,
@@ -125,7 +224,7 @@ fi
 
 package_zip="$(mktemp -d)/rmq_spark.zip"
 trap 'rm -rf "$(dirname "$package_zip")"' EXIT
-(cd "$here" && "${PYSPARK_DRIVER_PYTHON:-python3}" -m zipfile -c "$package_zip" rmq_spark)
+(cd "$here" && "$local_python" -m zipfile -c "$package_zip" rmq_spark)
 
 status=0
 "$submit" \
@@ -134,6 +233,7 @@ status=0
   --conf spark.speculation=false \
   --conf spark.ui.showConsoleProgress=false \
   --conf "spark.driver.extraJavaOptions=$driver_java_options" \
+  ${python_args[@]+"${python_args[@]}"} \
   "${spark_args[@]}" \
   "$job" "${job_args[@]}" || status=$?
 if [ -n "$cds_new" ] && [ -s "$cds_new" ]; then

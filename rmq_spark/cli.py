@@ -1,7 +1,9 @@
 """`rmq-spark` command line: parse arguments, load config, call one stage function.
 
-Exit codes: 0 verified, 1 verification failed, 2 the job could not run (bad config,
-broker unreachable, refused pre-flight...); the error line names what is wrong.
+Exit codes, for schedulers: 0 verified, 1 verification failed, 2 the job could not
+run (bad arguments or config, broker unreachable, refused pre-flight...; the error
+line names what is wrong), 3 an internal error (a bug, or a failure of Spark or a
+library the job did not expect: the traceback is in the log, one line names it).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from rmq_spark import __version__
+from rmq_spark.compat import check_pika
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
 
@@ -26,7 +30,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rmq_spark")
 
-EXIT_VERIFIED, EXIT_UNVERIFIED, EXIT_ERROR = 0, 1, 2
+EXIT_VERIFIED, EXIT_UNVERIFIED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
 # All cores, and up to 4 attempts per task (a retried mover task resumes its queue).
 LOCAL_MASTER = "local[*,4]"
 _QUIET_LOGGERS = ("pika", "py4j", "great_expectations", "urllib3")
@@ -49,12 +55,31 @@ class SecretMaskingFilter(logging.Filter):
         return True
 
 
-def setup_logging(level: str = "INFO") -> None:
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line, for log collectors: time (UTC), level, logger, message,
+    and the traceback as `exception` when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def setup_logging(level: str = "INFO", log_format: str = "text") -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonLogFormatter())
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     if logging.getLogger().level > logging.DEBUG:
@@ -63,10 +88,23 @@ def setup_logging(level: str = "INFO") -> None:
         logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 
-def mask_secrets_in_logs(config: JobConfig) -> None:
-    masking = SecretMaskingFilter(
-        [cluster.password.get_secret_value() for cluster in config.clusters.values()]
+def add_logging_arguments(parser: argparse.ArgumentParser, default_level: str) -> None:
+    parser.add_argument("--log-level", default=default_level, type=str.upper, choices=LOG_LEVELS)
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="json: one JSON object per log line, for log collectors",
     )
+
+
+_masked_secrets: list[str] = []
+
+
+def mask_secrets_in_logs(config: JobConfig) -> None:
+    secrets_to_mask = [cluster.password.get_secret_value() for cluster in config.clusters.values()]
+    _masked_secrets.extend(secret for secret in secrets_to_mask if secret)
+    masking = SecretMaskingFilter(secrets_to_mask)
     for handler in logging.getLogger().handlers:
         handler.addFilter(masking)
 
@@ -84,6 +122,32 @@ def print_error(exc: RmqSparkError, config: JobConfig | None = None) -> None:
             if secret and secret != cluster.username:  # guest/guest is no secret
                 message = message.replace(secret, "***")
     print(f"rmq-spark: error: {message}", file=sys.stderr, flush=True)
+
+
+def run_guarded(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run one command; an exception it did not expect becomes exit 3.
+
+    The traceback goes to the log (stderr, masked like every log line); one line names
+    the error, so a scheduler's summary shows it. Commands turn the errors a user can
+    act on (RmqSparkError) into exit 2 themselves; one that escapes is still exit 2.
+    """
+    try:
+        return command(args)
+    except RmqSparkError as exc:
+        print_error(exc)
+        return EXIT_ERROR
+    except Exception as exc:
+        log.critical("internal error in rmq-spark %s", args.command, exc_info=True)
+        lines = str(exc).strip().splitlines()
+        summary = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        for secret in _masked_secrets:
+            summary = summary.replace(secret, "***")
+        print(
+            f"rmq-spark: internal error (exit {EXIT_INTERNAL}): {summary}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_INTERNAL
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -108,7 +172,11 @@ def command_session(app_name: str, master: str | None) -> Iterator[SparkSession]
 
     from rmq_spark.spark_session import build_session
 
-    ours = SparkSession.getActiveSession() is None
+    # On Databricks the runtime owns the session (its driver may not show it as this
+    # process's active one yet): stopping it would break the cluster's other work.
+    ours = (
+        SparkSession.getActiveSession() is None and "DATABRICKS_RUNTIME_VERSION" not in os.environ
+    )
     spark = build_session(app_name, master=master or default_master())
     try:
         yield spark
@@ -124,19 +192,22 @@ def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML config file (see conf/example.yaml)")
     parser.add_argument("--run-id", help="run identifier (default: timestamp + random suffix)")
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_arguments(parser, "INFO")
 
 
 def transfer_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of jobs/transfer.py and `rmq-spark transfer`."""
     parser = argparse.ArgumentParser(prog="rmq-spark transfer", description=__doc__)
     add_transfer_arguments(parser)
-    return run_transfer_command(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.command = "transfer"
+    return run_guarded(run_transfer_command, args)
 
 
 def run_transfer_command(args: argparse.Namespace) -> int:
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     try:
+        check_pika()
         config = load_config(args.config)
         mask_secrets_in_logs(config)
         run_id = validate_run_id(args.run_id or new_run_id())
@@ -172,13 +243,15 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of jobs/plan.py and `rmq-spark plan`."""
     parser = argparse.ArgumentParser(prog="rmq-spark plan", description=run_plan_command.__doc__)
     add_plan_arguments(parser)
-    return run_plan_command(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.command = "plan"
+    return run_guarded(run_plan_command, args)
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML config file (see conf/example.yaml)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument("--log-level", default="WARNING")
+    add_logging_arguments(parser, "WARNING")
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
@@ -186,7 +259,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
     Exit 0 with the plan, or 2 with the pre-flight problems.
     """
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     from rmq_spark.discovery import discover
     from rmq_spark.pipeline import management_clients
     from rmq_spark.plan import assign_partitions
@@ -218,7 +291,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
 def add_restore_federation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML config file (see conf/example.yaml)")
-    parser.add_argument("--log-level", default="WARNING")
+    add_logging_arguments(parser, "WARNING")
 
 
 def run_restore_federation_command(args: argparse.Namespace) -> int:
@@ -227,7 +300,7 @@ def run_restore_federation_command(args: argparse.Namespace) -> int:
     For after a crash that left them paused (federation: pause); idempotent. Prints
     each restored upstream; exit 0, or 2 when a cluster could not be restored.
     """
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     from rmq_spark.federation import restore_federation, source_clusters
     from rmq_spark.pipeline import management_clients
 
@@ -259,7 +332,9 @@ def migrate_main(argv: Sequence[str] | None = None) -> int:
         prog="rmq-spark migrate", description=run_migrate_command.__doc__
     )
     add_migrate_arguments(parser)
-    return run_migrate_command(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.command = "migrate"
+    return run_guarded(run_migrate_command, args)
 
 
 def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -289,7 +364,7 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--replicas", type=int, help="x-quorum-initial-group-size of new queues")
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
-    parser.add_argument("--log-level", default="INFO")
+    add_logging_arguments(parser, "INFO")
 
 
 def run_migrate_command(args: argparse.Namespace) -> int:
@@ -299,7 +374,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
     or pre-flight refused (each problem on its own line). A re-run with the same
     config finishes a migration a crash interrupted.
     """
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     from rmq_spark.migrate import (
         MigrationOptions,
         migrate,
@@ -317,6 +392,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         replicas=args.replicas,
     )
     try:
+        check_pika()
         config = load_config(args.config)
         mask_secrets_in_logs(config)
         cluster = migration_cluster(config)
@@ -387,7 +463,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", help="where to write the report (default: <ledger>/reports/run_id=RUN/report.html)"
     )
-    parser.add_argument("--log-level", default="WARNING")
+    add_logging_arguments(parser, "WARNING")
 
 
 def run_report_command(args: argparse.Namespace) -> int:
@@ -396,7 +472,7 @@ def run_report_command(args: argparse.Namespace) -> int:
     Reads the Delta tables with delta-rs: no Spark, no broker, no password. Exit 0 with
     the path (whatever the run's verdict, which the report shows), or 2 with the error.
     """
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     from pathlib import Path
 
     from rmq_spark.run_report import build_report
@@ -441,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rmq-spark", description="Move RabbitMQ messages, verifiably."
     )
+    parser.add_argument("--version", action="version", version=f"rmq-spark {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     add_transfer_arguments(commands.add_parser("transfer", help="run the transfer job in-process"))
     add_plan_arguments(
@@ -467,16 +544,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--base-dir", default=".demo")
     demo.add_argument("--keep-brokers", action="store_true", help="leave the demo nodes running")
     args = parser.parse_args(argv)
-    if args.command == "transfer":
-        return run_transfer_command(args)
-    if args.command == "plan":
-        return run_plan_command(args)
-    if args.command == "restore-federation":
-        return run_restore_federation_command(args)
-    if args.command == "report":
-        return run_report_command(args)
-    if args.command == "migrate":
-        return run_migrate_command(args)
+    commands_by_name: dict[str, Callable[[argparse.Namespace], int]] = {
+        "transfer": run_transfer_command,
+        "plan": run_plan_command,
+        "restore-federation": run_restore_federation_command,
+        "report": run_report_command,
+        "migrate": run_migrate_command,
+        "demo": run_demo_command,
+    }
+    return run_guarded(commands_by_name[args.command], args)
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
     from rmq_spark.demo import run_demo
 
     setup_logging()
@@ -485,6 +564,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         messages_per_queue=args.messages_per_queue,
         keep_brokers=args.keep_brokers,
     )
+
+
+def script_main() -> None:
+    """Console-script and Databricks python_wheel_task entry point: exits with the code.
+
+    A python_wheel_task ignores a return value; only the process's exit status (or an
+    exception) tells the job run that it failed.
+    """
+    sys.exit(main())
 
 
 if __name__ == "__main__":

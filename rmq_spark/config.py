@@ -218,6 +218,10 @@ class MoverConfig(_Strict):
     queues_per_task: int = Field(default=2, ge=1)
 
 
+# A scheme of two letters or more: `C:\\ledger` (one letter) stays a path.
+_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+
+
 class LedgerConfig(_Strict):
     """Where the Delta ledger tables (runs, queues, messages) live."""
 
@@ -228,6 +232,18 @@ class LedgerConfig(_Strict):
     def _path(cls, path: str) -> str:
         if not path.strip():
             raise ValueError("must not be empty")
+        scheme = _URI_SCHEME.match(path)
+        if scheme:
+            # Left alone, `s3://b/x` would become a local folder named `s3:`.
+            hint = {"dbfs": " (on Databricks: /dbfs/... or /Volumes/...)"}.get(
+                scheme.group(1).lower(), ""
+            )
+            raise ValueError(
+                f"{path!r} is a URI ({scheme.group(1)}:); the ledger is written with file "
+                "system calls by the driver and every executor, so it must be a path of a "
+                f"directory they all mount{hint}: a local path for local[*], an NFS or "
+                "ReadWriteMany volume on a cluster, /Volumes/... or /dbfs/... on Databricks"
+            )
         return path
 
 

@@ -45,12 +45,25 @@ class PreflightError(RmqSparkError):
     """
 
 
+class ExecutorEnvironmentError(RmqSparkError):
+    """An executor's Python lacks a module the movers import (nothing shipped it)."""
+
+
 class TransferError(RmqSparkError):
     """A queue transfer stopped: the destination refused or returned a message."""
 
 
 class LedgerError(RmqSparkError):
     """The ledger could not be written or read."""
+
+
+class LedgerNotSharedError(LedgerError):
+    """The ledger path is not one directory shared by the driver and every executor,
+    or it is a URI (s3://, abfss://, dbfs:...) rather than a file system path."""
+
+
+class UnsupportedDependencyError(RmqSparkError):
+    """An installed library is a version whose internals rmq-spark does not support."""
 
 
 class VerificationFailedError(RmqSparkError):

@@ -26,6 +26,7 @@ from rmq_spark.config import JobConfig, validate_run_id
 from rmq_spark.discovery import QueueTransfer, discover, measure_depths
 from rmq_spark.errors import ConfigError
 from rmq_spark.executor import ExecutorSettings, move_partition
+from rmq_spark.executor_preflight import check_executors
 from rmq_spark.federation import paused_federation
 from rmq_spark.ledger import schema, tables
 from rmq_spark.management import ManagementClient
@@ -107,6 +108,9 @@ def run_transfer(
     to_move, transfers = prepared.to_move, prepared.transfers
     ledger_path = config.ledger.path
     assignment = assign_partitions(to_move, config.max_active, config.mover.queues_per_task)
+    # Before anything moves: every executor can import the movers' libraries and
+    # writes its ledger files where this driver reads them.
+    check_executors(spark, str(Path(ledger_path).resolve()))
     plan = plan_rows(spark, to_move, assignment)
     log.info("run %s: %d queues in %d partitions", run_id, len(to_move), len(set(assignment)))
 

@@ -33,6 +33,7 @@ from typing import Any
 from pika import exceptions, frame, spec
 from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
 
+from rmq_spark.compat import check_pika
 from rmq_spark.window import Delivery
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,8 @@ def install() -> None:
     other pika users in the same process are unaffected; coalescing changes how the
     bytes are cut into writes, never the bytes.
     """
+    # The two patches below rely on pika internals: refuse a pika they were not made for.
+    check_pika()
     spec.props[_BASIC_CLASS_ID] = WireBasicProperties
     _AsyncPlaintextTransport._produce = _produce_coalesced
 

@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import schema, writer
+from rmq_spark.ledger.storage import describe, storage_options
 from rmq_spark.ledger.writer import read_stream, run_intents_dir, run_partition_dir, run_rows_dir
 from rmq_spark.spark_session import spark_has_delta
 
@@ -53,14 +54,23 @@ def ensure_tables(ledger_path: str) -> None:
         raise LedgerError(
             f"ledger.path {ledger_path}: {expected}; {exc.strerror} ({exc.filename})"
         ) from exc
+    options = storage_options(str(root))
+    if options:
+        log.info(
+            "ledger %s is on storage without hard links (FUSE): delta-rs commits with %s; "
+            "run one job at a time on this ledger",
+            ledger_path,
+            describe(options),
+        )
     for name, columns in schema.TABLES.items():
         path = table_path(ledger_path, name)
         try:
             try:
-                DeltaTable(path)
+                DeltaTable(path, storage_options=storage_options(path))
             except TableNotFoundError:
                 DeltaTable.create(
                     path,
+                    storage_options=storage_options(path),
                     schema=schema.arrow_schema(columns),
                     partition_by=schema.PARTITION_BY[name] or None,
                     mode="ignore",
@@ -82,7 +92,7 @@ def commit_run(ledger_path: str, run_id: str) -> int:
     uncertain rows, so every publish has a row.
     """
     path = table_path(ledger_path, "messages")
-    table = DeltaTable(path)
+    table = DeltaTable(path, storage_options=storage_options(path))
     partition = run_partition_dir(ledger_path, run_id)
     rows_from_streams(ledger_path, run_id)
     rows_from_intents(ledger_path, run_id)
@@ -188,7 +198,8 @@ def append_rows(ledger_path: str, table: str, rows: Sequence[Mapping[str, Any]])
         return
     arrow_schema = schema.arrow_schema(schema.TABLES[table])
     data = pa.Table.from_pylist([dict(row) for row in rows], schema=arrow_schema)
-    write_deltalake(table_path(ledger_path, table), data, mode="append")
+    path = table_path(ledger_path, table)
+    write_deltalake(path, data, mode="append", storage_options=storage_options(path))
 
 
 def read_table(spark: SparkSession, ledger_path: str, table: str) -> DataFrame:
@@ -198,7 +209,7 @@ def read_table(spark: SparkSession, ledger_path: str, table: str) -> DataFrame:
         return spark.read.format("delta").load(path)
     spark_schema = schema.spark_schema(schema.TABLES[table])
     try:
-        files = DeltaTable(path).file_uris()
+        files = DeltaTable(path, storage_options=storage_options(path)).file_uris()
     except TableNotFoundError as exc:
         raise LedgerError(f"ledger table {path} does not exist") from exc
     if not files:
@@ -231,7 +242,7 @@ def arrow_dataset(ledger_path: str, table: str, run_id: str | None = None) -> ds
     path = table_path(ledger_path, table)
     partition_columns = schema.PARTITION_BY[table]
     try:
-        files = DeltaTable(path).file_uris(
+        files = DeltaTable(path, storage_options=storage_options(path)).file_uris(
             partition_filters=[("run_id", "=", run_id)]
             if run_id is not None and "run_id" in partition_columns
             else None

@@ -4,6 +4,7 @@ spark-submit records what it was given)."""
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import struct
 import subprocess
@@ -216,3 +217,154 @@ def test_using_an_archive_marks_it_as_used(cds_spark_home: Path, tmp_path: Path)
 
     assert "SharedArchiveFile" in driver_options(cds_spark_home, tmp_path)
     assert archive.stat().st_mtime > time.time() - 3600
+
+
+# -- which Python the driver and the executors run ---------------------------------------
+
+# Records every argument (one a line) and the Python variables spark-submit was given.
+ARGS_STUB = r"""#!/bin/sh
+printf '%s\n' "$@" > "$STUB_OUT.args"
+printf 'PYSPARK_PYTHON=%s\nPYSPARK_DRIVER_PYTHON=%s\n' \
+  "${PYSPARK_PYTHON-unset}" "${PYSPARK_DRIVER_PYTHON-unset}" > "$STUB_OUT.env"
+"""
+ENVIRONMENT_PYTHON = "./environment/bin/python"
+REPO = SCRIPT.parent
+
+
+@pytest.fixture
+def args_spark_home(tmp_path: Path) -> Path:
+    home = tmp_path / "spark"
+    (home / "bin").mkdir(parents=True)
+    stub = home / "bin" / "spark-submit"
+    stub.write_text(ARGS_STUB)
+    stub.chmod(0o755)
+    return home
+
+
+def submitted(
+    spark_home: Path, tmp_path: Path, *spark_args: str
+) -> tuple[list[str], dict[str, str]]:
+    """Run spark-submit.sh with a clean Python environment; the stub's (args, env)."""
+    out = tmp_path / "stub"
+    environ = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    }
+    subprocess.run(
+        [str(SCRIPT), *spark_args, "--config", "conf/prod.yaml", "--run-id", "r1"],
+        env={**environ, "SPARK_HOME": str(spark_home), "STUB_OUT": str(out)},
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    args = Path(f"{out}.args").read_text().splitlines()
+    env = dict(line.split("=", 1) for line in Path(f"{out}.env").read_text().splitlines())
+    return args, env
+
+
+def confs(args: list[str]) -> dict[str, str]:
+    return dict(
+        value.split("=", 1) for option, value in itertools.pairwise(args) if option == "--conf"
+    )
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Path:
+    path = tmp_path / "dist" / "rmq-spark-env-0.1.0-cp311-linux_x86_64.tar.gz"
+    path.parent.mkdir()
+    path.write_bytes(b"not really a tarball")
+    return path
+
+
+def test_yarn_without_an_archive_exports_no_python_of_this_machine(
+    args_spark_home: Path, tmp_path: Path
+) -> None:
+    args, env = submitted(args_spark_home, tmp_path, "--master", "yarn")
+
+    assert env["PYSPARK_PYTHON"] == "unset"
+    assert "spark.pyspark.python" not in confs(args)
+    assert "spark.executorEnv.PYSPARK_PYTHON" not in confs(args)
+    assert "--archives" not in args
+    # The driver is here in client mode: its Python may be this machine's.
+    assert env["PYSPARK_DRIVER_PYTHON"] in (str(REPO / ".venv" / "bin" / "python"), "python3")
+    assert args[-5:] == [str(REPO / "jobs" / "transfer.py"), "--config", "conf/prod.yaml",
+                         "--run-id", "r1"]  # fmt: skip
+
+
+def test_yarn_with_the_archive_ships_it_and_points_the_executors_into_it(
+    args_spark_home: Path, tmp_path: Path, archive: Path
+) -> None:
+    args, env = submitted(
+        args_spark_home, tmp_path, "--master", "yarn", "--env-archive", str(archive)
+    )
+
+    assert args[args.index("--archives") + 1] == f"{archive}#environment"
+    settings = confs(args)
+    assert settings["spark.pyspark.python"] == ENVIRONMENT_PYTHON
+    assert settings["spark.executorEnv.PYSPARK_PYTHON"] == ENVIRONMENT_PYTHON
+    assert env["PYSPARK_PYTHON"] == "unset"
+    # client mode: the driver runs here, with this checkout's Python, named explicitly
+    # (spark-submit would otherwise give the driver spark.pyspark.python too).
+    assert settings["spark.pyspark.driver.python"] == env["PYSPARK_DRIVER_PYTHON"]
+    assert not settings["spark.pyspark.driver.python"].startswith("./")
+    assert "--env-archive" not in args
+
+
+def test_cluster_deploy_mode_runs_the_driver_from_the_archive_too(
+    args_spark_home: Path, tmp_path: Path, archive: Path
+) -> None:
+    args, env = submitted(
+        args_spark_home,
+        tmp_path,
+        "--master=yarn",
+        "--deploy-mode",
+        "cluster",
+        "--archives",
+        "extra.zip#extra",
+        f"--env-archive={archive}",
+    )
+
+    settings = confs(args)
+    assert settings["spark.pyspark.python"] == ENVIRONMENT_PYTHON
+    assert settings["spark.pyspark.driver.python"] == ENVIRONMENT_PYTHON
+    assert settings["spark.yarn.appMasterEnv.PYSPARK_PYTHON"] == ENVIRONMENT_PYTHON
+    assert env == {"PYSPARK_PYTHON": "unset", "PYSPARK_DRIVER_PYTHON": "unset"}
+    # One --archives with the user's archive and ours (a second would replace the first).
+    assert args.count("--archives") == 1
+    assert args[args.index("--archives") + 1] == f"extra.zip#extra,{archive}#environment"
+    assert args[args.index("--deploy-mode") + 1] == "cluster"
+
+
+def test_a_local_run_uses_this_checkouts_python(args_spark_home: Path, tmp_path: Path) -> None:
+    args, env = submitted(args_spark_home, tmp_path)
+
+    assert args[args.index("--master") + 1] == "local[*,4]"
+    assert env["PYSPARK_PYTHON"] == env["PYSPARK_DRIVER_PYTHON"]
+    assert "spark.pyspark.python" not in confs(args)
+
+
+@pytest.mark.parametrize(
+    ("spark_args", "message"),
+    [
+        (("--master", "yarn", "--env-archive", "dist/missing.tar.gz"), "no such file"),
+        (("--master", "local[2]", "--env-archive", "{archive}"), "for cluster masters"),
+        (("--master", "yarn", "--env-archive"), "--env-archive needs a value"),
+    ],
+    ids=["missing archive", "local master", "no value"],
+)
+def test_a_wrong_env_archive_stops_before_spark_submit(
+    args_spark_home: Path, tmp_path: Path, archive: Path, spark_args: tuple[str, ...], message: str
+) -> None:
+    out = tmp_path / "stub"
+    completed = subprocess.run(
+        [str(SCRIPT), *(a.format(archive=archive) for a in spark_args), "--config", "c.yaml"],
+        env={**os.environ, "SPARK_HOME": str(args_spark_home), "STUB_OUT": str(out)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert completed.returncode == 2
+    assert message in completed.stderr
+    assert not Path(f"{out}.args").exists()

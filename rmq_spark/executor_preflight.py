@@ -1,0 +1,221 @@
+"""Pre-flight on the executors: their Python has the dependencies, and they share the
+driver's ledger directory.
+
+Checked on the driver alone, a ledger path that is local to each executor (a path
+that exists on every host, but is not one shared mount) would let movers ack source
+messages with their ledger rows on disks the driver never reads. So before anything
+moves, Spark runs small probe tasks: each writes a sentinel file under the ledger path
+and reports what it wrote; the driver then reads every sentinel back.
+
+The probe runs in the executors' Python before any dependency is known to be there,
+so this module imports the standard library only (the package's `__init__` too):
+an executor without pika still answers, and the driver can say what is missing.
+
+Spark places tasks, not this module: `probe_tasks` asks for at least one task per
+core the cluster offers and per registered executor, so every executor running when
+the job starts gets one in practice, but Spark does not promise it. An executor that
+joins later (dynamic allocation) is not probed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rmq_spark.compat import installed_version, pika_problem
+from rmq_spark.errors import (
+    ExecutorEnvironmentError,
+    LedgerNotSharedError,
+    PreflightError,
+    RmqSparkError,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# What executor tasks import (executor.py, mover.py, ledger/writer.py) beyond pyspark.
+EXECUTOR_MODULES = ("pika", "pyarrow", "deltalake", "pydantic", "requests", "yaml")
+SENTINEL_DIR = "_preflight"
+ARCHIVE_HINT = (
+    "ship the environment archive: make package, then "
+    "./spark-submit.sh --env-archive dist/rmq-spark-env-*.tar.gz ..."
+)
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """What one probe task found on its executor."""
+
+    host: str
+    pid: int
+    python: str
+    python_version: str
+    missing: tuple[str, ...]
+    sentinel: str  # the file it wrote ("" when it could not write)
+    token: str  # written into the sentinel; the driver expects the same back
+    write_error: str = ""
+    pika_version: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"executor on host {self.host} (pid {self.pid}, Python {self.python})"
+
+
+def probe(
+    partition: Iterable[Any], *, sentinel_dir: str, modules: Sequence[str] = EXECUTOR_MODULES
+) -> Iterator[dict[str, object]]:
+    """Runs on an executor (mapPartitions): check imports, write one sentinel, report.
+
+    Returns plain dicts: a dataclass would have to be unpickled from this module on the
+    driver, which is fine, but dicts keep the wire format independent of it.
+    """
+    index = next(iter(partition), 0)  # the partition's single element: its number
+    missing = tuple(name for name in modules if importlib.util.find_spec(name) is None)
+    token = secrets.token_hex(8)
+    host, pid = socket.gethostname(), os.getpid()
+    sentinel = os.path.join(sentinel_dir, f"{host}-{pid}-{index}-{token}.json")
+    write_error = ""
+    try:
+        os.makedirs(sentinel_dir, exist_ok=True)
+        with open(sentinel, "w", encoding="utf-8") as out:
+            json.dump({"host": host, "pid": pid, "token": token}, out)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        write_error, sentinel = f"{type(exc).__name__}: {exc}", ""
+    yield {
+        "host": host,
+        "pid": pid,
+        "python": sys.executable,
+        "python_version": ".".join(map(str, sys.version_info[:3])),
+        "missing": list(missing),
+        "sentinel": sentinel,
+        "token": token,
+        "write_error": write_error,
+        "pika_version": installed_version("pika"),
+    }
+
+
+def read_token(path: str) -> str | None:
+    """The token in a sentinel as the driver sees it, or None if it cannot read it."""
+    try:
+        with open(path, encoding="utf-8") as text:
+            token = json.load(text).get("token")
+    except (OSError, ValueError):
+        return None
+    return token if isinstance(token, str) else None
+
+
+def problems_of(
+    reports: Sequence[ProbeReport],
+    ledger_path: str,
+    read: Callable[[str], str | None] = read_token,
+) -> list[RmqSparkError]:
+    """Pure: one error per executor whose Python lacks modules or whose sentinel the
+    driver cannot read back (`read` is how the driver reads one)."""
+    problems: list[RmqSparkError] = []
+    seen: set[tuple[str, int]] = set()
+    for report in reports:
+        if (report.host, report.pid) in seen:
+            continue  # several tasks on one executor: one line for it
+        seen.add((report.host, report.pid))
+        if report.missing:
+            problems.append(
+                ExecutorEnvironmentError(
+                    f"{report.where} lacks the Python module(s) {', '.join(report.missing)}: "
+                    f"{ARCHIVE_HINT}"
+                )
+            )
+        elif "pika" in EXECUTOR_MODULES and (problem := pika_problem(report.pika_version)):
+            problems.append(ExecutorEnvironmentError(f"{report.where}: {problem}"))
+        if report.write_error:
+            problems.append(
+                LedgerNotSharedError(
+                    f"ledger.path {ledger_path}: the {report.where} cannot write under it "
+                    f"({report.write_error}); the driver and every executor must see it as "
+                    "one shared directory"
+                )
+            )
+        elif read(report.sentinel) != report.token:
+            problems.append(
+                LedgerNotSharedError(
+                    f"ledger.path {ledger_path} is not shared: the {report.where} wrote "
+                    f"{report.sentinel}, which the driver does not see; the driver and every "
+                    "executor must see it as one shared directory (an NFS or ReadWriteMany "
+                    "mount, /dbfs or /Volumes on Databricks)"
+                )
+            )
+    return problems
+
+
+def probe_tasks(spark: SparkSession) -> int:
+    """How many probe tasks: one per core offered and per executor registered."""
+    context = spark.sparkContext
+    executors = 1
+    try:
+        # The driver's block manager is in the map too; on local[*] it is the only one.
+        executors = max(1, context._jsc.sc().getExecutorMemoryStatus().size() - 1)
+    except Exception:  # py4j: the call is a JVM detail; the parallelism still counts
+        executors = 1
+    return max(context.defaultParallelism, executors)
+
+
+def check_executors(spark: SparkSession, ledger_path: str) -> None:
+    """Probe the executors; raise one error listing every problem, or return.
+
+    `ledger_path` is the absolute path every task will write under. The sentinels are
+    removed again (what the driver can see of them).
+    """
+    sentinel_dir = os.path.join(ledger_path, SENTINEL_DIR, secrets.token_hex(8))
+    tasks = probe_tasks(spark)
+    try:
+        raw: list[dict[str, Any]] = (
+            spark.sparkContext.parallelize(range(tasks), tasks)
+            .mapPartitions(partial(probe, sentinel_dir=sentinel_dir))
+            .collect()
+        )
+        reports = [
+            ProbeReport(
+                host=str(row["host"]),
+                pid=int(row["pid"]),
+                python=str(row["python"]),
+                python_version=str(row["python_version"]),
+                missing=tuple(row["missing"]),
+                sentinel=str(row["sentinel"]),
+                token=str(row["token"]),
+                write_error=str(row["write_error"]),
+                pika_version=row.get("pika_version"),
+            )
+            for row in raw
+        ]
+        problems = problems_of(reports, ledger_path)
+    finally:
+        shutil.rmtree(sentinel_dir, ignore_errors=True)
+        parent = Path(sentinel_dir).parent
+        if parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+    raise_problems(problems)
+
+
+def raise_problems(problems: Sequence[RmqSparkError]) -> None:
+    if not problems:
+        return
+    message = "\n  ".join(
+        ["executor pre-flight refused the run; nothing was moved:"]
+        + [str(problem) for problem in problems]
+    )
+    kinds = {type(problem) for problem in problems}
+    error_class = kinds.pop() if len(kinds) == 1 else PreflightError
+    error = error_class(message)
+    error.problems = tuple(problems)
+    raise error

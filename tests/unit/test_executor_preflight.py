@@ -1,0 +1,143 @@
+"""Executor pre-flight, Spark-free: the probe a task runs, and the driver's verdict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pika
+import pytest
+
+from rmq_spark.config import LedgerConfig
+from rmq_spark.errors import ExecutorEnvironmentError, LedgerNotSharedError, PreflightError
+from rmq_spark.executor_preflight import (
+    ProbeReport,
+    probe,
+    problems_of,
+    raise_problems,
+    read_token,
+)
+
+
+def report(**changes: object) -> ProbeReport:
+    fields: dict[str, object] = {
+        "host": "worker-1",
+        "pid": 4242,
+        "python": "/usr/bin/python3",
+        "python_version": "3.11.7",
+        "missing": (),
+        "sentinel": "/ledger/_preflight/x/worker-1-4242-0-t.json",
+        "token": "t0k3n",
+        "pika_version": "1.4.4",
+    }
+    return ProbeReport(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_the_probe_writes_a_sentinel_the_driver_reads_back(tmp_path: Path) -> None:
+    (row,) = probe(iter([3]), sentinel_dir=str(tmp_path / "s"), modules=("json", "no_such_mod"))
+
+    assert row["missing"] == ["no_such_mod"]
+    assert row["write_error"] == ""
+    assert row["pika_version"] == pika.__version__
+    sentinel = Path(str(row["sentinel"]))
+    assert sentinel.parent == tmp_path / "s"
+    assert sentinel.name.endswith(f"-3-{row['token']}.json")
+    assert json.loads(sentinel.read_text())["token"] == row["token"]
+    assert read_token(str(sentinel)) == row["token"]
+
+
+def test_a_probe_that_cannot_write_says_why(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    (row,) = probe(iter([0]), sentinel_dir=str(blocker / "s"), modules=())
+
+    assert row["sentinel"] == ""
+    assert str(row["write_error"]).startswith(("FileExistsError", "NotADirectoryError"))
+
+
+def test_the_probe_module_imports_the_standard_library_only() -> None:
+    # An executor without the dependencies must still run the probe and answer.
+    code = (
+        "import sys; import rmq_spark.executor_preflight; "
+        "heavy = {'pika', 'pyarrow', 'deltalake', 'pydantic', 'pyspark', 'yaml', 'requests'}; "
+        "print(sorted(heavy & set(sys.modules)))"
+    )
+    seen = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert seen.stdout.strip() == "[]"
+
+
+def test_a_shared_directory_passes() -> None:
+    assert problems_of([report(), report(pid=4343)], "/ledger", read=lambda _: "t0k3n") == []
+
+
+def test_a_sentinel_the_driver_does_not_see_refuses_the_path() -> None:
+    (problem,) = problems_of([report()], "/data/ledger", read=lambda _: None)
+
+    assert isinstance(problem, LedgerNotSharedError)
+    message = str(problem)
+    assert "ledger.path /data/ledger is not shared" in message
+    assert "executor on host worker-1 (pid 4242" in message
+    assert "/ledger/_preflight/x/worker-1-4242-0-t.json" in message
+
+
+def test_another_files_token_is_not_a_shared_directory() -> None:
+    # The same path on another disk can hold an older sentinel: the token tells.
+    (problem,) = problems_of([report()], "/data/ledger", read=lambda _: "0ld")
+    assert isinstance(problem, LedgerNotSharedError)
+
+
+def test_missing_modules_name_the_executor_and_the_archive() -> None:
+    reports = [report(missing=("pika", "deltalake")), report(missing=("pika", "deltalake"))]
+    (problem,) = problems_of(reports, "/ledger", read=lambda _: "t0k3n")  # one per executor
+
+    assert isinstance(problem, ExecutorEnvironmentError)
+    assert "lacks the Python module(s) pika, deltalake" in str(problem)
+    assert "Python /usr/bin/python3" in str(problem)
+    assert "--env-archive" in str(problem)
+
+
+def test_an_executors_unsupported_pika_is_named() -> None:
+    (problem,) = problems_of([report(pika_version="1.3.2")], "/ledger", read=lambda _: "t0k3n")
+    assert isinstance(problem, ExecutorEnvironmentError)
+    assert "executor on host worker-1" in str(problem)
+    assert "pika 1.3.2 is installed" in str(problem)
+
+
+def test_problems_of_both_kinds_are_one_preflight_error() -> None:
+    problems = problems_of(
+        [report(missing=("pika",)), report(pid=1, write_error="PermissionError: denied")],
+        "/ledger",
+        read=lambda _: "t0k3n",
+    )
+    with pytest.raises(PreflightError) as raised:
+        raise_problems(problems)
+    assert raised.value.problems == tuple(problems)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "executor pre-flight refused the run; nothing was moved:"
+    assert len(lines) == 3
+    assert "cannot write under it (PermissionError: denied)" in lines[2]
+
+
+def test_no_problem_raises_nothing() -> None:
+    raise_problems([])
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["s3://bucket/ledger", "abfss://c@acct.dfs.core.windows.net/l", "dbfs:/ledger", "gs://b"],
+)
+def test_a_uri_ledger_path_is_refused_with_what_is_supported(path: str) -> None:
+    with pytest.raises(ValueError, match="is a URI") as raised:
+        LedgerConfig(path=path)
+    assert "a path of a directory they all mount" in str(raised.value)
+    if path.startswith("dbfs"):
+        assert "/dbfs/..." in str(raised.value)
+
+
+@pytest.mark.parametrize("path", ["/data/ledger", "relative/ledger", "C:\\ledger", "./a:b"])
+def test_file_system_paths_stay_accepted(path: str) -> None:
+    assert LedgerConfig(path=path).path == path

@@ -1,0 +1,80 @@
+"""The wheel's pins are the tested versions, and the runtime lock is their closure."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+import rmq_spark
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def lock(path: Path) -> dict[str, str]:
+    """{canonical name: version} of a `name==version` lock file."""
+    pins: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        pin = line.split("#", 1)[0].strip()
+        if pin:
+            name, version = pin.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def project() -> dict[str, object]:
+    with (REPO / "pyproject.toml").open("rb") as text:
+        table: dict[str, object] = tomllib.load(text)["project"]
+    return table
+
+
+def exact_pins(requirements: list[str]) -> dict[str, str]:
+    pins = {}
+    for text in requirements:
+        requirement = Requirement(text)
+        (spec,) = requirement.specifier
+        assert spec.operator == "==", f"{text!r} is not pinned to one version"
+        pins[canonicalize_name(requirement.name)] = spec.version
+    return pins
+
+
+def test_the_wheels_dependencies_are_the_tested_versions() -> None:
+    tested = lock(REPO / "requirements.lock")
+    table = project()
+    runtime = exact_pins(table["dependencies"])  # type: ignore[arg-type]
+    spark = exact_pins(table["optional-dependencies"]["spark"])  # type: ignore[index]
+    assert {name: tested[name] for name in runtime} == runtime
+    assert {name: tested[name] for name in spark} == spark
+    # Spark is an extra only: a Spark runtime must not get a second pyspark from us.
+    assert not {"pyspark", "delta-spark"} & set(runtime)
+    assert set(spark) == {"pyspark", "delta-spark"}
+
+
+def test_the_runtime_lock_is_the_tested_closure_without_spark_or_dev_tools() -> None:
+    tested = lock(REPO / "requirements.lock")
+    runtime = lock(REPO / "requirements-runtime.lock")
+    assert {name: tested.get(name) for name in runtime} == runtime
+    direct = exact_pins(project()["dependencies"])  # type: ignore[arg-type]
+    assert {name: runtime.get(name) for name in direct} == direct
+    for absent in ("pyspark", "py4j", "delta-spark", "pytest", "mypy", "ruff", "venv-pack"):
+        assert absent not in runtime
+
+
+def test_one_version_everywhere() -> None:
+    assert re.fullmatch(r"\d+\.\d+\.\d+", rmq_spark.__version__)
+    changelog = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert f"## {rmq_spark.__version__}" in changelog
+
+
+def test_the_kubernetes_image_installs_the_runtime_lock_on_python_3_11() -> None:
+    # The image cannot be built here (no registry): its recipe is checked instead.
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text(encoding="utf-8")
+    assert "ARG PYTHON_IMAGE=python:3.11-" in dockerfile
+    assert "--no-deps -r /tmp/rmq-spark/requirements-runtime.lock" in dockerfile
+    assert "--no-deps /tmp/rmq-spark/rmq_spark-*.whl" in dockerfile
+    py4j = lock(REPO / "requirements.lock")["py4j"]
+    assert f"ARG PY4J_VERSION={py4j}" in dockerfile  # Spark 4.0's and the tested pyspark's
+    assert "USER 185" in dockerfile
