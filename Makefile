@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
-.PHONY: setup system demo test lint typecheck unit soak bench bench-memory bench-stages clean
+.PHONY: setup system roots demo test lint typecheck unit soak bench bench-memory bench-stages clean
 
 setup: system $(INSTALLED)
 
@@ -25,6 +25,16 @@ system:
 	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server; \
 	fi
+	@if ! command -v mmdebstrap >/dev/null; then \
+	  echo "installing mmdebstrap (builds the Debian roots that hold RabbitMQ 4.x)"; \
+	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap; \
+	fi
+
+# RabbitMQ 4.0 (Debian trixie) and 4.3 (Debian forky) in Debian roots under
+# ~/.cache/rmq-spark/roots, built only when missing (~20 s each); never on the host.
+roots: setup
+	$(BIN)/python -m rmq_spark.rabbitmq_roots build
 
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
