@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -118,17 +119,21 @@ class RabbitMQRoot:
 
     def rabbitmq_ids(self) -> tuple[int, int]:
         """uid and gid of the root's own ``rabbitmq`` user (not the host's: they differ)."""
-        passwd = self.path / "etc" / "passwd"
-        try:
-            for line in passwd.read_text(encoding="utf-8").splitlines():
-                fields = line.split(":")
-                if len(fields) >= 4 and fields[0] == "rabbitmq":
-                    return int(fields[2]), int(fields[3])
-        except (OSError, ValueError) as exc:
-            raise RabbitMQRootError(f"RabbitMQ {self.version} root {self.path}: {exc}") from exc
-        raise RabbitMQRootError(
-            f"RabbitMQ {self.version} root {self.path}: no rabbitmq user in {passwd}"
-        )
+        return rabbitmq_ids(self.path, self.version)
+
+
+@functools.cache
+def rabbitmq_ids(fs_root: Path, version: str) -> tuple[int, int]:
+    """uid and gid of the ``rabbitmq`` user in the root at ``fs_root``, from its passwd."""
+    passwd = fs_root / "etc" / "passwd"
+    try:
+        for line in passwd.read_text(encoding="utf-8").splitlines():
+            fields = line.split(":")
+            if len(fields) >= 4 and fields[0] == "rabbitmq":
+                return int(fields[2]), int(fields[3])
+    except (OSError, ValueError) as exc:
+        raise RabbitMQRootError(f"RabbitMQ {version} root {fs_root}: {exc}") from exc
+    raise RabbitMQRootError(f"RabbitMQ {version} root {fs_root}: no rabbitmq user in {passwd}")
 
 
 def upstream_version(package_version: str) -> str:
