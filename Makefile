@@ -1,5 +1,6 @@
 # rmq-spark: the two commands a new user runs.
 #   make demo   set up, start local brokers, move demo data with spark-submit, verify
+#               (RABBITMQ=4.0 or RABBITMQ=4.3 for nodes of that version; 3.10 by default)
 #   make test   set up, lint, type-check, run unit, Spark and integration tests
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -43,8 +44,10 @@ $(INSTALLED): pyproject.toml requirements.lock
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
+# RABBITMQ=4.0 or RABBITMQ=4.3 runs the demo on nodes from a Debian root (built when missing).
+RABBITMQ ?= 3.10
 demo: setup
-	$(BIN)/rmq-spark demo
+	$(BIN)/rmq-spark demo --rabbitmq $(RABBITMQ)
 
 lint: setup
 	$(BIN)/ruff check rmq_spark jobs tests

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
+from rmq_spark.rabbitmq_roots import HOST_VERSION, VERSIONS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -466,6 +467,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--messages-per-queue", type=int, default=3000)
     demo.add_argument("--base-dir", default=".demo")
     demo.add_argument("--keep-brokers", action="store_true", help="leave the demo nodes running")
+    demo.add_argument(
+        "--rabbitmq",
+        default=HOST_VERSION,
+        choices=list(VERSIONS),
+        help=f"RabbitMQ version of the demo nodes: {HOST_VERSION} is the host's Debian "
+        "package, the others run from Debian roots built on first use (~20 s each)",
+    )
     args = parser.parse_args(argv)
     if args.command == "transfer":
         return run_transfer_command(args)
@@ -484,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         base_dir=args.base_dir,
         messages_per_queue=args.messages_per_queue,
         keep_brokers=args.keep_brokers,
+        rabbitmq=args.rabbitmq,
     )
 
 

@@ -188,7 +188,9 @@ def append_rows(ledger_path: str, table: str, rows: Sequence[Mapping[str, Any]])
         return
     arrow_schema = schema.arrow_schema(schema.TABLES[table])
     data = pa.Table.from_pylist([dict(row) for row in rows], schema=arrow_schema)
-    write_deltalake(table_path(ledger_path, table), data, mode="append")
+    # merge: a ledger made before a nullable column was added (runs.rabbitmq_versions)
+    # gains it on its next append instead of refusing the row.
+    write_deltalake(table_path(ledger_path, table), data, mode="append", schema_mode="merge")
 
 
 def read_table(spark: SparkSession, ledger_path: str, table: str) -> DataFrame:
