@@ -59,7 +59,7 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest tests/unit
 
-test: lint typecheck
+test: lint typecheck roots
 	$(BIN)/pytest tests
 
 # The fault matrix three times over (each run starts its own brokers): flaky
