@@ -1,5 +1,6 @@
 # rmq-spark: the two commands a new user runs.
 #   make demo   set up, start local brokers, move demo data with spark-submit, verify
+#               (RABBITMQ=4.0 or RABBITMQ=4.3 for nodes of that version; 3.10 by default)
 #   make test   set up, lint, type-check, run unit, Spark and integration tests
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
-.PHONY: setup system demo test lint typecheck unit soak bench bench-memory bench-stages clean \
+.PHONY: setup system roots demo test lint typecheck unit soak bench bench-memory bench-stages clean \
 	package lock-runtime
 
 setup: system $(INSTALLED)
@@ -32,6 +33,16 @@ system:
 	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server; \
 	fi
+	@if ! command -v mmdebstrap >/dev/null; then \
+	  echo "installing mmdebstrap (builds the Debian roots that hold RabbitMQ 4.x)"; \
+	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap; \
+	fi
+
+# RabbitMQ 4.0 (Debian trixie) and 4.3 (Debian forky) in Debian roots under
+# ~/.cache/rmq-spark/roots, built only when missing (~20 s each); never on the host.
+roots: setup
+	$(BIN)/python -m rmq_spark.rabbitmq_roots build
 
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +51,10 @@ $(INSTALLED): pyproject.toml requirements.lock
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
+# RABBITMQ=4.0 or RABBITMQ=4.3 runs the demo on nodes from a Debian root (built when missing).
+RABBITMQ ?= 3.10
 demo: setup
-	$(BIN)/rmq-spark demo
+	$(BIN)/rmq-spark demo --rabbitmq $(RABBITMQ)
 
 lint: setup
 	$(BIN)/ruff check rmq_spark jobs tests
@@ -53,7 +66,7 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest tests/unit
 
-test: lint typecheck
+test: lint typecheck roots
 	$(BIN)/pytest tests
 
 # The fault matrix three times over (each run starts its own brokers): flaky

@@ -24,6 +24,7 @@ from rmq_spark import __version__
 from rmq_spark.compat import check_pika
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
+from rmq_spark.rabbitmq_roots import HOST_VERSION, VERSIONS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -543,6 +544,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--messages-per-queue", type=int, default=3000)
     demo.add_argument("--base-dir", default=".demo")
     demo.add_argument("--keep-brokers", action="store_true", help="leave the demo nodes running")
+    demo.add_argument(
+        "--rabbitmq",
+        default=HOST_VERSION,
+        choices=list(VERSIONS),
+        help=f"RabbitMQ version of the demo nodes: {HOST_VERSION} is the host's Debian "
+        "package, the others run from Debian roots built on first use (~20 s each)",
+    )
     args = parser.parse_args(argv)
     commands_by_name: dict[str, Callable[[argparse.Namespace], int]] = {
         "transfer": run_transfer_command,
@@ -563,6 +571,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         base_dir=args.base_dir,
         messages_per_queue=args.messages_per_queue,
         keep_brokers=args.keep_brokers,
+        rabbitmq=args.rabbitmq,
     )
 
 

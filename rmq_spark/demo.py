@@ -28,6 +28,7 @@ import pika
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.local_brokers import LocalNode, save_nodes, start_nodes, stop_nodes
 from rmq_spark.progress import TERMINAL_ENV
+from rmq_spark.rabbitmq_roots import HOST_VERSION
 from rmq_spark.report import RESULT_PREFIX
 
 log = logging.getLogger(__name__)
@@ -174,13 +175,20 @@ def node_connector(node: LocalNode) -> Callable[[str], pika.BlockingConnection]:
     return connect
 
 
-def run_demo(*, base_dir: str, messages_per_queue: int, keep_brokers: bool) -> int:
-    """Start a DR and a main node, fill DR, spark-submit the job, return its exit code."""
+def run_demo(
+    *, base_dir: str, messages_per_queue: int, keep_brokers: bool, rabbitmq: str = HOST_VERSION
+) -> int:
+    """Start a DR and a main node, fill DR, spark-submit the job, return its exit code.
+
+    ``rabbitmq``: the nodes' version (see ``local_brokers.start_nodes``).
+    """
     if not SPARK_SUBMIT.exists():
         raise RmqSparkError(f"the demo runs from a checkout; {SPARK_SUBMIT} is missing")
     base = Path(base_dir).resolve()
     ledger = base / "ledger"
-    nodes = start_nodes(["dr", "main"], base / "brokers", password=secrets.token_urlsafe(16))
+    nodes = start_nodes(
+        ["dr", "main"], base / "brokers", password=secrets.token_urlsafe(16), version=rabbitmq
+    )
     if keep_brokers:
         save_nodes(nodes, base / "brokers")  # what `local_brokers stop` reads
     try:

@@ -70,7 +70,9 @@ from urllib.parse import quote
 
 import requests
 
+from rmq_spark import rabbitmq_roots
 from rmq_spark.errors import RmqSparkError
+from rmq_spark.rabbitmq_roots import HOST_VERSION, NODE_MOUNT_POINT, RabbitMQRoot
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +102,22 @@ DISK_FREE_LIMIT = "512MiB"
 
 #: Marker put in every node's server environment; identifies its processes in /proc.
 _MARKER_ENV = "RMQ_SPARK_LOCAL_NODE"
+#: Marker (value: the port) in the environment of nodes run from a root, which start
+#: an epmd of their own on that port; it identifies that epmd so stop can end it.
+_EPMD_MARKER_ENV = "RMQ_SPARK_LOCAL_EPMD"
+#: Run as root, in a mount namespace of its own (``unshare``): bind /dev, /proc and
+#: the node's directory into the root, then chroot as the root's rabbitmq user. The
+#: mounts exist only in that namespace, so they vanish with its last process (the
+#: node's VM and epmd, or one rabbitmqctl), however it ends: nothing is ever mounted
+#: in the host's namespace, and nodes of one root never share (or unmount) a mount.
+_CHROOT_SCRIPT = """set -e
+root=$1 node_dir=$2 uid=$3 gid=$4
+shift 4
+mount --rbind /dev "$root/dev"
+mount --rbind /proc "$root/proc"
+mount --bind "$node_dir" "$root{mount_point}"
+exec chroot --userspec="$uid:$gid" --groups="$gid" "$root" "$@"
+""".replace("{mount_point}", NODE_MOUNT_POINT)
 #: rabbitmqctl's own distribution ports (rabbitmq-env default); never hand them out.
 _CLI_DIST_PORTS = range(35672, 35683)
 _RESERVED_PORTS = frozenset({4369, 5671, 5672, 15672, 25672})
@@ -133,6 +151,12 @@ class LocalNode:
     base_dir: Path
     username: str
     password: str = field(repr=False)
+    #: "3.10" (the host's Debian package) or a version from ``rabbitmq_roots.ROOT_SPECS``.
+    version: str = HOST_VERSION
+    #: The Debian root the node runs in under chroot; None for the host's package.
+    root: Path | None = None
+    #: The node's own epmd port (nodes from a root); None: the host's epmd on 4369.
+    epmd_port: int | None = None
 
     @property
     def amqp_uri(self) -> str:
@@ -248,16 +272,22 @@ def _node_paths(node_dir: Path) -> dict[str, Path]:
     }
 
 
-def _base_env(node_dir: Path) -> dict[str, str]:
+def _visible_dir(node: LocalNode) -> Path:
+    """The node's directory as the node sees it: bind-mounted at a fixed path in a root."""
+    return Path(NODE_MOUNT_POINT) if node.root is not None else node.base_dir
+
+
+def _base_env(node: LocalNode) -> dict[str, str]:
     """Environment shared by the server and the CLI, built from scratch.
 
     Not inheriting the caller's environment keeps stray ``ERL_FLAGS``/``RABBITMQ_*``
-    variables out; the node's own env file keeps Debian's rabbitmq-env.conf out.
+    variables out; the node's own env file keeps Debian's rabbitmq-env.conf out. Inside
+    a root the caller's PATH means nothing, so only the standard one is given.
     """
-    paths = _node_paths(node_dir)
+    paths = _node_paths(_visible_dir(node))
     std_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    caller_path = os.environ.get("PATH", "")
-    return {
+    caller_path = os.environ.get("PATH", "") if node.root is None else ""
+    env = {
         "PATH": f"{caller_path}:{std_path}" if caller_path else std_path,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
@@ -266,12 +296,18 @@ def _base_env(node_dir: Path) -> dict[str, str]:
         "ERL_EPMD_ADDRESS": "127.0.0.1",
         "RABBITMQ_CTL_ERL_ARGS": _LOOPBACK_ERL_ARGS,
     }
+    if node.epmd_port is not None:
+        # Server, CLI and every member of a cluster must agree on it; the marker lets
+        # stop find the epmd these nodes started (the host's epmd never has it).
+        env["ERL_EPMD_PORT"] = str(node.epmd_port)
+        env[_EPMD_MARKER_ENV] = str(node.epmd_port)
+    return env
 
 
 def _server_env(node: LocalNode) -> dict[str, str]:
     """Environment for ``rabbitmq-server``: everything that makes the node independent."""
-    paths = _node_paths(node.base_dir)
-    env = _base_env(node.base_dir)
+    paths = _node_paths(_visible_dir(node))
+    env = _base_env(node)
     env.update(
         {
             _MARKER_ENV: node.node_name,
@@ -289,6 +325,40 @@ def _server_env(node: LocalNode) -> dict[str, str]:
     return env
 
 
+def _script_command(node: LocalNode, script: str, args: Sequence[str]) -> list[str]:
+    """The command running RabbitMQ's ``script`` for ``node``: on the host or in its root."""
+    if node.root is None:
+        return [str(_bin_dir() / script), *args]
+    uid, gid = _root_ids(node)
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        _CHROOT_SCRIPT,
+        "rmq-spark-chroot",
+        str(node.root),
+        str(node.base_dir),
+        str(uid),
+        str(gid),
+        f"/usr/lib/rabbitmq/bin/{script}",
+        *args,
+    ]
+
+
+def _script_user(node: LocalNode) -> dict[str, Any]:
+    """``subprocess`` user arguments: root stays root for a chroot node (chroot drops)."""
+    return {} if node.root is not None else _user_kwargs(_run_as())
+
+
+def _root_ids(node: LocalNode) -> tuple[int, int]:
+    """uid and gid of the rabbitmq user of the node's root (they differ from the host's)."""
+    assert node.root is not None
+    return rabbitmq_roots.rabbitmq_ids(node.root, node.version)
+
+
 def _run(
     cmd: Sequence[str],
     *,
@@ -296,8 +366,9 @@ def _run(
     cwd: Path,
     timeout: float,
     input_text: str | None = None,
+    user: dict[str, Any] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a RabbitMQ script as the node user, killing its whole group on timeout."""
+    """Run a RabbitMQ script (as the node user), killing its whole group on timeout."""
     proc = subprocess.Popen(
         list(cmd),
         env=env,
@@ -307,7 +378,7 @@ def _run(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        **_user_kwargs(_run_as()),
+        **(_user_kwargs(_run_as()) if user is None else user),
     )
     try:
         out, err = proc.communicate(input_text, timeout=timeout)
@@ -322,15 +393,16 @@ def _run(
 def _ctl(node: LocalNode, args: list[str], *, timeout: float, input_text: str | None = None) -> str:
     """rabbitmqctl against ``node``; errors name only the subcommand (args may be secret)."""
     sub = args[0] if args else "(none)"
-    cmd = [str(_bin_dir() / "rabbitmqctl"), "-n", node.node_name, *args]
+    cmd = _script_command(node, "rabbitmqctl", ["-n", node.node_name, *args])
     logger.debug("node %s: rabbitmqctl %s", node.label, sub)
     try:
         res = _run(
             cmd,
-            env=_base_env(node.base_dir),
+            env=_base_env(node),
             cwd=node.base_dir,
             timeout=timeout,
             input_text=input_text,
+            user=_script_user(node),
         )
     except subprocess.TimeoutExpired as exc:
         raise LocalBrokerError(
@@ -444,15 +516,23 @@ def _config_text(
     )
 
 
-def _chown_tree(root: Path, run_as: str | None) -> None:
-    """``chown -R`` ``root`` to ``run_as`` (RabbitMQ drops to that user and must write)."""
-    if run_as is None:
+def _chown_tree(root: Path, ids: tuple[int, int] | None) -> None:
+    """``chown -R`` ``root`` to ``ids`` (RabbitMQ drops to that user and must write)."""
+    if ids is None:
         return
-    pw = pwd.getpwnam(run_as)
-    os.chown(root, pw.pw_uid, pw.pw_gid)
+    uid, gid = ids
+    os.chown(root, uid, gid)
     for dirpath, dirnames, filenames in os.walk(root):
         for name in [*dirnames, *filenames]:
-            os.chown(os.path.join(dirpath, name), pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+def _host_ids(run_as: str | None) -> tuple[int, int] | None:
+    """uid and gid of the host user the host's nodes run as (None: the caller)."""
+    if run_as is None:
+        return None
+    pw = pwd.getpwnam(run_as)
+    return pw.pw_uid, pw.pw_gid
 
 
 def _prepare_node(
@@ -465,11 +545,24 @@ def _prepare_node(
     cookie: str,
     run_as: str | None,
     settings: Mapping[str, str] | None = None,
+    root: RabbitMQRoot | None = None,
+    epmd_port: int | None = None,
 ) -> LocalNode:
-    """Name one node and write its directory (ports chosen by the caller); start nothing."""
+    """Name one node and write its directory (ports chosen by the caller); start nothing.
+
+    A node from a root sees its directory bind-mounted inside the root, so the host's
+    path to it need not be traversable by anyone; it belongs to the root's rabbitmq user.
+    """
     suffix = secrets.token_hex(3)
     amqp_port, management_port, dist_port = ports
-    node_dir = _make_node_dir(base_dir, f"{label}-{suffix}", run_as)
+    if root is None:
+        node_dir = _make_node_dir(base_dir, f"{label}-{suffix}", run_as)
+        owner = _host_ids(run_as)
+    else:
+        base_dir.mkdir(parents=True, exist_ok=True)
+        node_dir = base_dir / f"{label}-{suffix}"
+        node_dir.mkdir()
+        owner = root.rabbitmq_ids()
     node_dir.chmod(0o750)
     paths = _node_paths(node_dir)
     for key in ("home", "mnesia", "log"):
@@ -487,7 +580,7 @@ def _prepare_node(
         "# (NODENAME=rabbit@localhost, ERL_FLAGS) from being sourced.\n",
         encoding="utf-8",
     )
-    _chown_tree(node_dir, run_as)
+    _chown_tree(node_dir, owner)
     return LocalNode(
         label=label,
         node_name=f"rmqspark-{label}-{suffix}@localhost",
@@ -497,6 +590,9 @@ def _prepare_node(
         base_dir=node_dir,
         username=username,
         password=password,
+        version=HOST_VERSION if root is None else root.version,
+        root=None if root is None else root.path,
+        epmd_port=epmd_port,
     )
 
 
@@ -518,14 +614,14 @@ def _launch(node: LocalNode) -> None:
     )
     with open(paths["startup_out"], "ab") as out:
         proc = subprocess.Popen(
-            [str(_bin_dir() / "rabbitmq-server"), "-detached"],
+            _script_command(node, "rabbitmq-server", ["-detached"]),
             env=_server_env(node),
             cwd=node.base_dir,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            **_user_kwargs(_run_as()),
+            **_script_user(node),
         )
     try:
         rc = proc.wait(timeout=60)
@@ -543,25 +639,73 @@ def _node_pids(node_name: str) -> list[int]:
 
     The VM's command line does not name the node, but the marker variable in its
     environment does; ``epmd`` inherits it when a node had to start one, and killing
-    it would orphan every other node's registration, so it is left alone.
+    it would orphan every other node's registration, so it is left alone (a node
+    from a root has an epmd of its own, which :func:`_end_epmds` ends).
     """
-    marker = f"{_MARKER_ENV}={node_name}".encode()
-    pids: list[int] = []
+    return [pid for pid, comm in _marked_processes(f"{_MARKER_ENV}={node_name}") if comm != b"epmd"]
+
+
+def _marked_processes(marker: str) -> list[tuple[int, bytes]]:
+    """(pid, comm) of every live process whose environment holds ``marker`` (NAME=VALUE)."""
+    wanted = marker.encode()
+    found: list[tuple[int, bytes]] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
                 environ = fh.read().split(b"\0")
-            if marker not in environ:
+            if wanted not in environ:
                 continue
             with open(f"/proc/{entry}/comm", "rb") as fh:
                 comm = fh.read().strip()
         except OSError:
             continue
-        if comm != b"epmd":
-            pids.append(int(entry))
-    return pids
+        found.append((int(entry), comm))
+    return found
+
+
+def _end_epmds(ports: Iterable[int]) -> list[str]:
+    """End the epmd of each port that no node (nor CLI) of this harness uses any more.
+
+    Only nodes run from a root have such an epmd (the host's nodes share the system's
+    on 4369, which is never touched). Returns what survived SIGKILL.
+    """
+    problems: list[str] = []
+    for port in sorted(set(ports)):
+        procs = _marked_processes(f"{_EPMD_MARKER_ENV}={port}")
+        if any(comm != b"epmd" for _, comm in procs):
+            continue  # another member of the cluster still runs on it
+        pids = [pid for pid, _ in procs]
+        for sig, grace in ((signal.SIGTERM, _KILL_GRACE), (signal.SIGKILL, 5.0)):
+            if not pids:
+                break
+            _signal_all(pids, sig)
+            end = time.monotonic() + grace
+            while pids and time.monotonic() < end:
+                time.sleep(0.1)
+                pids = [pid for pid, _ in _marked_processes(f"{_EPMD_MARKER_ENV}={port}")]
+        if pids:
+            problems.append(f"epmd on port {port}: processes {pids} survived SIGKILL")
+    return problems
+
+
+def _harness_epmd_ports() -> set[int]:
+    """Ports of every epmd started by a node of this harness run from a root."""
+    prefix = f"{_EPMD_MARKER_ENV}=".encode()
+    ports: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+        except OSError:
+            continue
+        for value in environ:
+            if value.startswith(prefix) and value[len(prefix) :].isdigit():
+                ports.add(int(value[len(prefix) :]))
+    return ports
 
 
 def _tail(path: Path, lines: int) -> list[str]:
@@ -605,6 +749,22 @@ def _diagnostics(node: LocalNode) -> str:
     return "\n".join(parts)
 
 
+def _node_alive(node: LocalNode, crash: Path) -> bool:
+    """Whether the node has a process, asked again for up to 2 s before saying no.
+
+    One scan of /proc once found none for a 4.3 cluster member whose log shows it
+    booted fine right after (the cause was not pinned down), so a single empty scan
+    is not taken for a death.
+    """
+    end = time.monotonic() + 2.0
+    while True:
+        if _node_pids(node.node_name):
+            return True
+        if crash.exists() or time.monotonic() >= end:
+            return False
+        time.sleep(0.2)
+
+
 def _await_node(node: LocalNode, deadline: float, cancel: threading.Event) -> None:
     """Wait for boot, create the admin user, name the cluster, wait for management.
 
@@ -618,7 +778,7 @@ def _await_node(node: LocalNode, deadline: float, cancel: threading.Event) -> No
     while True:
         if cancel.is_set():
             raise LocalBrokerError(f"node {node.label}: start cancelled")
-        if crash.exists() or not _node_pids(node.node_name):
+        if crash.exists() or not _node_alive(node, crash):
             time.sleep(0.5)  # let the log and crash dump be flushed
             raise LocalBrokerError(
                 f"node {node.label} ({node.node_name}) died while booting\n{_diagnostics(node)}"
@@ -638,6 +798,10 @@ def _await_node(node: LocalNode, deadline: float, cancel: threading.Event) -> No
             time.sleep(1.0)
     logger.info("node %s booted in %.1f s", node.label, time.monotonic() - t0)
 
+    if node.root is not None:
+        _set_up_admin_over_http(node, deadline, cancel)
+        _await_management(node, deadline, cancel)
+        return
     remaining = max(30.0, deadline - time.monotonic())
     _ctl(
         node,
@@ -653,6 +817,53 @@ def _await_node(node: LocalNode, deadline: float, cancel: threading.Event) -> No
     )
     _ctl(node, ["set_cluster_name", node.label], timeout=remaining)
     _await_management(node, deadline, cancel)
+
+
+def _set_up_admin_over_http(node: LocalNode, deadline: float, cancel: threading.Event) -> None:
+    """Create the admin user, its permissions and the cluster name as ``guest`` over HTTP.
+
+    4.x's rabbitmqctl ``add_user`` without a password on the command line waits on
+    its stdin forever when that is a pipe (seen with 4.0.5), and a password on the
+    command line would show in ``ps``. ``guest`` may log in from loopback (the
+    default, kept in rabbitmq.conf), which is where the harness is.
+    """
+    user = quote(node.username, safe="")
+    steps: list[tuple[str, dict[str, Any], str]] = [
+        (
+            f"/api/users/{user}",
+            {"password": node.password, "tags": "administrator"},
+            f"create user {node.username!r}",
+        ),
+        (
+            f"/api/permissions/%2F/{user}",
+            {"configure": ".*", "write": ".*", "read": ".*"},
+            f"grant {node.username!r} permissions on vhost '/'",
+        ),
+        ("/api/cluster-name", {"name": node.label}, f"name the cluster {node.label!r}"),
+    ]
+    for path, body, what in steps:
+        last = ""
+        while True:
+            try:
+                resp = requests.put(
+                    f"{node.management_url}{path}",
+                    json=body,
+                    auth=("guest", "guest"),
+                    timeout=_HTTP_TIMEOUT,
+                )
+                if 200 <= resp.status_code < 300:
+                    break
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            except requests.RequestException as exc:
+                last = str(exc)
+            if cancel.is_set():
+                raise LocalBrokerError(f"node {node.label}: start cancelled")
+            if time.monotonic() >= deadline:
+                raise LocalBrokerError(
+                    f"node {node.label} ({node.management_url}): could not {what} as guest "
+                    f"in time: {last}\n{_diagnostics(node)}"
+                )
+            time.sleep(0.5)
 
 
 def _await_management(node: LocalNode, deadline: float, cancel: threading.Event) -> None:
@@ -748,6 +959,8 @@ def start_nodes(
     password: str | None = None,
     timeout: float = 180,
     settings: Mapping[str, str] | None = None,
+    version: str = HOST_VERSION,
+    shared_epmd: bool = False,
 ) -> list[LocalNode]:
     """Start one independent RabbitMQ node per label and return them, ready for use.
 
@@ -757,6 +970,13 @@ def start_nodes(
     ``GET /api/overview`` as ``username`` with its label as cluster name. All nodes
     share ``username``/``password`` (generated unless given). On any failure every node
     started by this call is stopped before the error is raised, so nothing is leaked.
+
+    ``version`` "3.10" runs the host's Debian package; "4.0" and "4.3" run the package
+    of a Debian root (``rabbitmq_roots``, built first when missing) under chroot, each
+    node with its own epmd port, or one for all of them with ``shared_epmd`` (a
+    cluster's members must find each other through one epmd).
+
+    Example: ``dr, main = start_nodes(["dr", "main"], tmp, version="4.3")``.
     """
     labels = list(labels)
     if not labels:
@@ -776,14 +996,17 @@ def start_nodes(
     secret = password if password is not None else secrets.token_urlsafe(16)
     base_dir = Path(base_dir).absolute()
     run_as = _run_as()
-    _bin_dir()
+    root = _root_for(version)
     t0 = time.monotonic()
     deadline = t0 + timeout
     cookie = _cookie()
     nodes: list[LocalNode] = []
     try:
-        # All ports in one go, so no two nodes can be handed the same one.
-        ports = _pick_free_ports(3 * len(labels))
+        # All ports in one go, so no two nodes can be handed the same one; nodes from a
+        # root get an epmd port each (or one shared) besides AMQP, management and dist.
+        epmd_count = 0 if root is None else (1 if shared_epmd else len(labels))
+        ports = _pick_free_ports(3 * len(labels) + epmd_count)
+        epmd_ports = ports[3 * len(labels) :]
         for i, label in enumerate(labels):
             node = _prepare_node(
                 label,
@@ -794,6 +1017,8 @@ def start_nodes(
                 cookie=cookie,
                 run_as=run_as,
                 settings=settings,
+                root=root,
+                epmd_port=None if root is None else epmd_ports[min(i, epmd_count - 1)],
             )
             nodes.append(node)
             _launch(node)
@@ -820,12 +1045,32 @@ def start_nodes(
                 stop_nodes(nodes)
         raise
     logger.info(
-        "started %d node(s) %s in %.1f s",
+        "started %d RabbitMQ %s node(s) %s in %.1f s",
         len(nodes),
+        version,
         ", ".join(n.label for n in nodes),
         time.monotonic() - t0,
     )
     return nodes
+
+
+def _root_for(version: str) -> RabbitMQRoot | None:
+    """The root to run ``version`` from (built when missing); None for the host's package."""
+    if version == HOST_VERSION:
+        _bin_dir()
+        return None
+    if os.geteuid() != 0:
+        raise LocalBrokerError(
+            f"RabbitMQ {version} runs from a Debian root under chroot, which needs root "
+            f"(mount and chroot); only {HOST_VERSION} (the host's package) runs as another user"
+        )
+    root = rabbitmq_roots.ensure_root(version)
+    for tool in ("unshare", "mount", "chroot"):
+        if shutil.which(tool) is None:
+            raise LocalBrokerError(f"RabbitMQ {version}: {tool} is not installed (util-linux)")
+    # The root is shared by every node started from it; the copy is atomic.
+    rabbitmq_roots.refresh_hosts(root.path)
+    return root
 
 
 def stop_nodes(nodes: Iterable[LocalNode], *, remove_data: bool = False) -> None:
@@ -840,6 +1085,7 @@ def stop_nodes(nodes: Iterable[LocalNode], *, remove_data: bool = False) -> None
     with ThreadPoolExecutor(max_workers=min(4, len(nodes))) as pool:
         results = list(pool.map(lambda n: _stop_one(n, remove_data), nodes))
     problems = [r for r in results if r]
+    problems += _end_epmds(n.epmd_port for n in nodes if n.epmd_port is not None)
     if problems:
         raise LocalBrokerError("; ".join(problems))
 
@@ -891,6 +1137,7 @@ def start_cluster(
     *,
     count: int = 3,
     timeout: float = 240,
+    version: str = HOST_VERSION,
     **kw: Any,
 ) -> LocalCluster:
     """Start ``count`` nodes (``<label>-1`` ...) and join them into one cluster.
@@ -899,12 +1146,20 @@ def start_cluster(
     user), then every node but the first runs ``stop_app``, ``join_cluster <first>``,
     ``start_app``; joining resets a node, so the cluster keeps the first node's users
     (the same user and password). The cluster is named ``label``. On any failure every
-    node is stopped before the error is raised.
+    node is stopped before the error is raised. Members of a 4.x cluster (``version``)
+    share one epmd port of their own.
     """
     if count < 1:
         raise LocalBrokerError(f"a cluster needs at least one node, got count={count}")
     t0 = time.monotonic()
-    nodes = start_nodes([f"{label}-{i + 1}" for i in range(count)], base_dir, timeout=timeout, **kw)
+    nodes = start_nodes(
+        [f"{label}-{i + 1}" for i in range(count)],
+        base_dir,
+        timeout=timeout,
+        version=version,
+        shared_epmd=True,
+        **kw,
+    )
     try:
         first = nodes[0]
         for node in nodes[1:]:
@@ -971,6 +1226,9 @@ def node_to_dict(node: LocalNode) -> dict[str, Any]:
         "management_port": node.management_port,
         "dist_port": node.dist_port,
         "base_dir": str(node.base_dir),
+        "version": node.version,
+        "root": None if node.root is None else str(node.root),
+        "epmd_port": node.epmd_port,
         "username": node.username,
         "password": node.password,
         "amqp_uri": node.amqp_uri,
@@ -1017,6 +1275,9 @@ def load_nodes(base_dir: Path) -> list[LocalNode]:
                 base_dir=Path(d["base_dir"]),
                 username=str(d["username"]),
                 password=str(d["password"]),
+                version=str(d.get("version", HOST_VERSION)),
+                root=None if d.get("root") is None else Path(d["root"]),
+                epmd_port=None if d.get("epmd_port") is None else int(d["epmd_port"]),
             )
             for label, d in data.items()
         ]
@@ -1036,7 +1297,13 @@ def _cmd_start(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-    nodes = start_nodes(args.labels, base_dir, username=args.username, timeout=args.timeout)
+    nodes = start_nodes(
+        args.labels,
+        base_dir,
+        username=args.username,
+        timeout=args.timeout,
+        version=args.version,
+    )
     try:
         path = save_nodes(nodes, base_dir)
     except BaseException:
@@ -1044,8 +1311,8 @@ def _cmd_start(args: argparse.Namespace) -> int:
         raise
     for n in nodes:
         print(
-            f"{n.label}: {n.amqp_uri}  {n.management_url}  node={n.node_name}  "
-            f"user={n.username}  log={n.log_file}"
+            f"{n.label}: RabbitMQ {n.version}  {n.amqp_uri}  {n.management_url}  "
+            f"node={n.node_name}  user={n.username}  log={n.log_file}"
         )
     print(f"credentials and ports: {path}")
     return 0
@@ -1080,6 +1347,7 @@ def _cmd_cleanup(_args: argparse.Namespace) -> int:
         _signal_all(pids, signal.SIGKILL)
         if _wait_gone(name, 5.0):
             problems.append(name)
+    problems += _end_epmds(_harness_epmd_ports())
     if problems:
         print(f"could not kill: {', '.join(problems)}", file=sys.stderr)
         return 1
@@ -1116,6 +1384,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_start.add_argument("--base-dir", type=Path, required=True)
     p_start.add_argument("--username", default="rmqspark")
     p_start.add_argument("--timeout", type=float, default=180.0)
+    p_start.add_argument(
+        "--version",
+        default=HOST_VERSION,
+        choices=list(rabbitmq_roots.VERSIONS),
+        help=f"RabbitMQ to run: {HOST_VERSION} is the host's package, the others run "
+        "from a Debian root (built on first use)",
+    )
     p_start.add_argument("labels", nargs="+", help="one node per label, e.g. dr main")
     p_stop = sub.add_parser("stop", help="stop the nodes listed in BASE_DIR/nodes.json")
     p_stop.add_argument("--base-dir", type=Path, required=True)

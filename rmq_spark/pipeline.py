@@ -8,11 +8,12 @@ together, so a notebook or a test can run any stage alone.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -58,6 +59,8 @@ class RunResult:
     outcomes: tuple[MoveOutcome, ...]
     verification: Verification
     seconds: float
+    #: cluster name -> RabbitMQ version (management API) at plan time.
+    rabbitmq_versions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class PreparedRun:
     started: float  # time.monotonic() at the start
     to_move: list[QueueTransfer]
     transfers: list[QueueTransfer]
+    #: cluster name -> RabbitMQ version its management API reports.
+    rabbitmq_versions: dict[str, str] = field(default_factory=dict)
 
 
 def prepare_run(
@@ -84,10 +89,23 @@ def prepare_run(
     tables.ensure_tables(config.ledger.path)
     with management_clients(config) as clients:
         to_move = discover(config, clients)
+        versions = rabbitmq_versions(clients)
     # The run's whole plan: what an earlier, crashed driver of this run id planned
     # (with the depths it saw first), plus what is new. Durable before anything moves.
     transfers = record_plan(config, run_id, to_move, clock())
-    return PreparedRun(started_at, started, to_move, transfers)
+    return PreparedRun(started_at, started, to_move, transfers, versions)
+
+
+def rabbitmq_versions(clients: Mapping[str, ManagementClient]) -> dict[str, str]:
+    """cluster name -> the RabbitMQ version its management API reports (sorted by name).
+
+    Recorded with the run: what a mover may rely on differs between 3.x and 4.x (how
+    properties are encoded on delivery, queue arguments, delivery limits).
+    """
+    return {
+        name: str(clients[name].overview().get("rabbitmq_version", "unknown"))
+        for name in sorted(clients)
+    }
 
 
 def run_transfer(
@@ -148,6 +166,7 @@ def run_transfer(
         counters=counters,
         verification=verification,
         spark=spark,
+        rabbitmq_versions=prepared.rabbitmq_versions,
     )
     return RunResult(
         run_id=run_id,
@@ -156,6 +175,7 @@ def run_transfer(
         outcomes=tuple(outcomes),
         verification=verification,
         seconds=seconds,
+        rabbitmq_versions=prepared.rabbitmq_versions,
     )
 
 
@@ -297,6 +317,7 @@ def record_run(
     counters: Sequence[dict[str, object]],
     verification: Verification,
     spark: SparkSession,
+    rabbitmq_versions: Mapping[str, str] | None = None,
 ) -> None:
     """Append the run's queues rows (with verification figures) and its runs row."""
     verdicts = {(v.source_cluster, v.source_vhost, v.source_queue): v for v in verification.queues}
@@ -334,6 +355,7 @@ def record_run(
                 "verified": verification.verified,
                 "seconds": seconds,
                 "verification_path": verification.results_path,
+                "rabbitmq_versions": json.dumps(dict(rabbitmq_versions or {}), sort_keys=True),
             }
         ],
     )

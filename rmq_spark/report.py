@@ -38,6 +38,7 @@ def result_summary(result: RunResult, ledger_path: str) -> dict[str, Any]:
         "ledger": ledger_path,
         "verification": verification.results_path,
         "data_docs": verification.data_docs_path,
+        "rabbitmq_versions": dict(result.rabbitmq_versions),
     }
 
 

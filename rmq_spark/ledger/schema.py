@@ -129,6 +129,13 @@ RUNS: tuple[Column, ...] = (
     _c("verified", _BOOL, "Every expectation passed."),
     _c("seconds", _DOUBLE, "Wall time of the run."),
     _c("verification_path", _STRING, "Where the verification JSON and Data Docs are."),
+    _c(
+        "rabbitmq_versions",
+        _STRING,
+        "JSON object: each configured cluster -> the RabbitMQ version its management API "
+        "reported at plan time; null in rows written before this column existed.",
+        nullable=True,
+    ),
 )
 
 # Written before anything moves, so a re-run with the same run id after a driver crash

@@ -199,7 +199,11 @@ def append_rows(ledger_path: str, table: str, rows: Sequence[Mapping[str, Any]])
     arrow_schema = schema.arrow_schema(schema.TABLES[table])
     data = pa.Table.from_pylist([dict(row) for row in rows], schema=arrow_schema)
     path = table_path(ledger_path, table)
-    write_deltalake(path, data, mode="append", storage_options=storage_options(path))
+    # merge: a ledger made before a nullable column was added (runs.rabbitmq_versions)
+    # gains it on its next append instead of refusing the row.
+    write_deltalake(
+        path, data, mode="append", schema_mode="merge", storage_options=storage_options(path)
+    )
 
 
 def read_table(spark: SparkSession, ledger_path: str, table: str) -> DataFrame:

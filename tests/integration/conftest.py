@@ -9,11 +9,13 @@ import pytest
 
 from rmq_spark.local_brokers import (
     LocalCluster,
+    LocalNode,
     start_cluster,
     start_nodes,
     stop_cluster,
     stop_nodes,
 )
+from rmq_spark.rabbitmq_roots import HOST_VERSION, VERSIONS
 from tests.integration.support import PASSWORD_ENV, Brokers
 
 
@@ -25,6 +27,38 @@ def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
         yield Brokers(dr=nodes[0], main=nodes[1])
     finally:
         stop_nodes(nodes, remove_data=True)
+
+
+@pytest.fixture(scope="session", params=VERSIONS)
+def brokers_of_version(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Brokers]:
+    """A "dr" and a "main" node of each RabbitMQ version in turn, each pair started once.
+
+    3.10 is the session's `brokers` (the host's package); 4.0 and 4.3 run from their
+    Debian roots (built first when missing). A test takes a subset of the versions with
+    ``@pytest.mark.parametrize("brokers_of_version", [...], indirect=True)``.
+    """
+    version: str = request.param
+    if version == HOST_VERSION:
+        host: Brokers = request.getfixturevalue("brokers")
+        yield host
+        return
+    base = tmp_path_factory.mktemp(f"brokers-{version}")
+    nodes: list[LocalNode] = start_nodes(
+        ["dr", "main"], base, password=secrets.token_urlsafe(16), version=version
+    )
+    try:
+        yield Brokers(dr=nodes[0], main=nodes[1])
+    finally:
+        stop_nodes(nodes, remove_data=True)
+
+
+@pytest.fixture
+def version_password_env(brokers_of_version: Brokers, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The admin password of `brokers_of_version`, in the variable the test configs name."""
+    monkeypatch.setenv(PASSWORD_ENV, brokers_of_version.dr.password)
+    return brokers_of_version.dr.password
 
 
 @pytest.fixture

@@ -47,6 +47,11 @@ def test_demo_shows_bars_moves_verifies_and_ends_with_report_and_result(tmp_path
     assert result["messages"] == 20 * 50
     assert (result["lost"], result["duplicates"], result["verified"]) == (0, 0, True)
     assert result["report"] == report_line.removeprefix("report: ")
+    # The host's Debian package, read from each cluster's management API.
+    assert {name: v[:5] for name, v in result["rabbitmq_versions"].items()} == {
+        "dr": "3.10.",
+        "main": "3.10.",
+    }
     assert " INFO " not in completed.stderr.replace("INFO rmq_spark", "")  # Spark stays quiet
     # The bars came through spark-submit's JVM and the demo: redrawn in place, at the end
     # the total complete.

@@ -1,9 +1,12 @@
-"""Integration tests for the local RabbitMQ harness (needs Debian's rabbitmq-server).
+"""Integration tests for the local RabbitMQ harness, on every RabbitMQ version it runs.
 
-Two real nodes are started once for the module in pytest's tmp dir; on most systems
-that dir (``/tmp/pytest-of-<user>``, mode 0700) is not traversable by the ``rabbitmq``
-user, so the temp-dir fallback is exercised too. The last test stops the nodes and
-checks that nothing keeps listening; the fixture's own stop is then a no-op.
+Two real nodes are started once per version in pytest's tmp dir: 3.10 is the host's
+Debian package, 4.0 and 4.3 run from their Debian roots under chroot (built first
+when missing). On most systems that dir (``/tmp/pytest-of-<user>``, mode 0700) is not
+traversable by the ``rabbitmq`` user, so the host nodes exercise the temp-dir
+fallback, and the root nodes the bind mount that makes it irrelevant. The last test
+of each version stops its nodes and checks that nothing keeps listening or running
+(nor a mount namespace holding the root); the fixture's own stop is then a no-op.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rmq_spark.local_brokers import (
     start_nodes,
     stop_nodes,
 )
+from rmq_spark.rabbitmq_roots import VERSIONS
 
 _BIN_DIR = Path(
     os.environ.get(local_brokers.RABBITMQ_BIN_DIR_ENV, local_brokers.DEFAULT_RABBITMQ_BIN_DIR)
@@ -39,13 +43,14 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=VERSIONS)
 def nodes_and_base(
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[list[LocalNode], Path]]:
-    """Two nodes, "dr" and "main", stopped and deleted after the module."""
+    """Two nodes of one version, "dr" and "main", stopped and deleted after its tests."""
     base = tmp_path_factory.mktemp("brokers")
-    nodes = start_nodes(["dr", "main"], base, timeout=180)
+    nodes = start_nodes(["dr", "main"], base, timeout=180, version=request.param)
     try:
         yield nodes, base
     finally:
@@ -80,9 +85,20 @@ def test_nodes_are_distinct_and_avoid_default_ports(nodes: list[LocalNode]) -> N
     dr, main = nodes
     assert (dr.label, main.label) == ("dr", "main")
     assert dr.node_name != main.node_name
-    ports = [p for n in nodes for p in (n.amqp_port, n.management_port, n.dist_port)]
+    ports = [
+        p
+        for n in nodes
+        for p in (n.amqp_port, n.management_port, n.dist_port, n.epmd_port)
+        if p is not None
+    ]
     assert len(set(ports)) == len(ports)
-    assert not {5672, 15672, 25672} & set(ports)
+    assert not {4369, 5672, 15672, 25672} & set(ports)
+    if dr.version == "3.10":
+        assert (dr.root, dr.epmd_port) == (None, None)
+    else:
+        # each node from a root has an epmd of its own, so no node shares the host's
+        assert dr.root is not None
+        assert dr.epmd_port is not None
     assert "password" not in repr(dr)
     assert dr.password not in repr(dr)
     assert dr.amqp_uri == f"amqp://127.0.0.1:{dr.amqp_port}"
@@ -99,6 +115,7 @@ def test_management_api_shows_cluster_names_and_plugins(nodes: list[LocalNode]) 
         assert resp.status_code == 200
         overview = resp.json()
         assert overview["node"] == node.node_name
+        assert overview["rabbitmq_version"].startswith(f"{node.version}.")
         names.append(overview["cluster_name"])
         # shovel and federation management extensions are loaded
         ext = requests.get(
@@ -106,7 +123,11 @@ def test_management_api_shows_cluster_names_and_plugins(nodes: list[LocalNode]) 
             auth=(node.username, node.password),
             timeout=10,
         ).json()
-        js = {e.get("javascript") for e in ext}
+        # one file per extension up to 4.0, a list of files from 4.3 on
+        js: set[str] = set()
+        for e in ext:
+            files = e.get("javascript")
+            js.update([files] if isinstance(files, str) else files or [])
         assert {"shovel.js", "federation.js"} <= js
         # wrong password is refused: the admin user is real, not a default
         bad = requests.get(
@@ -168,12 +189,40 @@ def test_stop_nodes_closes_ports_and_leaves_no_process(
 ) -> None:
     """Runs last in this module: stops the shared nodes."""
     nodes, base = nodes_and_base
-    ports = [p for n in nodes for p in (n.amqp_port, n.management_port, n.dist_port)]
+    ports = [
+        p
+        for n in nodes
+        for p in (n.amqp_port, n.management_port, n.dist_port, n.epmd_port)
+        if p is not None
+    ]
     assert all(_listening(p) for p in ports)
     stop_nodes(nodes, remove_data=True)
     assert not any(_listening(p) for p in ports)
     for node in nodes:
         assert local_brokers._node_pids(node.node_name) == []
         assert not node.base_dir.exists()
+        if node.root is not None:
+            # the mounts lived in the nodes' own mount namespaces: with no process
+            # left in the root, none is left; and the host's namespace never had one
+            assert _processes_rooted_in(node.root) == []
+            assert not _mounted_under(node.root)
     assert not [p for p in base.iterdir() if p.is_symlink()]
     stop_nodes(nodes)  # stopping again is harmless
+
+
+def _processes_rooted_in(root: Path) -> list[int]:
+    """Pids whose root directory is ``root`` (chrooted there)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/root") == str(root):
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def _mounted_under(root: Path) -> list[str]:
+    with open("/proc/self/mounts", encoding="utf-8") as fh:
+        return [line.split()[1] for line in fh if line.split()[1].startswith(f"{root}/")]

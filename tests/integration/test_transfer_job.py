@@ -9,8 +9,15 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.compute as pc
+import pytest
 
-from rmq_spark.demo import demo_messages, demo_queue_names, node_connector, seed_demo
+from rmq_spark.demo import (
+    demo_messages,
+    demo_queue_names,
+    node_connector,
+    seed_demo,
+    wait_for_depth,
+)
 from rmq_spark.ledger import tables
 from rmq_spark.report import RESULT_PREFIX
 from tests.integration.support import (
@@ -117,3 +124,95 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
     for path in ledger.rglob("*"):
         if path.is_file():
             assert secret not in path.read_bytes(), f"password found in {path}"
+
+
+# On 4.x the same job on a smaller volume: 2 vhosts x 2 queues x 2,500 = 10,000 messages.
+VHOSTS_4X = ["e2e4-orders", "e2e4-billing"]
+QUEUES_PER_VHOST_4X = 2
+MESSAGES_PER_QUEUE_4X = 2500
+REFERENCE_VHOST = "e2e4-reference"
+
+
+def delivered_by_source(brokers: Brokers, vhost: str, queue: str) -> Counter[tuple[str, str]]:
+    """What the source node delivers for a queue's demo messages, read from a copy.
+
+    From 3.13 on the broker writes 0-9-1 properties anew on delivery (headers sorted by
+    name), so what a consumer of the source gets is the reference for byte-exact, not
+    what pika published. The copy sits in a vhost the job does not touch.
+    """
+    brokers.dr.add_vhost(REFERENCE_VHOST)
+    reference = f"ref.{vhost}.{queue}"
+    connection = brokers.connect(brokers.dr, REFERENCE_VHOST)
+    try:
+        channel = connection.channel()
+        channel.queue_declare(reference, durable=True)
+        channel.queue_purge(reference)
+        channel.confirm_delivery()
+        for message in demo_messages(vhost, queue, MESSAGES_PER_QUEUE_4X):
+            channel.basic_publish("", reference, message.body, message.properties)
+        wait_for_depth(channel, reference, MESSAGES_PER_QUEUE_4X)
+    finally:
+        connection.close()
+    return drain_fingerprints(lambda: brokers.connect(brokers.dr, REFERENCE_VHOST), reference)
+
+
+@pytest.mark.parametrize("brokers_of_version", ["4.0", "4.3"], indirect=True)
+def test_spark_submit_moves_messages_as_the_source_delivered_them_on_4x(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path
+) -> None:
+    brokers = brokers_of_version
+    for vhost in VHOSTS_4X:
+        fresh_vhost(brokers, vhost)
+    seeded = seed_demo(
+        node_connector(brokers.dr),
+        vhosts=VHOSTS_4X,
+        per_vhost=QUEUES_PER_VHOST_4X,
+        messages_per_queue=MESSAGES_PER_QUEUE_4X,
+    )
+    assert seeded == 10_000
+    ledger = tmp_path / "ledger"
+    config = write_config(
+        tmp_path / "job.yaml", brokers, vhosts=VHOSTS_4X, ledger=ledger, max_active=2
+    )
+
+    completed = spark_submit(config, "e2e-4x")
+
+    assert completed.returncode == 0, completed.stderr[-5000:]
+    result = result_of(completed.stdout)
+    version = brokers.dr.version
+    assert (result["queues"], result["messages"], result["bytes"]) == (4, 10_000, 10_000 * 1024)
+    assert (result["lost"], result["duplicates"], result["unexpected"]) == (0, 0, 0)
+    assert result["verified"] is True
+    versions = result["rabbitmq_versions"]
+    assert isinstance(versions, dict)
+    assert sorted(versions) == ["dr", "main"]
+    assert all(v.startswith(f"{version}.") for v in versions.values()), versions
+    runs = tables.read_arrow(str(ledger), "runs").to_pylist()
+    assert [json.loads(r["rabbitmq_versions"]) for r in runs] == [versions]
+
+    ledger_rows = tables.read_arrow(str(ledger), "messages", run_id="e2e-4x")
+    assert ledger_rows.num_rows == 10_000
+    for vhost, queue in demo_queue_names(VHOSTS_4X, QUEUES_PER_VHOST_4X):
+        expected = delivered_by_source(brokers, vhost, queue)
+        published = expected_fingerprints(vhost, queue, MESSAGES_PER_QUEUE_4X)
+        # The premise: the source re-encodes properties (the bodies stay as published).
+        assert expected != published
+        assert sorted(b for b, _ in expected.elements()) == sorted(
+            b for b, _ in published.elements()
+        )
+        found = drain_fingerprints(lambda v=vhost: brokers.connect(brokers.main, v), queue)
+        assert found == expected, f"{vhost}/{queue}: destination differs from what source delivered"
+        rows = ledger_rows.filter(
+            pc.and_(
+                pc.equal(ledger_rows["source_vhost"], vhost),
+                pc.equal(ledger_rows["source_queue"], queue),
+            )
+        )
+        in_ledger = Counter(
+            zip(rows["body_sha256"].to_pylist(), rows["properties_sha256"].to_pylist(), strict=True)
+        )
+        assert in_ledger == expected, f"{vhost}/{queue}: ledger checksums differ from deliveries"
+        assert sorted(rows["position"].to_pylist()) == list(range(MESSAGES_PER_QUEUE_4X))
+        source_left = drain_fingerprints(lambda v=vhost: brokers.connect(brokers.dr, v), queue)
+        assert not source_left, f"{vhost}/{queue}: source not drained"
+    assert version_password_env not in completed.stdout + completed.stderr

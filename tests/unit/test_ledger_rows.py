@@ -202,3 +202,41 @@ def test_building_rows_does_not_import_pandas() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_a_ledger_from_before_rabbitmq_versions_gains_the_column(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    from rmq_spark.ledger import schema
+
+    old_columns = tuple(c for c in schema.RUNS if c.name != "rabbitmq_versions")
+    now = datetime(2026, 11, 23, tzinfo=UTC)
+    row = {
+        "run_id": "old",
+        "started_at": now,
+        "finished_at": now,
+        "config_digest": "d",
+        "spark_app_id": "app",
+        "queues": 1,
+        "messages": 1,
+        "bytes": 1,
+        "lost": 0,
+        "duplicates": 0,
+        "unexpected": 0,
+        "verified": True,
+        "seconds": 1.0,
+        "verification_path": "v",
+    }
+    path = tables.table_path(str(tmp_path), "runs")
+    write_deltalake(path, pa.Table.from_pylist([row], schema=schema.arrow_schema(old_columns)))
+
+    versions = '{"dr": "4.3.6", "main": "4.3.6"}'
+    tables.append_rows(
+        str(tmp_path), "runs", [{**row, "run_id": "new", "rabbitmq_versions": versions}]
+    )
+
+    rows = sorted(tables.read_arrow(str(tmp_path), "runs").to_pylist(), key=lambda r: r["run_id"])
+    assert [(r["run_id"], r["rabbitmq_versions"]) for r in rows] == [
+        ("new", versions),
+        ("old", None),
+    ]
