@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rmq_spark import __version__
@@ -233,8 +234,29 @@ def run_transfer_command(args: argparse.Namespace) -> int:
                 print_error(exc, config)
                 return EXIT_ERROR
     print_queue_table(result)
-    print(result_line(result_summary(result, config.ledger.path)), flush=True)
+    summary = result_summary(result, config.ledger.path)
+    for report in write_reports(config.ledger.path, [run_id]):
+        summary["report"] = str(report)
+    print(result_line(summary), flush=True)
     return EXIT_VERIFIED if result.verification.verified else EXIT_UNVERIFIED
+
+
+def write_reports(ledger_path: str, run_ids: Sequence[str]) -> list[Path]:
+    """Each run's HTML report beside the ledger (`rmq-spark report`'s page), its path
+    printed. The run is recorded whether or not its report can be written, so a
+    report that cannot be is logged, and the exit code stays the run's."""
+    from rmq_spark.run_report import build_report
+
+    written = []
+    for run_id in run_ids:
+        try:
+            path = build_report(ledger_path, run_id)
+        except RmqSparkError as exc:
+            log.error("the report of run %s could not be written: %s", run_id, exc)
+            continue
+        print(f"report: {path}", flush=True)
+        written.append(path)
+    return written
 
 
 # -- plan (dry run) ------------------------------------------------------------------
@@ -447,6 +469,8 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         # publishers' messages that reached the final queues during the last hop
         "live_arrivals": sum(result.live_publishes.values()),
     }
+    reports = write_reports(config.ledger.path, [r.run_id for r in result.runs])
+    summary["reports"] = [str(path) for path in reports]
     print(MIGRATION_PREFIX + json.dumps(summary, sort_keys=True), flush=True)
     return EXIT_VERIFIED if result.verified else EXIT_UNVERIFIED
 
@@ -474,7 +498,6 @@ def run_report_command(args: argparse.Namespace) -> int:
     the path (whatever the run's verdict, which the report shows), or 2 with the error.
     """
     setup_logging(args.log_level, args.log_format)
-    from pathlib import Path
 
     from rmq_spark.run_report import build_report
 

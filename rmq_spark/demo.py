@@ -8,7 +8,6 @@ deterministic (seeded), so a test can rebuild exactly what was published.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -217,31 +216,8 @@ def run_demo(
         else:
             stop_nodes(nodes, remove_data=True)
     if result is not None:
-        report = _write_report(ledger, result)
-        if report is not None:
-            print(f"report: {report}", flush=True)
-            result = with_report(result, report)
         print(result, flush=True)  # the demo's last line, after the nodes are stopped
     return exit_code
-
-
-def with_report(result: str, report: Path) -> str:
-    """The RESULT line with the report's path added, so the last line names it too."""
-    summary = json.loads(result[len(RESULT_PREFIX) :])
-    return RESULT_PREFIX + json.dumps(summary | {"report": str(report)}, sort_keys=True)
-
-
-def _write_report(ledger: Path, result: str) -> Path | None:
-    """The run's HTML report (verified or not: the RESULT line says the run was recorded)."""
-    from rmq_spark.run_report import build_report
-
-    run_id = json.loads(result[len(RESULT_PREFIX) :])["run_id"]
-    try:
-        return build_report(str(ledger), run_id)
-    except RmqSparkError as exc:
-        # The job's exit code and RESULT line still stand; only the page is missing.
-        log.error("demo: could not write the report of run %s: %s", run_id, exc)
-        return None
 
 
 def terminal_environment(stream: TextIO, environ: Mapping[str, str]) -> dict[str, str]:

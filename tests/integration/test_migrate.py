@@ -506,6 +506,11 @@ def test_twenty_queues_migrate_in_place_through_crashes_and_a_live_publisher(
     assert summary["verified"] is True
     assert summary["missing"] == 0
     assert summary["queues"] == len(specs)
+    # Each hop of the migration has its HTML report beside the ledger, named in the summary.
+    reported = {Path(report).parent.name for report in summary["reports"]}
+    assert reported == {f"run_id={run}" for run in summary["runs"]}
+    assert reported, "no hop report"
+    assert all(Path(report).is_file() for report in summary["reports"])
     runs = tables.read_arrow(config.ledger.path, "runs").to_pylist()
     # Every hop verified, the last one too: it moved into the live queue while the
     # publisher used it, declared shared, so the publisher's messages are counted as

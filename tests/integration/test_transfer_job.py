@@ -88,6 +88,11 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
     assert result["bytes"] == 100_000 * 1024
     assert (result["lost"], result["duplicates"], result["unexpected"]) == (0, 0, 0)
     assert result["verified"] is True
+    # The run's HTML report is written beside the ledger, and named.
+    report = ledger / "reports" / "run_id=e2e-1" / "report.html"
+    assert result["report"] == str(report)
+    assert "e2e-1" in report.read_text(encoding="utf-8")
+    assert f"report: {report}" in completed.stdout
 
     # An independent consumer finds exactly what was published, queue by queue.
     ledger_rows = tables.read_arrow(str(ledger), "messages", run_id="e2e-1")

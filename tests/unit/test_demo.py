@@ -8,11 +8,10 @@ import os
 import struct
 import termios
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from rmq_spark.demo import ResultHoldingRelay, terminal_environment, with_report
+from rmq_spark.demo import ResultHoldingRelay, terminal_environment
 from rmq_spark.progress import TERMINAL_ENV
 
 RESULT = b'RESULT {"run_id": "r1", "verified": true}'
@@ -89,8 +88,3 @@ def test_result_in_the_middle_of_a_line_is_not_the_result_line() -> None:
 def test_result_line_without_a_final_newline() -> None:
     out, result, _ = relay(b"x\n" + RESULT)
     assert (out, result) == (b"x\n", RESULT.decode())
-
-
-def test_the_result_line_names_the_report() -> None:
-    line = with_report('RESULT {"run_id": "r1", "verified": true}', Path("/l/reports/r1.html"))
-    assert line == 'RESULT {"report": "/l/reports/r1.html", "run_id": "r1", "verified": true}'
