@@ -59,7 +59,8 @@ def seed(request: dict[str, Any]) -> dict[str, Any]:
 
     rng = random.Random(request["seed"])
     queue = str(request["queue"])
-    sizes = request.get("sizes") or [int(request["size"])] * int(request["count"])
+    # (size, count) runs: the request goes through a pipe buffer, so no list per message.
+    sizes = [int(size) for size, count in request["runs"] for _ in range(int(count))]
     count = len(sizes)
     started = time.monotonic()
     connection = pika.BlockingConnection(

@@ -100,6 +100,17 @@ class Case:
         return list(self.mixed) or [self.size] * self.count
 
     @property
+    def runs(self) -> list[tuple[int, int]]:
+        """The sizes as (size, count) runs, in order."""
+        runs: list[tuple[int, int]] = []
+        for size in self.sizes:
+            if runs and runs[-1][0] == size:
+                runs[-1] = (size, runs[-1][1] + 1)
+            else:
+                runs.append((size, 1))
+        return runs
+
+    @property
     def total_bytes(self) -> int:
         return sum(self.sizes)
 
@@ -139,7 +150,7 @@ def run_case(
             "password": source.password,
             "vhost": VHOST,
             "queue": source_queue,
-            "sizes": case.sizes,
+            "runs": case.runs,
             "seed": f"{run_id}/{case.name}",
         },
     )
