@@ -204,22 +204,32 @@ def test_stop_nodes_closes_ports_and_leaves_no_process(
         if node.root is not None:
             # the mounts lived in the nodes' own mount namespaces: with no process
             # left in the root, none is left; and the host's namespace never had one
-            assert _processes_rooted_in(node.root) == []
+            assert _processes_of(node) == []
             assert not _mounted_under(node.root)
     assert not [p for p in base.iterdir() if p.is_symlink()]
     stop_nodes(nodes)  # stopping again is harmless
 
 
-def _processes_rooted_in(root: Path) -> list[int]:
-    """Pids whose root directory is ``root`` (chrooted there)."""
+def _processes_of(node: LocalNode) -> list[int]:
+    """Pids chrooted in the node's root that belong to it (its VM and children carry
+    its marker, its epmd the epmd marker). Other nodes of the same version share the
+    cached root (the session's 4.x brokers may be running): theirs do not count."""
+    assert node.root is not None
+    markers = [f"RMQ_SPARK_LOCAL_NODE={node.node_name}".encode()]
+    if node.epmd_port is not None:
+        markers.append(f"RMQ_SPARK_LOCAL_EPMD={node.epmd_port}".encode())
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.readlink(f"/proc/{entry}/root") == str(root):
-                    pids.append(int(entry))
+                if os.readlink(f"/proc/{entry}/root") != str(node.root):
+                    continue
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    environ = fh.read().split(b"\0")
             except OSError:
                 continue
+            if any(marker in environ for marker in markers):
+                pids.append(int(entry))
     return pids
 
 
