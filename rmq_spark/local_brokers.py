@@ -645,9 +645,11 @@ def _node_pids(node_name: str) -> list[int]:
     return [pid for pid, comm in _marked_processes(f"{_MARKER_ENV}={node_name}") if comm != b"epmd"]
 
 
-def _marked_processes(marker: str) -> list[tuple[int, bytes]]:
-    """(pid, comm) of every live process whose environment holds ``marker`` (NAME=VALUE)."""
+def _marked_processes(marker: str, *, also: str | None = None) -> list[tuple[int, bytes]]:
+    """(pid, comm) of every live process whose environment holds ``marker`` (NAME=VALUE)
+    and, with ``also``, a variable of that name too."""
     wanted = marker.encode()
+    also_prefix = f"{also}=".encode() if also else None
     found: list[tuple[int, bytes]] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -656,6 +658,8 @@ def _marked_processes(marker: str) -> list[tuple[int, bytes]]:
             with open(f"/proc/{entry}/environ", "rb") as fh:
                 environ = fh.read().split(b"\0")
             if wanted not in environ:
+                continue
+            if also_prefix and not any(v.startswith(also_prefix) for v in environ):
                 continue
             with open(f"/proc/{entry}/comm", "rb") as fh:
                 comm = fh.read().strip()
@@ -666,17 +670,20 @@ def _marked_processes(marker: str) -> list[tuple[int, bytes]]:
 
 
 def _end_epmds(ports: Iterable[int]) -> list[str]:
-    """End the epmd of each port that no node (nor CLI) of this harness uses any more.
+    """End the epmd of each port that no node of this harness uses any more.
 
     Only nodes run from a root have such an epmd (the host's nodes share the system's
-    on 4369, which is never touched). Returns what survived SIGKILL.
+    on 4369, which is never touched). rabbitmqctl runs carry the port's marker too,
+    and their helper processes can outlive them briefly; once no *node* is left on
+    the port, they go with the epmd. Returns what survived SIGKILL.
     """
     problems: list[str] = []
     for port in sorted(set(ports)):
-        procs = _marked_processes(f"{_EPMD_MARKER_ENV}={port}")
-        if any(comm != b"epmd" for _, comm in procs):
+        marker = f"{_EPMD_MARKER_ENV}={port}"
+        # epmd itself carries the node marker of the node that started it
+        if any(comm != b"epmd" for _, comm in _marked_processes(marker, also=_MARKER_ENV)):
             continue  # another member of the cluster still runs on it
-        pids = [pid for pid, _ in procs]
+        pids = [pid for pid, _ in _marked_processes(marker)]
         for sig, grace in ((signal.SIGTERM, _KILL_GRACE), (signal.SIGKILL, 5.0)):
             if not pids:
                 break
@@ -684,7 +691,7 @@ def _end_epmds(ports: Iterable[int]) -> list[str]:
             end = time.monotonic() + grace
             while pids and time.monotonic() < end:
                 time.sleep(0.1)
-                pids = [pid for pid, _ in _marked_processes(f"{_EPMD_MARKER_ENV}={port}")]
+                pids = [pid for pid, _ in _marked_processes(marker)]
         if pids:
             problems.append(f"epmd on port {port}: processes {pids} survived SIGKILL")
     return problems

@@ -202,37 +202,93 @@ def test_stop_nodes_closes_ports_and_leaves_no_process(
         assert local_brokers._node_pids(node.node_name) == []
         assert not node.base_dir.exists()
         if node.root is not None:
-            # the mounts lived in the nodes' own mount namespaces: with no process
-            # left in the root, none is left; and the host's namespace never had one
-            assert _processes_of(node) == []
+            # The mounts lived in the nodes' own mount namespaces: with none of their
+            # processes (epmd included) left in the root, none is left; the host's
+            # namespace never had one. Other nodes may run from the same root (the
+            # session's brokers_of_version pair), so only these nodes' count.
+            marker = f"'RMQ_SPARK_LOCAL_EPMD={node.epmd_port}'"
+            left = [p for p in _processes_rooted_in(node.root) if marker in _describe([p])]
+            assert left == [], _describe(left)
             assert not _mounted_under(node.root)
     assert not [p for p in base.iterdir() if p.is_symlink()]
     stop_nodes(nodes)  # stopping again is harmless
 
 
-def _processes_of(node: LocalNode) -> list[int]:
-    """Pids chrooted in the node's root that belong to it (its VM and children carry
-    its marker, its epmd the epmd marker). Other nodes of the same version share the
-    cached root (the session's 4.x brokers may be running): theirs do not count."""
-    assert node.root is not None
-    markers = [f"RMQ_SPARK_LOCAL_NODE={node.node_name}".encode()]
-    if node.epmd_port is not None:
-        markers.append(f"RMQ_SPARK_LOCAL_EPMD={node.epmd_port}".encode())
+def _processes_rooted_in(root: Path) -> list[int]:
+    """Pids whose root directory is ``root`` (chrooted there)."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.readlink(f"/proc/{entry}/root") != str(node.root):
-                    continue
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    environ = fh.read().split(b"\0")
+                if os.readlink(f"/proc/{entry}/root") == str(root):
+                    pids.append(int(entry))
             except OSError:
                 continue
-            if any(marker in environ for marker in markers):
-                pids.append(int(entry))
     return pids
 
 
 def _mounted_under(root: Path) -> list[str]:
     with open("/proc/self/mounts", encoding="utf-8") as fh:
         return [line.split()[1] for line in fh if line.split()[1].startswith(f"{root}/")]
+
+
+@pytest.mark.parametrize("version", ["4.0", "4.3"])
+def test_a_4x_cluster_shares_one_epmd_serves_quorum_queues_and_stops_clean(
+    version: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    cluster = local_brokers.start_cluster(
+        f"c{version.replace('.', '')}", tmp_path_factory.mktemp("cluster"), count=3, version=version
+    )
+    try:
+        first = cluster.first
+        assert {n.epmd_port for n in cluster.nodes} == {first.epmd_port}
+        auth = (first.username, first.password)
+        running = requests.get(f"{first.management_url}/api/nodes", auth=auth, timeout=10).json()
+        assert sorted(n["name"] for n in running if n["running"]) == sorted(cluster.node_names)
+        flags = requests.get(f"{first.management_url}/api/feature-flags", auth=auth, timeout=10)
+        states = {f["name"]: f["state"] for f in flags.json()}
+        # Fresh 4.x nodes enable every stable flag; 4.3 keeps its metadata in Khepri.
+        assert states["khepri_db"] == ("enabled" if version == "4.3" else "disabled")
+        conn = pika.BlockingConnection(_amqp_params(cluster.nodes[2]))
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum"})
+            ch.basic_publish("", "qq", b"x", pika.BasicProperties(headers={"b": 1, "a": 2}))
+            method, properties, body = ch.basic_get("qq", auto_ack=True)
+            assert method is not None
+            assert body == b"x"
+            assert list(properties.headers) == ["a", "b"]  # re-encoded, sorted by name
+        finally:
+            conn.close()
+    finally:
+        local_brokers.stop_cluster(cluster, remove_data=True)
+    for node in cluster.nodes:
+        assert local_brokers._node_pids(node.node_name) == []
+    assert first.root is not None
+    assert first.epmd_port is not None
+    assert not _listening(first.epmd_port)
+    # Other nodes may run from the same root (this module's pair): only this
+    # cluster's processes, epmd and rabbitmqctl leftovers included, must be gone.
+    left = [
+        pid
+        for pid in _processes_rooted_in(first.root)
+        if f"'RMQ_SPARK_LOCAL_EPMD={first.epmd_port}'" in _describe([pid])
+    ]
+    assert left == [], _describe(left)
+
+
+def _describe(pids: list[int]) -> str:
+    """comm, parent and harness markers of each pid, for a failure message."""
+    lines = []
+    for pid in pids:
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            stat_fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError as exc:
+            lines.append(f"{pid}: {exc}")
+            continue
+        markers = [e.decode() for e in environ if e.startswith(b"RMQ_SPARK_LOCAL")]
+        lines.append(f"{pid} {comm} ppid={stat_fields[1]} {markers}")
+    return "\n".join(lines)
