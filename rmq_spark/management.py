@@ -12,6 +12,7 @@ unreachable cluster is reported within seconds instead of after the full backoff
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -290,8 +291,11 @@ class ManagementClient:
         url = self._base + path
         where = f"cluster {self.cluster_name} management API ({self.endpoint})"
         try:
-            response = (session or self._session).request(
-                method, url, timeout=self._timeout, **kwargs
+            session = session or self._session
+            # verify per request: requests lets REQUESTS_CA_BUNDLE (set on many
+            # machines) override a session's own CA file, but not a request's.
+            response = session.request(
+                method, url, timeout=self._timeout, verify=session.verify, **kwargs
             )
         except requests.RequestException as exc:
             raise BrokerUnreachableError(
@@ -347,6 +351,11 @@ def _session(cluster: ClusterConfig, retry: Retry) -> requests.Session:
     return session
 
 
+# OpenSSL's reason, as Python's ssl module words it, e.g. "self-signed certificate in
+# certificate chain" or "IP address mismatch, certificate is not valid for 'localhost'."
+_CERTIFICATE_REFUSED = re.compile(r"certificate verify failed: ([^(\"]+)")
+
+
 def _tags(whoami: dict[str, Any]) -> tuple[str, ...]:
     """`tags` is a list since RabbitMQ 3.9 and a comma-separated string before."""
     tags = whoami.get("tags") or []
@@ -370,6 +379,10 @@ def _reason(exc: requests.RequestException) -> str:
     if isinstance(exc, requests.Timeout):
         return "no answer in time"
     if isinstance(exc, requests.exceptions.SSLError):
+        refused = _CERTIFICATE_REFUSED.search(repr(exc))
+        if refused:
+            said = refused.group(1).replace("\\'", "'").strip()  # repr escapes quotes
+            return f"TLS: the server's certificate was not accepted: {said}"
         return "TLS handshake failed"
     text = repr(exc)
     for known, said in (
