@@ -641,25 +641,27 @@ class QueueMover:
 
     def _on_prefetch_cancel_ok(self, _frame: pika.frame.Method) -> None:
         """pika: the old consumer is gone; set the new prefetch (or stop, if asked to)."""
-        channel = self._source_channel
-        if self._closing or channel is None or not channel.is_open:
-            return
-        if self._stopping_since is not None:
-            self._prefetch_changed_while_stopping()
-            return
-        channel.basic_qos(prefetch_count=self._flow.granted, callback=self._on_prefetch_qos_ok)
+        channel = self._prefetch_change_goes_on()
+        if channel is not None:
+            channel.basic_qos(prefetch_count=self._flow.granted, callback=self._on_prefetch_qos_ok)
 
     def _on_prefetch_qos_ok(self, _frame: pika.frame.Method) -> None:
         """pika: the new prefetch is set; consume again once the old deliveries are acked."""
         self._flow.qos_ok()
+        if self._prefetch_change_goes_on() is not None:
+            self._new_prefetch_set = True
+            self._consume_with_new_prefetch()
+
+    def _prefetch_change_goes_on(self) -> pika.channel.Channel | None:
+        """The source channel for the change's next step; None when the session is
+        ending, or when the transfer began stopping (the stop takes over the change)."""
         channel = self._source_channel
         if self._closing or channel is None or not channel.is_open:
-            return
+            return None
         if self._stopping_since is not None:
             self._prefetch_changed_while_stopping()
-            return
-        self._new_prefetch_set = True
-        self._consume_with_new_prefetch()
+            return None
+        return channel
 
     def _consume_with_new_prefetch(self) -> None:
         """Consume again if the prefetch change is ready and nothing old is unacked."""
