@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 _INHERITED_ARGUMENTS = ("x-queue-type", "x-max-priority", "x-queue-mode", "x-message-ttl")
 # Arguments a quorum queue refuses (RabbitMQ answers 406 PRECONDITION_FAILED).
 _NOT_FOR_QUORUM = ("x-max-priority", "x-queue-mode")
+# Classic queues ignore x-queue-mode from RabbitMQ 3.12 (every classic queue stores
+# like a lazy one) and 4.3 refuses it on declare (CQv1 is gone): not inherited there.
+_QUEUE_MODE_IGNORED_FROM = (3, 12)
 # Publishing to a queue goes through the default exchange, which permissions call this.
 _DEFAULT_EXCHANGE = "amq.default"
 _REFUSING_OVERFLOW = ("reject-publish", "reject-publish-dlx")
@@ -159,6 +162,7 @@ class _Preflight:
         self._opened: dict[tuple[str, str], dict[str, int]] = {}
         self._unreachable: set[str] = set()
         self._permission_cache: dict[tuple[str, str], Permissions | None] = {}
+        self._versions: dict[str, str] = {}
 
     # -- collecting -----------------------------------------------------------------
 
@@ -178,6 +182,13 @@ class _Preflight:
         error = kind(f"pre-flight found {count}; nothing was moved:\n  {lines}")
         error.problems = problems
         raise error from problems[0]
+
+    def _rabbitmq_version(self, cluster: str) -> str:
+        """The cluster's RabbitMQ version (management API overview), asked once."""
+        if cluster not in self._versions:
+            overview = self._clients[cluster].overview()
+            self._versions[cluster] = str(overview.get("rabbitmq_version") or "unknown")
+        return self._versions[cluster]
 
     # -- 1. clusters ----------------------------------------------------------------
 
@@ -489,6 +500,15 @@ class _Preflight:
                     return
                 for key in _NOT_FOR_QUORUM:
                     arguments.pop(key, None)
+            version = self._rabbitmq_version(t.destination_cluster)
+            if "x-queue-mode" in arguments and not queue_mode_applies(version):
+                log.info(
+                    "%s: created without the source's x-queue-mode=%s (RabbitMQ %s ignores "
+                    "it from 3.12 and refuses it from 4.3)",
+                    where,
+                    arguments.pop("x-queue-mode"),
+                    version,
+                )
             d.arguments, d.create = arguments, True
             return
         for reason in _incompatibilities(
@@ -698,6 +718,19 @@ def _incompatibilities(
             f"({consequence})"
         )
     return reasons
+
+
+def queue_mode_applies(rabbitmq_version: str) -> bool:
+    """Whether a classic queue on this RabbitMQ version takes x-queue-mode.
+
+    >>> queue_mode_applies("3.10.8"), queue_mode_applies("4.3.6")
+    (True, False)
+    """
+    try:
+        major, minor = (int(part) for part in rabbitmq_version.split(".")[:2])
+    except ValueError:
+        return True  # unknown: keep the source's arguments, the declare will tell
+    return (major, minor) < _QUEUE_MODE_IGNORED_FROM
 
 
 def _queue_type(queue: Mapping[str, Any]) -> str:

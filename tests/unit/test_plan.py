@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rmq_spark.discovery import QueueTransfer
+from rmq_spark.discovery import QueueTransfer, queue_mode_applies
 from rmq_spark.plan import assign_partitions, queues_at_once, task_count
 
 
@@ -95,3 +95,15 @@ def test_queues_per_task_packs_queues_into_fewer_partitions() -> None:
 def test_queues_per_task_must_be_positive() -> None:
     with pytest.raises(ValueError, match="queues_per_task"):
         task_count(4, 0)
+
+
+@pytest.mark.parametrize(
+    ("version", "applies"),
+    [("3.10.8", True), ("3.11.28", True), ("3.12.0", False), ("4.0.5", False),
+     ("4.3.6", False), ("unknown", True)],
+)  # fmt: skip
+def test_x_queue_mode_is_inherited_only_where_classic_queues_take_it(
+    version: str, applies: bool
+) -> None:
+    # 3.12 ignores it, 4.3 refuses it on declare; an unknown version keeps it.
+    assert queue_mode_applies(version) is applies
