@@ -645,27 +645,45 @@ def _node_pids(node_name: str) -> list[int]:
     return [pid for pid, comm in _marked_processes(f"{_MARKER_ENV}={node_name}") if comm != b"epmd"]
 
 
+def _environments() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, NAME=VALUE entries) of every live process whose environment we may read."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                yield int(entry), fh.read().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours to read
+
+
+def _marker_values(name: str) -> set[str]:
+    """Every value of the marker variable ``name`` among the live processes."""
+    prefix = f"{name}=".encode()
+    return {
+        value[len(prefix) :].decode(errors="replace")
+        for _pid, environ in _environments()
+        for value in environ
+        if value.startswith(prefix)
+    }
+
+
 def _marked_processes(marker: str, *, also: str | None = None) -> list[tuple[int, bytes]]:
     """(pid, comm) of every live process whose environment holds ``marker`` (NAME=VALUE)
     and, with ``also``, a variable of that name too."""
     wanted = marker.encode()
     also_prefix = f"{also}=".encode() if also else None
     found: list[tuple[int, bytes]] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for pid, environ in _environments():
+        if wanted not in environ:
+            continue
+        if also_prefix and not any(v.startswith(also_prefix) for v in environ):
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                environ = fh.read().split(b"\0")
-            if wanted not in environ:
-                continue
-            if also_prefix and not any(v.startswith(also_prefix) for v in environ):
-                continue
-            with open(f"/proc/{entry}/comm", "rb") as fh:
-                comm = fh.read().strip()
+            with open(f"/proc/{pid}/comm", "rb") as fh:
+                found.append((pid, fh.read().strip()))
         except OSError:
             continue
-        found.append((int(entry), comm))
     return found
 
 
@@ -699,20 +717,7 @@ def _end_epmds(ports: Iterable[int]) -> list[str]:
 
 def _harness_epmd_ports() -> set[int]:
     """Ports of every epmd started by a node of this harness run from a root."""
-    prefix = f"{_EPMD_MARKER_ENV}=".encode()
-    ports: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                environ = fh.read().split(b"\0")
-        except OSError:
-            continue
-        for value in environ:
-            if value.startswith(prefix) and value[len(prefix) :].isdigit():
-                ports.add(int(value[len(prefix) :]))
-    return ports
+    return {int(value) for value in _marker_values(_EPMD_MARKER_ENV) if value.isdigit()}
 
 
 def _tail(path: Path, lines: int) -> list[str]:
@@ -1327,20 +1332,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
 
 def _all_harness_nodes() -> list[str]:
     """Names of every node started by this harness that still has a process here."""
-    prefix = f"{_MARKER_ENV}=".encode()
-    names: set[str] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                environ = fh.read().split(b"\0")
-        except OSError:
-            continue
-        names.update(
-            v[len(prefix) :].decode(errors="replace") for v in environ if v.startswith(prefix)
-        )
-    return sorted(names)
+    return sorted(_marker_values(_MARKER_ENV))
 
 
 def _cmd_cleanup(_args: argparse.Namespace) -> int:
