@@ -80,6 +80,26 @@ def quorum_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
         stop_cluster(cluster, remove_data=True)
 
 
+@pytest.fixture(scope="session")
+def quorum_cluster_4_3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A real 3-node RabbitMQ 4.3 cluster (quorum queues; no classic mirroring), started once.
+
+    Shared by the 4.x migrate tests and the 3.10 → 4.3 blue-green tests, which each take
+    a vhost of their own.
+    """
+    cluster = start_cluster(
+        "qq43",
+        tmp_path_factory.mktemp("cluster-4.3"),
+        count=3,
+        password=secrets.token_urlsafe(16),
+        version="4.3",
+    )
+    try:
+        yield cluster
+    finally:
+        stop_cluster(cluster, remove_data=True)
+
+
 @pytest.fixture
 def cluster_password_env(quorum_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> str:
     """The cluster's admin password, in the variable the test configs name."""
