@@ -160,6 +160,12 @@ class DestinationSpec(_Strict):
     # drop: any destination may take it (messages keep their priority property, the
     # destination ignores it); classic -> quorum migration of priority queues uses it.
     priorities: Literal["keep", "drop"] = "keep"
+    # none: only the destination queues (created with the source's type, priority,
+    # message TTL and queue mode). copy: a blue-green move; each destination is
+    # created with all its source's arguments and gets the exchanges its source is
+    # bound from, its bindings and its policy, translated for the destination's
+    # RabbitMQ version (see rmq_spark.topology); federation keys are never copied.
+    topology: Literal["none", "copy"] = "none"
     # True when other publishers send to the destination queues while the job runs
     # (a queue already in use): verification then counts their messages as
     # live_arrivals instead of failing on a destination that rose above the ledger.

@@ -9,14 +9,18 @@ come from AMQP (exact, not sampled). Pre-flight runs before anything moves:
 3. the plan is consistent: no queue onto itself, no queue selected twice, no two
    sources into one destination, no destination that is also a source;
 4. every destination vhost exists and opens over AMQP; every destination queue
-   exists or may be created, and one that exists fits its source (type, priorities,
-   durability, room under a length limit);
+   exists or may be created (its source's arguments translated for the destination's
+   type and RabbitMQ version, rmq_spark.topology), and one that exists fits its
+   source (type, priorities, durability, room under a length limit); with
+   `destination.topology: copy`, the exchanges, bindings and policy each destination
+   needs can be created or exist identically;
 5. where the API shows them (administrators), the user's permissions allow reading
    each source queue, publishing through the default exchange, and declaring each
    destination to be created.
 
 Every problem is collected and raised as one error, one line each, naming the
-cluster, vhost and queue. Only when there is none are missing destinations created.
+cluster, vhost and queue. Only when there is none are missing destinations created
+(and, with topology: copy, their policies, exchanges and bindings).
 """
 
 from __future__ import annotations
@@ -39,16 +43,14 @@ from rmq_spark.errors import (
     RmqSparkError,
 )
 from rmq_spark.management import ManagementClient, Permissions
+from rmq_spark.topology import CopyRequest, TopologyCopy, translate_queue_arguments
 
 log = logging.getLogger(__name__)
 
-# Queue arguments a destination created by rmq-spark inherits from its source.
+# Queue arguments a destination created by rmq-spark inherits from its source
+# (all of them with destination.topology: copy), translated for the destination's
+# type and RabbitMQ version by topology.translate_queue_arguments.
 _INHERITED_ARGUMENTS = ("x-queue-type", "x-max-priority", "x-queue-mode", "x-message-ttl")
-# Arguments a quorum queue refuses (RabbitMQ answers 406 PRECONDITION_FAILED).
-_NOT_FOR_QUORUM = ("x-max-priority", "x-queue-mode")
-# Classic queues ignore x-queue-mode from RabbitMQ 3.12 (every classic queue stores
-# like a lazy one) and 4.3 refuses it on declare (CQv1 is gone): not inherited there.
-_QUEUE_MODE_IGNORED_FROM = (3, 12)
 # Publishing to a queue goes through the default exchange, which permissions call this.
 _DEFAULT_EXCHANGE = "amq.default"
 _REFUSING_OVERFLOW = ("reject-publish", "reject-publish-dlx")
@@ -112,12 +114,16 @@ def discover(
     preflight.check_plan(selected)
     destinations = preflight.check_destinations(selected)
     preflight.check_permissions(selected, destinations)
+    preflight.check_topology(destinations)
     preflight.raise_problems()
     to_create = {d.candidate.transfer for d in destinations if d.create}
     nodes = {d.candidate.transfer: hosting_node(d.existing or {}) for d in destinations}
     if not dry_run:
+        # Policies first: the broker validates them, so a refusal stops the job before
+        # any queue exists. Every step skips what exists already: a re-run writes nothing.
+        preflight.declare_topology()
         preflight.create_missing(destinations)
-        preflight.raise_problems()
+        preflight.bind_topology()
     transfers = [
         replace(
             c.transfer,
@@ -163,6 +169,9 @@ class _Preflight:
         self._unreachable: set[str] = set()
         self._permission_cache: dict[tuple[str, str], Permissions | None] = {}
         self._versions: dict[str, str] = {}
+        self._topology = TopologyCopy(
+            clients, version_of=self._rabbitmq_version, problem=self.problem
+        )
 
     # -- collecting -----------------------------------------------------------------
 
@@ -484,31 +493,41 @@ class _Preflight:
                     )
                 )
                 return
-            inherited = (source.get("arguments") or {}).items()
-            arguments = {k: v for k, v in inherited if k in _INHERITED_ARGUMENTS}
-            arguments["x-queue-type"] = expected_type
-            if expected_type == "quorum":
-                priority = arguments.get("x-max-priority")
-                if priority is not None and route.destination.priorities == "keep":
-                    self.problem(
-                        DestinationIncompatibleError(
-                            f"{where}: cannot be created as a quorum queue ({type_origin}): "
-                            f"the source has x-max-priority {priority} and quorum queues take "
-                            "none; expected a destination that keeps priorities"
-                        )
-                    )
-                    return
-                for key in _NOT_FOR_QUORUM:
-                    arguments.pop(key, None)
+            source_arguments = source.get("arguments") or {}
+            # topology: copy declares the destination like its source, every argument
+            # translated; otherwise only the ones a transfer needs to keep its meaning.
+            inherited = (
+                dict(source_arguments)
+                if route.destination.topology == "copy"
+                else {k: v for k, v in source_arguments.items() if k in _INHERITED_ARGUMENTS}
+            )
             version = self._rabbitmq_version(t.destination_cluster)
-            if "x-queue-mode" in arguments and not queue_mode_applies(version):
-                log.info(
-                    "%s: created without the source's x-queue-mode=%s (RabbitMQ %s ignores "
-                    "it from 3.12 and refuses it from 4.3)",
-                    where,
-                    arguments.pop("x-queue-mode"),
-                    version,
+            arguments, decisions = translate_queue_arguments(
+                inherited,
+                destination_type=expected_type,
+                destination_version=version,
+                priorities=route.destination.priorities,
+            )
+            refused = [decision for decision in decisions if decision.action == "refused"]
+            for decision in refused:
+                self.problem(
+                    DestinationIncompatibleError(
+                        f"{where}: cannot be created as a {expected_type} queue ({type_origin}) "
+                        f"like its source {t.source_label} (route {t.route!r}): argument "
+                        f"{decision.key}={decision.value!r}: {decision.reason}"
+                    )
                 )
+            if refused:
+                return
+            for decision in decisions:
+                if decision.action in ("dropped", "translated"):
+                    log.info(
+                        "%s (route %r, RabbitMQ %s): source argument %s",
+                        where,
+                        t.route,
+                        version,
+                        decision.describe(),
+                    )
             d.arguments, d.create = arguments, True
             return
         for reason in _incompatibilities(
@@ -593,19 +612,70 @@ class _Preflight:
             self._permission_cache[(cluster, vhost)] = found
         return self._permission_cache[(cluster, vhost)]
 
+    # -- 4b. topology (destination.topology: copy) ----------------------------------
+
+    def check_topology(self, destinations: list[_Destination]) -> None:
+        """The exchanges, bindings and policy each copied destination needs, checked."""
+        requests = []
+        for d in destinations:
+            t = d.candidate.transfer
+            site = (t.destination_cluster, t.destination_vhost)
+            if self._route(t.route).destination.topology != "copy" or site not in self._opened:
+                continue
+            existing = d.existing or {}
+            requests.append(
+                CopyRequest(
+                    route=t.route,
+                    source_cluster=t.source_cluster,
+                    source_vhost=t.source_vhost,
+                    source_queue=t.source_queue,
+                    source_policy=d.candidate.source.get("policy") or None,
+                    destination_cluster=t.destination_cluster,
+                    destination_vhost=t.destination_vhost,
+                    destination_queue=t.destination_queue,
+                    destination_exists=d.existing is not None,
+                    messages_after=t.messages + (self._opened[site].get(t.destination_queue) or 0),
+                    bytes_after=t.message_bytes + int(existing.get("message_bytes_ready") or 0),
+                )
+            )
+        if requests:
+            self._topology.plan(requests)
+
+    def declare_topology(self) -> None:
+        """Create the copied policies and exchanges (after all checks passed)."""
+        try:
+            self._topology.declare()
+        except RmqSparkError as exc:
+            self.problem(exc)
+        self.raise_problems()
+
+    def bind_topology(self) -> None:
+        """Bind the destinations like their sources (once they exist)."""
+        try:
+            self._topology.bind()
+        except RmqSparkError as exc:
+            self.problem(exc)
+        self.raise_problems()
+
     # -- creating -------------------------------------------------------------------
 
     def create_missing(self, destinations: list[_Destination]) -> None:
-        """Declare every missing destination like its source (after all checks passed)."""
+        """Declare every missing destination like its source (after all checks passed).
+
+        A quorum destination is durable whatever its source (quorum queues are).
+        """
         for d in destinations:
             if not d.create:
                 continue
             t, source = d.candidate.transfer, d.candidate.source
+            durable = d.arguments.get("x-queue-type") == "quorum" or bool(
+                source.get("durable", True)
+            )
             try:
                 self._clients[t.destination_cluster].declare_queue(
                     t.destination_vhost,
                     t.destination_queue,
-                    durable=bool(source.get("durable", True)),
+                    durable=durable,
                     arguments=d.arguments,
                 )
             except RmqSparkError as exc:
@@ -618,6 +688,7 @@ class _Preflight:
                 t.destination_queue,
                 d.arguments,
             )
+        self.raise_problems()
 
     def _route(self, name: str) -> RouteConfig:
         return next(route for route in self._config.routes if route.name == name)
@@ -721,16 +792,17 @@ def _incompatibilities(
 
 
 def queue_mode_applies(rabbitmq_version: str) -> bool:
-    """Whether a classic queue on this RabbitMQ version takes x-queue-mode.
+    """Whether a classic queue on this RabbitMQ version takes x-queue-mode to mean something.
+
+    3.12 and later ignore it; an unknown version keeps the source's argument.
 
     >>> queue_mode_applies("3.10.8"), queue_mode_applies("4.3.6")
     (True, False)
     """
-    try:
-        major, minor = (int(part) for part in rabbitmq_version.split(".")[:2])
-    except ValueError:
-        return True  # unknown: keep the source's arguments, the declare will tell
-    return (major, minor) < _QUEUE_MODE_IGNORED_FROM
+    arguments, _ = translate_queue_arguments(
+        {"x-queue-mode": "lazy"}, destination_type="classic", destination_version=rabbitmq_version
+    )
+    return "x-queue-mode" in arguments
 
 
 def _queue_type(queue: Mapping[str, Any]) -> str:

@@ -201,6 +201,40 @@ class ManagementClient:
         )
         return result
 
+    def exchange(self, vhost: str, name: str) -> dict[str, Any] | None:
+        """The exchange's definition (type, durability, arguments), None when missing."""
+        result: dict[str, Any] | None = self._request(
+            "GET",
+            f"/api/exchanges/{_q(vhost)}/{_q(name)}",
+            what=f"read exchange {name!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
+        return result
+
+    def exchange_bindings_in(self, vhost: str, name: str) -> list[dict[str, Any]]:
+        """Bindings whose destination is this exchange (exchange-to-exchange)."""
+        rows = self._request(
+            "GET",
+            f"/api/exchanges/{_q(vhost)}/{_q(name)}/bindings/destination",
+            what=f"list the bindings into exchange {name!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
+        return list(rows or [])
+
+    def vhost_policies(self, vhost: str) -> list[dict[str, Any]]:
+        """The policies of one vhost (user policies, not operator policies)."""
+        rows = self._request(
+            "GET",
+            f"/api/policies/{_q(vhost)}",
+            what=f"list the policies of vhost {vhost!r}",
+            missing_ok=True,
+        )
+        return list(rows or [])
+
+    def exchange_types(self) -> list[str]:
+        """The exchange types the cluster offers (plugins add some)."""
+        return sorted(str(t["name"]) for t in self.overview().get("exchange_types") or [])
+
     def nodes(self) -> list[dict[str, Any]]:
         """The cluster's nodes: running, alarms, free disk and memory."""
         rows = self._request(
@@ -264,6 +298,53 @@ class ManagementClient:
             f"/api/parameters/{_q(component)}/{_q(vhost)}/{_q(name)}",
             what=f"delete {component} {name!r} in vhost {vhost!r}",
             missing_ok=True,
+        )
+
+    def declare_exchange(
+        self,
+        vhost: str,
+        name: str,
+        *,
+        type: str,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: dict[str, Any],
+    ) -> None:
+        self._request(
+            "PUT",
+            f"/api/exchanges/{_q(vhost)}/{_q(name)}",
+            what=f"declare exchange {name!r} in vhost {vhost!r}",
+            json={
+                "type": type,
+                "durable": durable,
+                "auto_delete": auto_delete,
+                "internal": internal,
+                "arguments": arguments,
+            },
+        )
+
+    def put_policy(
+        self,
+        vhost: str,
+        name: str,
+        *,
+        pattern: str,
+        apply_to: str,
+        priority: int,
+        definition: dict[str, Any],
+    ) -> None:
+        """Create or replace a policy; the broker validates the definition (400 if not)."""
+        self._request(
+            "PUT",
+            f"/api/policies/{_q(vhost)}/{_q(name)}",
+            what=f"define policy {name!r} in vhost {vhost!r}",
+            json={
+                "pattern": pattern,
+                "apply-to": apply_to,
+                "priority": priority,
+                "definition": definition,
+            },
         )
 
     def declare_queue(
