@@ -116,7 +116,8 @@ def test_a_lazy_classic_queue_on_3_10_moves_into_4_3_and_verifies(
     monkeypatch: pytest.MonkeyPatch,
     queue_type: str,
 ) -> None:
-    """4.3 refuses x-queue-mode on declare: the destination is created without it."""
+    """4.3 ignores x-queue-mode (its release notes announce a refusal on declare): the
+    destination is created without it."""
     old, new = brokers.dr, brokers_of_version.main
     vhost = fresh_vhost(Brokers(dr=old, main=new), f"upgrade-{queue_type}")
     seed_declared(old, vhost, "orders", MESSAGES, {"x-queue-mode": "lazy"})  # as 3.x had it

@@ -105,5 +105,6 @@ def test_queues_per_task_must_be_positive() -> None:
 def test_x_queue_mode_is_inherited_only_where_classic_queues_take_it(
     version: str, applies: bool
 ) -> None:
-    # 3.12 ignores it, 4.3 refuses it on declare; an unknown version keeps it.
+    # 3.12 and later ignore it (4.3.6 accepts it on a classic queue, although 4.3's
+    # release notes announce a refusal); an unknown version keeps it.
     assert queue_mode_applies(version) is applies
