@@ -414,6 +414,8 @@ class TopologyCopy:
         self._bindings_to_add: list[tuple[str, BindingSpec]] = []
         self._policies: dict[tuple[str, str, str], tuple[PolicySpec, str]] = {}
         self._policies_to_put: list[tuple[str, PolicySpec]] = []
+        # Policies with nothing left once translated (mirroring only, on 4.x).
+        self._empty_policies: set[tuple[str, str, str]] = set()
         self._source_exchanges: dict[tuple[str, str, str], dict[str, Any] | None] = {}
         self._policy_rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         self._exchange_types: dict[str, list[str]] = {}
@@ -536,7 +538,7 @@ class TopologyCopy:
             f"policy {name!r}"
         )
         key = (request.destination_cluster, request.destination_vhost, name)
-        if key not in self._policies:
+        if key not in self._policies and key not in self._empty_policies:
             for decision in decisions:
                 if decision.action in ("dropped", "translated"):
                     log.info(
@@ -544,13 +546,13 @@ class TopologyCopy:
                         decision.describe(),
                     )  # fmt: skip
         if not definition:
-            if key not in self._policies:
+            if key not in self._empty_policies:
                 log.info(
                     "%s: nothing left to copy once translated for RabbitMQ %s; not created",
                     where,
                     version,
                 )
-                self._policies[key] = (PolicySpec.from_api(request.destination_vhost, row, {}), "")
+                self._empty_policies.add(key)
             return
         wanted = PolicySpec.from_api(request.destination_vhost, row, definition)
         origin = f"it applies to {request.source_label} of route {request.route!r}"
@@ -565,7 +567,7 @@ class TopologyCopy:
         self._check_room(request, wanted, where)
         if key in self._policies:
             earlier, earlier_origin = self._policies[key]
-            if earlier.definition and policy_differences(wanted, earlier):
+            if policy_differences(wanted, earlier):
                 self._problem(
                     _incompatible(
                         f"{where}: two source policies of this name differ "
