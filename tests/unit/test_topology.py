@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
+from rmq_spark.errors import RmqSparkError
 from rmq_spark.topology import (
+    CopyRequest,
     ExchangeSpec,
     PolicySpec,
+    TopologyCopy,
     exchange_differences,
     policy_differences,
     translate_policy,
@@ -193,3 +196,132 @@ def test_policy_differences_name_each_attribute() -> None:
         "apply-to 'all', expected 'queues'",
         "definition {'max-length': 20}, expected {'max-length': 10}",
     ]
+
+
+class ApiRows:
+    """What one cluster's management API answers, for TopologyCopy's planning."""
+
+    def __init__(
+        self,
+        *,
+        bindings: dict[tuple[str, str], list[dict[str, Any]]] | None = None,
+        exchanges: dict[tuple[str, str], dict[str, Any]] | None = None,
+        policies: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> None:
+        self._bindings = bindings or {}
+        self._exchanges = exchanges or {}
+        self._policies = policies or {}
+        self.policies_put: list[tuple[str, dict[str, Any]]] = []
+
+    def queue_bindings(self, vhost: str, name: str) -> list[dict[str, Any]]:
+        return self._bindings.get((vhost, name), [])
+
+    def exchange(self, vhost: str, name: str) -> dict[str, Any] | None:
+        return self._exchanges.get((vhost, name))
+
+    def exchange_bindings_in(self, vhost: str, name: str) -> list[dict[str, Any]]:
+        return []
+
+    def vhost_policies(self, vhost: str) -> list[dict[str, Any]]:
+        return self._policies.get(vhost, [])
+
+    def exchange_types(self) -> list[str]:
+        return ["direct", "fanout", "headers", "topic"]
+
+    def put_policy(self, vhost: str, name: str, **policy: Any) -> None:
+        self.policies_put.append((name, policy["definition"]))
+
+
+def request(vhost: str, queue: str, policy: str | None, **overrides: Any) -> CopyRequest:
+    """A queue of `vhost` on blue moving into green's vhost "green-v"."""
+    return CopyRequest(
+        **{
+            "route": "upgrade",
+            "source_cluster": "blue",
+            "source_vhost": vhost,
+            "source_queue": queue,
+            "source_policy": policy,
+            "destination_cluster": "green",
+            "destination_vhost": "green-v",
+            "destination_queue": queue,
+            "destination_exists": False,
+            "messages_after": 10,
+            "bytes_after": 1_000,
+            **overrides,
+        }
+    )
+
+
+def plan(
+    blue: ApiRows, green: ApiRows, requests: list[CopyRequest]
+) -> tuple[TopologyCopy, list[str]]:
+    problems: list[RmqSparkError] = []
+    copy = TopologyCopy(
+        {"blue": blue, "green": green},  # type: ignore[dict-item]
+        version_of=lambda cluster: "4.3.6" if cluster == "green" else "3.10.8",
+        problem=problems.append,
+    )
+    copy.plan(requests)
+    return copy, [str(p) for p in problems]
+
+
+def policy(name: str, definition: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "pattern": ".*", "apply-to": "queues", "priority": 0,
+            "definition": definition}  # fmt: skip
+
+
+def test_a_mirroring_only_policy_does_not_hide_a_same_named_policy_of_another_vhost() -> None:
+    blue = ApiRows(
+        policies={
+            "a": [policy("limits", {"ha-mode": "all"})],
+            "b": [policy("limits", {"ha-mode": "all", "max-length": 100})],
+        }
+    )
+    green = ApiRows()
+
+    copy, problems = plan(blue, green, [request("a", "q1", "limits"), request("b", "q2", "limits")])
+    copy.declare()
+
+    assert problems == []
+    assert green.policies_put == [("limits", {"max-length": 100})]
+
+
+def test_two_source_exchanges_of_one_name_with_different_types_are_a_problem() -> None:
+    topic = {"name": "orders", "type": "topic", "durable": True, "arguments": {}}
+    blue = ApiRows(
+        bindings={
+            ("a", "q1"): [{"source": "orders", "routing_key": "#", "arguments": {}}],
+            ("b", "q2"): [{"source": "orders", "routing_key": "#", "arguments": {}}],
+        },
+        exchanges={("a", "orders"): topic, ("b", "orders"): {**topic, "type": "fanout"}},
+    )
+
+    _, problems = plan(blue, ApiRows(), [request("a", "q1", None), request("b", "q2", None)])
+
+    assert len(problems) == 1
+    assert "cluster green vhost 'green-v' exchange 'orders': two source exchanges" in problems[0]
+    assert "type 'topic', expected 'fanout'" in problems[0]
+
+
+def test_a_copied_length_limit_without_room_is_a_problem_naming_the_queue() -> None:
+    blue = ApiRows(policies={"a": [policy("short", {"max-length": 5})]})
+
+    _, problems = plan(blue, ApiRows(), [request("a", "q1", "short", messages_after=6)])
+
+    assert problems == [
+        "cluster green vhost 'green-v' policy 'short': max-length 5 (overflow drop-head) "
+        "would apply to cluster green vhost 'green-v' queue 'q1', which will hold 6 messages "
+        "after the move of route 'upgrade'; expected room for them"
+    ]
+
+
+def test_an_exchange_type_the_destination_lacks_is_a_problem() -> None:
+    blue = ApiRows(
+        bindings={("a", "q1"): [{"source": "delayed", "routing_key": "k", "arguments": {}}]},
+        exchanges={("a", "delayed"): {"name": "delayed", "type": "x-delayed-message"}},
+    )
+
+    _, problems = plan(blue, ApiRows(), [request("a", "q1", None)])
+
+    assert len(problems) == 1
+    assert "type 'x-delayed-message' is not offered by the destination" in problems[0]
