@@ -15,6 +15,7 @@ classic).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ import requests
 import yaml
 from pyspark.sql import SparkSession
 
+from rmq_spark.cli import main
 from rmq_spark.config import JobConfig, load_config
 from rmq_spark.demo import demo_messages, node_connector, wait_for_depth
 from rmq_spark.discovery import discover
@@ -300,10 +302,16 @@ def test_a_mirrored_3_10_cluster_moves_into_4_3_quorum_queues_with_its_topology(
     blue_node, green_node = blue_cluster.first, quorum_cluster_4_3.first
     fresh(quorum_cluster_4_3, vhost)
     blue_bindings = bindings_of(blue_node, vhost)
-    config = load_config(
-        write_config(tmp_path / "job.yaml", blue_cluster, quorum_cluster_4_3, vhost)
-    )
+    config_path = write_config(tmp_path / "job.yaml", blue_cluster, quorum_cluster_4_3, vhost)
+    config = load_config(config_path)
     caplog.set_level(logging.INFO, logger="rmq_spark")
+    # The dry run plans the copy and writes nothing on green.
+    assert main(["plan", "--config", str(config_path), "--json"]) == 0
+    assert "topology copy: 2 exchange(s), 5 binding(s), 1 polic(y/ies) to create" in caplog.text
+    assert api(green_node, "GET", f"/api/queues/{q(vhost)}") == []
+    assert exchanges_of(green_node, vhost) == {}
+    assert policies_of(green_node, vhost) == {}
+    caplog.clear()
 
     result = run_transfer(spark, config, run_id="blue-green")
 
@@ -393,6 +401,7 @@ def test_a_conflicting_exchange_or_policy_on_green_stops_the_move_before_anythin
     quorum_cluster_4_3: LocalCluster,
     passwords: None,
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     blue_cluster, vhost, _ = blue
     green_node = quorum_cluster_4_3.first
@@ -402,9 +411,12 @@ def test_a_conflicting_exchange_or_policy_on_green_stops_the_move_before_anythin
         green_node, "PUT", f"/api/policies/{q(vhost)}/orders",
         json={**ORDERS_POLICY, "definition": {"max-length": 10}},
     )  # fmt: skip
-    config = load_config(
-        write_config(tmp_path / "job.yaml", blue_cluster, quorum_cluster_4_3, vhost)
-    )
+    config_path = write_config(tmp_path / "job.yaml", blue_cluster, quorum_cluster_4_3, vhost)
+    config = load_config(config_path)
+    # The dry run names the conflicts and exits 2.
+    assert main(["plan", "--config", str(config_path), "--json"]) == 2
+    planned = "\n".join(json.loads(capsys.readouterr().out)["problems"])
+    assert f"vhost {vhost!r} exchange 'orders': exists with type 'fanout'" in planned
 
     with management_clients(config) as clients, pytest.raises(DestinationIncompatibleError) as err:
         discover(config, clients)
