@@ -97,6 +97,10 @@ def test_shipped_example_and_demo_configs_are_valid() -> None:
         ),
         (lambda t: t.replace("{queue}-moved", "{name}"), r"may only use \{vhost\} and \{queue\}"),
         (
+            lambda t: t.replace('queue: "{queue}-moved"', 'queue: "{queue}-moved", topology: all'),
+            r"routes\.0\.destination\.topology: Input should be 'none' or 'copy'",
+        ),
+        (
             lambda t: t.replace("ledger: {path: /tmp/ledger}", ""),
             r"ledger: required key is missing",
         ),
