@@ -468,6 +468,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         "verified": result.verified,
         # publishers' messages that reached the final queues during the last hop
         "live_arrivals": sum(result.live_publishes.values()),
+        "rabbitmq_versions": dict(result.rabbitmq_versions),
     }
     reports = write_reports(config.ledger.path, [r.run_id for r in result.runs])
     summary["reports"] = [str(path) for path in reports]

@@ -51,7 +51,7 @@ from rmq_spark.config import (
 from rmq_spark.errors import ConfigError, RmqSparkError
 from rmq_spark.ledger import tables
 from rmq_spark.management import ManagementClient
-from rmq_spark.pipeline import RunResult, management_clients, run_transfer
+from rmq_spark.pipeline import RunResult, management_clients, rabbitmq_versions, run_transfer
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,16 @@ _KEPT = (
     "x-dead-letter-exchange",
     "x-dead-letter-routing-key",
     "x-single-active-consumer",
+    # RabbitMQ 4.x classic queues take the leader locator too (it replaces the master
+    # locator, whose declare 4.3 refuses); quorum queues take the same values.
+    "x-queue-leader-locator",
 )
+# Quorum queues refuse these on declare (406 PRECONDITION_FAILED, 3.10 to 4.3).
 _DROPPED = {
-    "x-queue-mode": "quorum queues keep every message on disk; lazy mode does not apply",
-    "x-queue-version": "a classic queue storage version; quorum queues have their own log",
+    "x-queue-mode": "quorum queues refuse it; they keep every message on disk, so lazy mode "
+    "does not apply",
+    "x-queue-version": "quorum queues refuse it; it is a classic queue storage version and "
+    "quorum queues have their own log",
 }
 _QUORUM_OVERFLOW = ("drop-head", "reject-publish")
 # Classic master locators and the quorum leader locator that does the same job.
@@ -194,6 +200,8 @@ def translate_arguments(
                 quorum[key] = value
                 decide(key, value, "kept", "quorum queues support it")
             else:
+                # RabbitMQ 4.x accepts reject-publish-dlx on a quorum declare and then
+                # ignores it (drop-head, with a warning in its log): refused here.
                 decide(
                     key,
                     value,
@@ -324,6 +332,9 @@ class MigrationResult:
     # drain-holding runs into the final queues while publishers use them: how many of
     # the publishers' messages arrived during the hop (run id -> live arrivals)
     live_publishes: dict[str, int] = field(default_factory=dict)
+    #: cluster name -> the RabbitMQ version its management API reports (as for a
+    #: transfer run); a re-run that runs no hop still names it.
+    rabbitmq_versions: dict[str, str] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
@@ -624,9 +635,11 @@ def migrate(
     tables.ensure_tables(config.ledger.path)
     with management_clients(config) as clients:
         client = clients[cluster]
+        versions = rabbitmq_versions({cluster: client})
         plans = plan_migration(config, client, options, mid)
         raise_problems(plans)
         _join_check(config, plans, mid)
+        log_decisions(client.cluster_name, versions[cluster], plans)
         if options.consumers == "wait":
             _wait_for_no_consumers(client, [p for p in plans if p.state == "new"], options)
         batches: dict[str, list[QueueMigration]] = defaultdict(list)
@@ -648,7 +661,9 @@ def migrate(
             )
     outcomes = prove(config.ledger.path, plans)
     live = {r.run_id: r.verification.live_arrivals for r in runs if r.verification.live_arrivals}
-    result = MigrationResult(tuple(outcomes), tuple(runs), time.monotonic() - started, live)
+    result = MigrationResult(
+        tuple(outcomes), tuple(runs), time.monotonic() - started, live, versions
+    )
     log.info(
         "migration: %d queue(s) in %.1f s, verified %s",
         len(outcomes),
@@ -656,6 +671,20 @@ def migrate(
         result.verified,
     )
     return result
+
+
+def log_decisions(cluster: str, version: str, plans: Iterable[QueueMigration]) -> None:
+    """One line per argument the quorum queue will not carry as it is, saying why."""
+    for plan in plans:
+        for decision in plan.decisions:
+            if decision.action in ("dropped", "translated", "added"):
+                log.info(
+                    "cluster %s (RabbitMQ %s) %s: argument %s",
+                    cluster,
+                    version,
+                    plan.where,
+                    decision.describe(),
+                )
 
 
 def _join_check(config: JobConfig, plans: list[QueueMigration], mid: str) -> None:

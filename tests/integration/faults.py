@@ -11,7 +11,7 @@ import hashlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import pyarrow as pa
 import requests
 
 from rmq_spark.config import JobConfig, MoverConfig, load_config
-from rmq_spark.demo import demo_messages
+from rmq_spark.demo import DemoMessage, demo_messages, node_connector, wait_for_depth
 from rmq_spark.executor import ExecutorSettings, move_queue
 from rmq_spark.ledger import tables
 from rmq_spark.local_brokers import LocalNode
@@ -54,6 +54,50 @@ def expected_fingerprints(vhost: str, queue: str, count: int) -> Counter[Fingerp
             hashlib.sha256(b"".join(m.properties.encode())).hexdigest(),
         )
         for m in demo_messages(vhost, queue, count)
+    )
+
+
+def _key_ordered(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _key_ordered(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_key_ordered(item) for item in value]
+    return value
+
+
+def key_ordered_messages(vhost: str, queue: str, count: int) -> Iterator[DemoMessage]:
+    """The demo messages with every header table in key order.
+
+    RabbitMQ 3.13 and later re-encode the properties on delivery, header tables sorted
+    by key; in that form a classic queue delivers exactly the published bytes on every
+    version (3.10, 4.0, 4.3), so what an independent consumer finds can be compared
+    with what was published. Byte fidelity of other forms is test_byte_exact's subject.
+    """
+    for message in demo_messages(vhost, queue, count):
+        message.properties.headers = _key_ordered(message.properties.headers)
+        yield message
+
+
+def seed_key_ordered(node: LocalNode, vhost: str, queue: str, count: int) -> None:
+    """A durable classic queue holding `count` key-ordered demo messages."""
+    connection = node_connector(node)(vhost)
+    try:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True)
+        for message in key_ordered_messages(vhost, queue, count):
+            channel.basic_publish("", queue, message.body, message.properties)
+        wait_for_depth(channel, queue, count)
+    finally:
+        connection.close()
+
+
+def key_ordered_fingerprints(vhost: str, queue: str, count: int) -> Counter[Fingerprint]:
+    return Counter(
+        (
+            hashlib.sha256(m.body).hexdigest(),
+            hashlib.sha256(b"".join(m.properties.encode())).hexdigest(),
+        )
+        for m in key_ordered_messages(vhost, queue, count)
     )
 
 

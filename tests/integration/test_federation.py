@@ -5,6 +5,10 @@ The DR node's queues `fed.*` are federated with ART's same-named queues (policy
 of their own. A consumer on a DR queue makes its link pull from ART (the control
 test shows it); with `federation: pause` the job drains DR without pulling anything,
 and the upstreams come back with their definitions unchanged.
+
+The control, the drain and the restore after a crash run on every RabbitMQ version
+(DR, main and ART all of one version: `brokers_of_version`); the other cases, whose
+logic is the same on every version, on the host's 3.10.
 """
 
 from __future__ import annotations
@@ -29,7 +33,13 @@ from rmq_spark.errors import DiscoveryError
 from rmq_spark.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.mover import MoveOutcome
 from rmq_spark.pipeline import management_clients, run_transfer
-from tests.integration.faults import expected_fingerprints, management, wait_until
+from rmq_spark.rabbitmq_roots import HOST_VERSION, VERSIONS
+from tests.integration.faults import (
+    key_ordered_fingerprints,
+    management,
+    seed_key_ordered,
+    wait_until,
+)
 from tests.integration.support import (
     Brokers,
     cluster_block,
@@ -49,11 +59,22 @@ CLONE_PREFIX = "rmq-spark-paused--"
 VQ = quote(VHOST, safe="")
 
 
+ON_HOST = pytest.mark.parametrize("brokers_of_version", [HOST_VERSION], indirect=True)
+ON_EVERY_VERSION = pytest.mark.parametrize("brokers_of_version", VERSIONS, indirect=True)
+
+
 @pytest.fixture(scope="module")
-def art(brokers: Brokers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNode]:
-    """The upstream cluster: a third node, same user and password as the session's nodes."""
+def art(
+    brokers_of_version: Brokers, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalNode]:
+    """The upstream cluster: a third node of the same version, user and password as the
+    DR and main nodes."""
+    dr = brokers_of_version.dr
     nodes = start_nodes(
-        ["upstream"], tmp_path_factory.mktemp("upstream"), password=brokers.dr.password
+        ["upstream"],
+        tmp_path_factory.mktemp(f"upstream-{dr.version}"),
+        password=dr.password,
+        version=dr.version,
     )
     try:
         yield nodes[0]
@@ -71,12 +92,15 @@ class Federated:
 
 
 @pytest.fixture
-def federated(brokers: Brokers, art: LocalNode, password_env: str) -> Iterator[Federated]:
+def federated(
+    brokers_of_version: Brokers, art: LocalNode, version_password_env: str
+) -> Iterator[Federated]:
+    brokers = brokers_of_version
     vhost = fresh_vhost(brokers, VHOST)
     art.add_vhost(vhost)
     dr = brokers.dr
     for queue in FEDERATED:
-        seed(dr, vhost, queue, ORPHANS)
+        seed_key_ordered(dr, vhost, queue, ORPHANS)
         publish(art, queue, [f"art {queue} {i}".encode() for i in range(UPSTREAM_MESSAGES)])
     seed(dr, vhost, UNFEDERATED, 10)
     uri = f"amqp://{art.username}:{art.password}@127.0.0.1:{art.amqp_port}/{quote(vhost, '')}"
@@ -180,6 +204,7 @@ def pause_dr(config: JobConfig) -> list[tuple[str, str]]:
         return federation.pause(clients["dr"])
 
 
+@ON_EVERY_VERSION
 def test_a_consumer_on_a_federated_dr_queue_pulls_from_the_upstream(
     federated: Federated,
 ) -> None:
@@ -201,6 +226,7 @@ def test_a_consumer_on_a_federated_dr_queue_pulls_from_the_upstream(
     assert depth(federated.art, VHOST, "fed.b") == UPSTREAM_MESSAGES  # no consumer there
 
 
+@ON_EVERY_VERSION
 def test_draining_the_dr_node_pulls_nothing_from_the_upstream_and_restores_it(
     federated: Federated,
     tmp_path: Path,
@@ -223,7 +249,7 @@ def test_draining_the_dr_node_pulls_nothing_from_the_upstream_and_restores_it(
     # ... and main received exactly the DR orphans.
     for queue in FEDERATED:
         found = drain_fingerprints(lambda: brokers.connect(brokers.main, VHOST), queue)
-        assert found == expected_fingerprints(VHOST, queue, ORPHANS), queue
+        assert found == key_ordered_fingerprints(VHOST, queue, ORPHANS), queue
         assert depth(brokers.dr, VHOST, queue) == 0
     assert depth(brokers.dr, VHOST, UNFEDERATED) == 10  # no federation policy: not selected
     # The upstreams are back, exactly as they were, and no clone is left.
@@ -237,6 +263,7 @@ def test_draining_the_dr_node_pulls_nothing_from_the_upstream_and_restores_it(
     assert not any(art.password in line for line in logged)
 
 
+@ON_HOST
 def test_upstreams_are_restored_when_the_move_fails(
     federated: Federated,
     tmp_path: Path,
@@ -272,6 +299,7 @@ def test_upstreams_are_restored_when_the_move_fails(
     assert upstream_depths(federated.art) == dict.fromkeys(FEDERATED, UPSTREAM_MESSAGES)
 
 
+@ON_HOST
 def test_nothing_is_paused_when_pre_flight_fails(
     federated: Federated, tmp_path: Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,6 +319,7 @@ def test_nothing_is_paused_when_pre_flight_fails(
     assert definitions(federated.brokers.dr) == federated.definitions
 
 
+@ON_EVERY_VERSION
 def test_restore_federation_command_finishes_what_a_crash_left_paused(
     federated: Federated, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -321,6 +350,7 @@ def test_restore_federation_command_finishes_what_a_crash_left_paused(
     assert definitions(dr) == federated.definitions
 
 
+@ON_HOST
 def test_pausing_again_after_a_crash_never_clones_a_clone(
     federated: Federated, tmp_path: Path
 ) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from rmq_spark import wire
 from rmq_spark.amqp import ready_count
 from rmq_spark.cli import main
 from rmq_spark.config import load_config
-from rmq_spark.demo import demo_messages
+from rmq_spark.demo import DemoMessage, demo_messages
 from rmq_spark.ledger import tables
 from rmq_spark.local_brokers import LocalCluster, LocalNode
 from rmq_spark.migrate import (
@@ -42,7 +43,12 @@ from rmq_spark.migrate import (
     MigrationOptions,
     migrate,
 )
-from tests.integration.faults import expected_fingerprints, wait_until
+from tests.integration.faults import (
+    expected_fingerprints,
+    key_ordered_fingerprints,
+    key_ordered_messages,
+    wait_until,
+)
 from tests.integration.support import PASSWORD_ENV, job_environment
 
 Fingerprint = tuple[str, str]
@@ -131,19 +137,29 @@ def fresh_cluster_vhost(cluster: LocalCluster, vhost: str) -> str:
     return vhost
 
 
-def set_up(cluster: LocalCluster, vhost: str, specs: list[Spec], count: int) -> None:
-    """Exchanges, mirroring policy, queues with their bindings, `count` messages each."""
+def set_up(
+    cluster: LocalCluster,
+    vhost: str,
+    specs: list[Spec],
+    count: int,
+    *,
+    messages: Callable[[str, str, int], Iterable[DemoMessage]] = demo_messages,
+) -> None:
+    """Exchanges, mirroring policy (3.x: 4.0 removed mirroring), queues with their
+    bindings, `count` messages each."""
     node = cluster.first
-    api(
-        node,
-        "PUT",
-        f"/api/policies/{quote(vhost, safe='')}/ha-all",
-        json={
-            "pattern": r"^mirrored\.",
-            "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
-            "apply-to": "queues",
-        },
-    )
+    mirroring = node.version.startswith("3.")
+    if mirroring:
+        api(
+            node,
+            "PUT",
+            f"/api/policies/{quote(vhost, safe='')}/ha-all",
+            json={
+                "pattern": r"^mirrored\.",
+                "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
+                "apply-to": "queues",
+            },
+        )
     connection = connect(node, vhost)
     try:
         channel = connection.channel()
@@ -153,7 +169,7 @@ def set_up(cluster: LocalCluster, vhost: str, specs: list[Spec], count: int) -> 
             channel.queue_declare(spec.name, durable=True, arguments=spec.arguments or None)
             for exchange, key, arguments in spec.bindings:
                 channel.queue_bind(spec.name, exchange, key, arguments=arguments or None)
-            for message in demo_messages(vhost, spec.name, count):
+            for message in messages(vhost, spec.name, count):
                 channel.basic_publish("", spec.name, message.body, message.properties)
     finally:
         connection.close()
@@ -162,7 +178,7 @@ def set_up(cluster: LocalCluster, vhost: str, specs: list[Spec], count: int) -> 
         lambda: all(exact_depth(cluster, vhost, name) == count for name in names),
         f"{count} messages in each queue",
     )
-    mirrored = [s.name for s in specs if s.name.startswith("mirrored.")]
+    mirrored = [s.name for s in specs if mirroring and s.name.startswith("mirrored.")]
     wait_until(
         lambda: all(
             len(queue(cluster, vhost, name).get("synchronised_slave_nodes") or []) == 2
@@ -683,3 +699,177 @@ def test_already_migrated_queues_are_left_alone(
     assert main(["migrate", "--config", str(path), "--dry-run"]) == 0
 
     assert "nothing to migrate on cluster qq" in capsys.readouterr().out
+
+
+# -- RabbitMQ 4.3: classic queues are single-replica, no mirroring --------------------------
+
+
+@pytest.fixture
+def cluster_4_3_password_env(
+    quorum_cluster_4_3: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    monkeypatch.setenv(PASSWORD_ENV, quorum_cluster_4_3.first.password)
+    return quorum_cluster_4_3.first.password
+
+
+@pytest.fixture
+def vhost_4_3(quorum_cluster_4_3: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A vhost of its own on the 4.3 cluster (the blue-green tests share the cluster)."""
+    name = fresh_cluster_vhost(quorum_cluster_4_3, f"mig43-{request.node.name[:40]}")
+    yield name
+    api(quorum_cluster_4_3.first, "DELETE", f"/api/vhosts/{quote(name, safe='')}")
+
+
+def declare_refusal(node: LocalNode, vhost: str, queue: str, arguments: dict[str, Any]) -> str:
+    """The broker's reply-text closing the channel (or connection) for this declare."""
+    connection = connect(node, vhost)
+    try:
+        connection.channel().queue_declare(queue, durable=True, arguments=arguments)
+    except (pika.exceptions.ChannelClosedByBroker, pika.exceptions.ConnectionClosedByBroker) as exc:
+        return f"{exc.reply_code} {exc.reply_text}"
+    finally:
+        if connection.is_open:
+            connection.close()
+    raise AssertionError(f"RabbitMQ {node.version} accepted {queue!r} with {arguments}")
+
+
+def test_rabbitmq_4_3_refuses_on_declare_what_migrate_drops_or_translates(
+    quorum_cluster_4_3: LocalCluster, vhost_4_3: str
+) -> None:
+    """The premise of the translation table, on the real broker: quorum queues refuse
+    the classic-only arguments (so migrate drops or translates them), and 4.3 classic
+    queues refuse CQv1 and the master locator, so only queues from before an upgrade
+    carry those; x-queue-mode is still taken by a 4.3.6 classic queue, although the
+    4.3.0 release notes say it is refused."""
+    node = quorum_cluster_4_3.first
+    quorum = {"x-queue-type": "quorum"}
+    for argument, value in (
+        ("x-queue-mode", "lazy"),
+        ("x-queue-version", 2),
+        ("x-queue-master-locator", "min-masters"),
+        ("x-max-priority", 5),
+    ):
+        refusal = declare_refusal(node, vhost_4_3, "probe", {**quorum, argument: value})
+        assert refusal.startswith("406 PRECONDITION_FAILED"), refusal
+        assert f"invalid arg '{argument}'" in refusal
+    cqv1 = declare_refusal(node, vhost_4_3, "probe", {"x-queue-version": 1})
+    assert cqv1.startswith("406 PRECONDITION_FAILED"), cqv1
+    assert "unsupported queue version '1'" in cqv1
+    master = declare_refusal(node, vhost_4_3, "probe", {"x-queue-master-locator": "client-local"})
+    assert "Feature `queue_master_locator` is deprecated" in master  # closes the connection
+    assert "probe" not in queue_names(quorum_cluster_4_3, vhost_4_3)
+    set_up(quorum_cluster_4_3, vhost_4_3, [Spec("lazy", {"x-queue-mode": "lazy"})], 1)
+    assert queue(quorum_cluster_4_3, vhost_4_3, "lazy")["arguments"]["x-queue-mode"] == "lazy"
+
+
+@pytest.mark.usefixtures("cluster_4_3_password_env", "spark")
+def test_migrate_on_4_3_refuses_what_quorum_queues_cannot_keep_and_changes_nothing(
+    quorum_cluster_4_3: LocalCluster,
+    vhost_4_3: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    specs = [
+        Spec("prio", {"x-max-priority": 5}, (("mig.direct", "prio", {}),)),
+        # 4.3 would declare this quorum queue, then ignore the overflow mode (drop-head)
+        Spec("dlx-overflow", {"x-overflow": "reject-publish-dlx"}),
+        Spec("fine", {"x-queue-mode": "lazy"}, (("mig.direct", "fine", {}),)),
+    ]
+    set_up(quorum_cluster_4_3, vhost_4_3, specs, 3)
+    path = write_cluster_config(tmp_path / "migrate.yaml", quorum_cluster_4_3, vhost_4_3)
+
+    assert main(["migrate", "--config", str(path)]) == 2
+
+    err = capsys.readouterr().err
+    assert "migration pre-flight found 2 problems; nothing was changed" in err
+    assert f"vhost {vhost_4_3!r} queue 'prio': argument x-max-priority=5: refused" in err
+    assert "queue 'dlx-overflow': argument x-overflow='reject-publish-dlx': refused" in err
+    assert "queue 'fine'" not in err
+    assert queue_names(quorum_cluster_4_3, vhost_4_3) == {s.name for s in specs}
+    for spec in specs:
+        assert queue(quorum_cluster_4_3, vhost_4_3, spec.name)["type"] == "classic"
+        assert bindings(quorum_cluster_4_3, vhost_4_3, spec.name) == expected_bindings(spec)
+        assert exact_depth(quorum_cluster_4_3, vhost_4_3, spec.name) == 3
+
+
+MESSAGES_4_3 = 200
+
+
+@pytest.mark.usefixtures("cluster_4_3_password_env")
+def test_classic_queues_on_4_3_migrate_in_place_through_a_crash(
+    spark: SparkSession,
+    *,
+    quorum_cluster_4_3: LocalCluster,
+    vhost_4_3: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Single-replica classic queues (bindings on direct, topic and headers exchanges,
+    x-queue-mode, CQv2, a leader locator, TTL and limits) become 3-member quorum queues;
+    the procedure stops after the recreate (the classic queues gone, every message in
+    the quorum temporaries) and the CLI's re-run finishes it."""
+    cluster, vhost = quorum_cluster_4_3, vhost_4_3
+    specs = [Spec(f"plain.q{i}", bindings=_bindings(i)) for i in range(4)]
+    specs += [
+        Spec(
+            "lazy",
+            {
+                "x-queue-mode": "lazy",
+                "x-queue-version": 2,
+                "x-queue-leader-locator": "client-local",
+            },
+            (("mig.headers", "", {"x-match": "any", "region": "eu", "tier": 1}),),
+        ),
+        Spec(
+            "ttl",
+            {
+                "x-message-ttl": 3_600_000,
+                "x-max-length": 10_000,
+                "x-overflow": "reject-publish",
+                "x-dead-letter-exchange": "mig.direct",
+                "x-dead-letter-routing-key": "dead",
+            },
+            (("mig.topic", "ttl.#", {}),),
+        ),
+    ]
+    # 4.x re-encodes properties on delivery (headers sorted by key): messages already in
+    # that form are delivered as published, so the consumer below compares byte for byte.
+    set_up(cluster, vhost, specs, MESSAGES_4_3, messages=key_ordered_messages)
+    assert {queue(cluster, vhost, s.name)["type"] for s in specs} == {"classic"}
+    path = write_cluster_config(tmp_path / "migrate.yaml", cluster, vhost)
+    version = api(cluster.first, "GET", "/api/overview")["rabbitmq_version"]
+    assert version.startswith("4.3.")
+
+    with (
+        caplog.at_level(logging.INFO, logger="rmq_spark.migrate"),
+        pytest.raises(SimulatedCrashError),
+    ):
+        migrate(spark, load_config(path), migration_id="mig43", after_phase=crash_after("recreate"))
+
+    logged = [r.getMessage() for r in caplog.records if r.name == "rmq_spark.migrate"]
+    lazy = f"cluster qq (RabbitMQ {version}) vhost {vhost!r} queue 'lazy': argument"
+    assert f"{lazy} x-queue-mode='lazy': dropped (quorum queues refuse it;" in " ".join(logged)
+    assert f"{lazy} x-queue-version=2: dropped (quorum queues refuse it;" in " ".join(logged)
+    for spec in specs:  # quorum and empty now; every message in its temporary queue
+        assert queue(cluster, vhost, spec.name)["type"] == "quorum"
+        assert exact_depth(cluster, vhost, TEMP_PREFIX + spec.name) == MESSAGES_4_3
+    capsys.readouterr()
+
+    assert main(["migrate", "--config", str(path)]) == 0
+
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1].removeprefix("MIGRATION "))
+    assert summary["verified"] is True
+    assert (summary["queues"], summary["missing"]) == (len(specs), 0)
+    assert summary["runs"] == ["mig43-back", "mig43-held"]
+    assert summary["rabbitmq_versions"] == {"qq": version}
+    assert_migrated(cluster, vhost, specs)
+    arguments = {s.name: queue(cluster, vhost, s.name)["arguments"] for s in specs}
+    assert arguments["lazy"] == {"x-queue-type": "quorum", "x-queue-leader-locator": "client-local"}
+    assert arguments["ttl"] == {"x-queue-type": "quorum", **specs[-1].arguments}
+    for spec in specs:
+        assert len(queue(cluster, vhost, spec.name)["members"]) == 3
+        found = consume_fingerprints(cluster.first, vhost, spec.name)
+        expected = key_ordered_fingerprints(vhost, spec.name, MESSAGES_4_3)
+        assert found == expected, f"{spec.name}: final queue differs from what was published"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from rmq_spark.config import parse_config
@@ -9,6 +11,7 @@ from rmq_spark.errors import ConfigError
 from rmq_spark.migrate import (
     MigrationOptions,
     QueueMigration,
+    log_decisions,
     migration_cluster,
     translate_arguments,
 )
@@ -75,6 +78,50 @@ def test_overflow_quorum_queues_lack_and_unknown_arguments_are_refused() -> None
         "x-overflow": "refused",
         "x-something": "refused",
     }
+
+
+def test_a_4x_classic_queues_leader_locator_is_kept() -> None:
+    """RabbitMQ 4.x classic queues take x-queue-leader-locator (4.3 refuses the master
+    locator on declare); quorum queues take the same values."""
+    quorum, decisions = translate_arguments(
+        {"x-queue-leader-locator": "client-local", "x-queue-version": 2}, MigrationOptions()
+    )
+
+    assert quorum == {"x-queue-type": "quorum", "x-queue-leader-locator": "client-local"}
+    assert [(d.argument, d.action) for d in decisions] == [
+        ("x-queue-leader-locator", "kept"),
+        ("x-queue-version", "dropped"),
+    ]
+
+
+def test_every_argument_not_kept_as_it_is_is_logged_with_its_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    arguments = {"x-queue-mode": "lazy", "x-max-length": 5, "x-queue-master-locator": "random"}
+    quorum, decisions = translate_arguments(arguments, MigrationOptions())
+    plan = QueueMigration(
+        vhost="v",
+        queue="orders",
+        migration_id="m-1",
+        state="new",
+        durable=True,
+        arguments=arguments,
+        quorum_arguments=quorum,
+        bindings=[],
+        decisions=decisions,
+    )
+
+    with caplog.at_level(logging.INFO, logger="rmq_spark.migrate"):
+        log_decisions("qq", "4.3.6", [plan])
+
+    assert [r.getMessage() for r in caplog.records] == [
+        "cluster qq (RabbitMQ 4.3.6) vhost 'v' queue 'orders': argument "
+        "x-queue-master-locator='random': translated -> x-queue-leader-locator=balanced "
+        "(quorum queues place leaders instead of masters)",
+        "cluster qq (RabbitMQ 4.3.6) vhost 'v' queue 'orders': argument "
+        "x-queue-mode='lazy': dropped (quorum queues refuse it; they keep every message on "
+        "disk, so lazy mode does not apply)",
+    ]
 
 
 def test_replicas_become_the_initial_group_size() -> None:
