@@ -30,6 +30,7 @@ from rmq_spark.executor import ExecutorSettings, move_partition
 from rmq_spark.executor_preflight import check_executors
 from rmq_spark.federation import paused_federation
 from rmq_spark.ledger import schema, tables
+from rmq_spark.ledger.committers import committer_for
 from rmq_spark.management import ManagementClient
 from rmq_spark.mover import MoveOutcome
 from rmq_spark.plan import assign_partitions, plan_rows
@@ -143,7 +144,10 @@ def run_transfer(
         ProgressReporter(to_move, amqp_sampler(config, to_move)),
     ):
         outcomes = move(spark, plan, config, run_id, node_uris(config, clients))
-    tables.commit_run(ledger_path, run_id)
+    # Spark's own Delta writer where the session has it (Databricks), else delta-rs.
+    committer = committer_for(spark)
+    log.info("run %s: ledger commits with %s", run_id, committer.name)
+    tables.commit_run(ledger_path, run_id, committer)
 
     after = measure_depths(config, transfers)
     partition_of = {t.describe(): p for t, p in zip(to_move, assignment, strict=True)}
@@ -335,7 +339,8 @@ def record_run(
                 "unexpected": verdict.unexpected,
             }
         )
-    tables.append_rows(config.ledger.path, "queues", queue_rows)
+    committer = committer_for(spark)
+    tables.append_rows(config.ledger.path, "queues", queue_rows, committer)
     tables.append_rows(
         config.ledger.path,
         "runs",
@@ -358,4 +363,5 @@ def record_run(
                 "rabbitmq_versions": json.dumps(dict(rabbitmq_versions or {}), sort_keys=True),
             }
         ],
+        committer,
     )

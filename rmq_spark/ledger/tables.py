@@ -1,6 +1,8 @@
-"""Driver side: the ledger's Delta tables (runs, queues, messages).
+"""Driver side: the ledger's Delta tables (runs, queues, messages, plans).
 
-Written with deltalake (delta-rs), which needs no JVM jars; read as Spark
+What each commit holds (which rows, its idempotency key, the schema) is decided here;
+a committer (`committers`: delta-rs, which needs no JVM jars, or Spark's own Delta
+writer when the session has Delta's classes) only writes it. Read as Spark
 DataFrames. When Spark has Delta's own reader (Databricks, --packages), it reads
 the tables itself; otherwise the driver asks delta-rs for the snapshot's data
 files and Spark reads those Parquet files, which for these append-only tables
@@ -13,6 +15,7 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -21,13 +24,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
-from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import schema, writer
+from rmq_spark.ledger.committers import (
+    DELTA_RS,
+    CommitKey,
+    DeltaCommitter,
+    commit_app_id,
+)
 from rmq_spark.ledger.storage import describe, storage_options
 from rmq_spark.ledger.writer import read_stream, run_intents_dir, run_partition_dir, run_rows_dir
 from rmq_spark.spark_session import spark_has_delta
@@ -82,14 +90,20 @@ def ensure_tables(ledger_path: str) -> None:
             ) from exc
 
 
-def commit_run(ledger_path: str, run_id: str) -> int:
-    """Add the run's durable, not yet committed message files to the Delta log.
+def commit_run(ledger_path: str, run_id: str, committer: DeltaCommitter = DELTA_RS) -> int:
+    """Commit the run's durable, not yet committed message rows to the Delta table.
 
-    One commit for the whole run. Idempotent: files already in the log are skipped,
-    so it is safe after a crash and on a re-run. Returns the rows committed.
     First, rows streams left by tasks that died become data files, then intents
     that never got a row (the process died between publishing and writing) become
-    uncertain rows, so every publish has a row.
+    uncertain rows, so every publish has a row. Then the data files no commit holds
+    yet are written down as the run's next commit batch, and committed in one Delta
+    commit carrying the batch's `CommitKey`.
+
+    Idempotent, with either committer: a batch is committed only if the table does
+    not record its version yet (a driver that died between writing the batch and
+    committing it has it committed now, under the same version), and a data file in
+    a batch, or in the log (added by reference), is never chosen again. So it is safe
+    after a crash and on a re-run. Returns the rows committed.
     """
     path = table_path(ledger_path, "messages")
     table = DeltaTable(path, storage_options=storage_options(path))
@@ -98,33 +112,98 @@ def commit_run(ledger_path: str, run_id: str) -> int:
     rows_from_intents(ledger_path, run_id)
     if not partition.is_dir():
         return 0
-    committed = {unquote(uri).rsplit("/", 1)[-1] for uri in _files_of_run(table, run_id)}
-    actions: list[AddAction | RemoveAction] = []
+    app_id = commit_app_id(run_id)
+    recorded = table.transaction_version(app_id)
+    done = -1 if recorded is None else recorded
+    in_log = {unquote(uri).rsplit("/", 1)[-1] for uri in _files_of_run(table, run_id)}
+    batches = read_commit_batches(ledger_path, run_id)
     rows = 0
-    for file in sorted(partition.glob("part-*.parquet")):
-        if file.name in committed:
-            continue
-        metadata = pq.read_metadata(file)
-        stat = file.stat()
-        actions.append(
-            AddAction(
-                path=f"run_id={run_id}/{file.name}",
-                size=stat.st_size,
-                partition_values={"run_id": run_id},
-                modification_time=int(stat.st_mtime * 1000),
-                data_change=True,
-                stats=json.dumps({"numRecords": metadata.num_rows}),
+    for batch in batches:
+        if batch.version > done:
+            log.warning(
+                "run %s: commit batch %d was written but never committed (the driver "
+                "stopped in between); committing it now",
+                run_id,
+                batch.version,
             )
-        )
-        rows += metadata.num_rows
-    if actions:
-        table.create_write_transaction(
-            actions,
-            mode="append",
-            schema=schema.arrow_schema(schema.MESSAGES),
-            partition_by=["run_id"],
-        )
-        log.info("committed %d ledger files (%d rows) of run %s", len(actions), rows, run_id)
+            rows += _commit(committer, ledger_path, run_id, batch, in_log)
+    chosen = in_log.union(*(batch.files for batch in batches))
+    pending = tuple(name for name in data_file_names(partition) if name not in chosen)
+    if pending:
+        version = max([done, *(batch.version for batch in batches)]) + 1
+        batch = CommitBatch(version, pending)
+        write_commit_batch(ledger_path, run_id, batch)
+        rows += _commit(committer, ledger_path, run_id, batch, in_log)
+    return rows
+
+
+@dataclass(frozen=True)
+class CommitBatch:
+    """Data files of a run chosen for one commit, under one version of its CommitKey.
+
+    Written durably before the commit: Spark's writer copies the rows into files of
+    its own, so the Delta log cannot tell which executor files it already holds.
+    """
+
+    version: int
+    files: tuple[str, ...]
+
+
+def data_file_names(partition: Path) -> list[str]:
+    """The executors' data files in a run partition (not files Spark's writer made)."""
+    return sorted(
+        file.name for file in partition.glob("part-*.parquet") if writer.is_data_file(file.name)
+    )
+
+
+def commit_batches_dir(ledger_path: str, run_id: str) -> Path:
+    return Path(ledger_path) / "commits" / f"run_id={run_id}"
+
+
+def read_commit_batches(ledger_path: str, run_id: str) -> list[CommitBatch]:
+    directory = commit_batches_dir(ledger_path, run_id)
+    batches = []
+    for file in sorted(directory.glob("batch-*.json")) if directory.is_dir() else []:
+        try:
+            content = json.loads(file.read_text(encoding="utf-8"))
+            batches.append(CommitBatch(int(content["version"]), tuple(content["files"])))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(
+                f"ledger commit batch {file}: expected JSON with a version and files ({exc}); "
+                "it is written whole or not at all, so this file was changed by hand"
+            ) from exc
+    return sorted(batches, key=lambda batch: batch.version)
+
+
+def write_commit_batch(ledger_path: str, run_id: str, batch: CommitBatch) -> None:
+    directory = commit_batches_dir(ledger_path, run_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    content = {"version": batch.version, "files": list(batch.files)}
+    writer.write_file(directory, f"batch-{batch.version:010d}.json", json.dumps(content).encode())
+
+
+def _commit(
+    committer: DeltaCommitter,
+    ledger_path: str,
+    run_id: str,
+    batch: CommitBatch,
+    in_log: set[str],
+) -> int:
+    partition = run_partition_dir(ledger_path, run_id)
+    # A file the log already holds was added by reference (by delta-rs, after a batch
+    # that Spark never committed): its rows are in the table.
+    files = [partition / name for name in batch.files if name not in in_log]
+    rows = sum(int(pq.read_metadata(file).num_rows) for file in files)
+    key = CommitKey(commit_app_id(run_id), batch.version)
+    committer.add_data_files(table_path(ledger_path, "messages"), run_id, files, key)
+    log.info(
+        "committed %d ledger files (%d rows) of run %s with %s (batch %d)",
+        len(files),
+        rows,
+        run_id,
+        committer.name,
+        batch.version,
+    )
     return rows
 
 
@@ -192,18 +271,19 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
     return written
 
 
-def append_rows(ledger_path: str, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Append a few rows (runs, queues) to a ledger table."""
+def append_rows(
+    ledger_path: str,
+    table: str,
+    rows: Sequence[Mapping[str, Any]],
+    committer: DeltaCommitter = DELTA_RS,
+) -> None:
+    """Append a few rows (runs, queues, plans) to a ledger table, merging in a nullable
+    column the table lacks (a ledger made before runs.rabbitmq_versions existed)."""
     if not rows:
         return
     arrow_schema = schema.arrow_schema(schema.TABLES[table])
     data = pa.Table.from_pylist([dict(row) for row in rows], schema=arrow_schema)
-    path = table_path(ledger_path, table)
-    # merge: a ledger made before a nullable column was added (runs.rabbitmq_versions)
-    # gains it on its next append instead of refusing the row.
-    write_deltalake(
-        path, data, mode="append", schema_mode="merge", storage_options=storage_options(path)
-    )
+    committer.append(table_path(ledger_path, table), table, data)
 
 
 def read_table(spark: SparkSession, ledger_path: str, table: str) -> DataFrame:

@@ -21,6 +21,7 @@ import array
 import hashlib
 import operator
 import os
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,16 @@ class TransferKey:
             f"{self.source_cluster}/{self.source_vhost}/{self.source_queue} -> "
             f"{self.destination_cluster}/{self.destination_vhost}/{self.destination_queue}"
         )
+
+
+# Names of the data files executors (and the commit step) write: the transfer's
+# file prefix first. Spark's Delta writer names its files part-00000-<uuid>...
+_DATA_FILE_NAME = re.compile(r"part-[0-9a-f]{16}-.+\.parquet")
+
+
+def is_data_file(name: str) -> bool:
+    """Whether a file in a run partition is one of rmq-spark's own data files."""
+    return _DATA_FILE_NAME.fullmatch(name) is not None
 
 
 def run_partition_dir(ledger_path: str, run_id: str) -> Path:
@@ -223,6 +234,17 @@ def write_data_file(directory: Path, name: str, table: pa.Table) -> None:
         # Snappy: half zstd's CPU for a few hundred rows (0.9 vs 1.9 ms per file,
         # files ~15% larger); executors write one file per flush, on the mover's CPU.
         pq.write_table(table, sink, compression="snappy")
+        sink.flush()
+        os.fsync(sink.fileno())
+    os.replace(temp, directory / name)
+    _fsync_dir(directory)
+
+
+def write_file(directory: Path, name: str, content: bytes) -> None:
+    """Write a small file so that it is complete and durable, or absent."""
+    temp = directory / f"{TEMP_PREFIX}{name}"
+    with open(temp, "wb") as sink:
+        sink.write(content)
         sink.flush()
         os.fsync(sink.fileno())
     os.replace(temp, directory / name)
