@@ -34,6 +34,7 @@ from typing import Any
 
 from rmq_spark.amqp import amqp_username, probe_vhost, queue_depths
 from rmq_spark.config import JobConfig, RouteConfig
+from rmq_spark.delivery_limit import source_delivery_limit
 from rmq_spark.errors import (
     AccessRefusedError,
     BrokerUnreachableError,
@@ -76,6 +77,10 @@ class QueueTransfer:
     destination_messages: int  # exact ready count at plan time
     destination_created: bool = False  # missing at plan time; created (or, dry run, would be)
     destination_node: str = ""  # node hosting the destination (quorum leader), if it existed
+    # The source's quorum delivery limit (delivery_limit.py), None when unlimited, and
+    # what its broker does to a message past it; the movers stop before that can happen.
+    source_delivery_limit: int | None = None
+    source_past_limit: str = ""
 
     @property
     def source_label(self) -> str:
@@ -110,7 +115,7 @@ def discover(
     preflight = _Preflight(config, clients)
     preflight.check_clusters()
     candidates = preflight.source_candidates()
-    selected = preflight.select(candidates)
+    selected = preflight.with_delivery_limits(preflight.select(candidates))
     preflight.check_plan(selected)
     destinations = preflight.check_destinations(selected)
     preflight.check_permissions(selected, destinations)
@@ -369,6 +374,24 @@ class _Preflight:
                     route.source.min_messages,
                 )
         return selected
+
+    def with_delivery_limits(self, selected: list[_Candidate]) -> list[_Candidate]:
+        """Each quorum source with the delivery limit its broker applies (argument,
+        policy and operator policy, or the version's default), for the movers."""
+        result = []
+        for c in selected:
+            if _queue_type(c.source) != "quorum":
+                result.append(c)
+                continue
+            found = source_delivery_limit(
+                c.source, self._rabbitmq_version(c.transfer.source_cluster)
+            )
+            log.info("%s: %s", c.transfer.source_label, found.describe())
+            transfer = replace(
+                c.transfer, source_delivery_limit=found.limit, source_past_limit=found.past_limit
+            )
+            result.append(_Candidate(transfer, c.source))
+        return result
 
     # -- 3. the plan as a whole -----------------------------------------------------
 

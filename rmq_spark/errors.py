@@ -37,6 +37,11 @@ class DestinationIncompatibleError(RmqSparkError):
     """A destination queue is missing or its type/arguments do not fit the source."""
 
 
+class DeliveryLimitError(RmqSparkError):
+    """A quorum source's delivery limit is too small for the mover's reconnect budget:
+    lost sessions could take a message past it, and the broker would drop it."""
+
+
 class PreflightError(RmqSparkError):
     """Pre-flight found problems of more than one kind; nothing was moved.
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rmq_spark.amqp import connection_parameters
 from rmq_spark.colocation import preferred_uri
 from rmq_spark.config import ClusterConfig, MoverConfig
+from rmq_spark.delivery_limit import ReturnGuard, attempt_number
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, TransferKey, next_position
 from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover, run_movers
 from rmq_spark.plan import queues_at_once
@@ -43,6 +44,9 @@ class ExecutorSettings:
     max_active: int = 1
     # cluster -> node name -> AMQP URI (rmq_spark.colocation); empty: cluster URIs only.
     node_uris: dict[str, dict[str, str]] = field(default_factory=dict)
+    # How many times Spark may run a task: each attempt may return what it holds to a
+    # quorum source, which counts against the source's delivery limit.
+    task_attempts: int = 1
 
 
 def move_partition(
@@ -98,6 +102,12 @@ def queue_mover(row: dict[str, object], settings: ExecutorSettings, attempt: str
         node=str(row.get("destination_node") or ""),
         role="publisher",
     )
+    limit = row.get("source_delivery_limit")
+    guard = ReturnGuard(
+        limit if isinstance(limit, int) else None,
+        later_attempts=max(0, settings.task_attempts - 1 - attempt_number(attempt)),
+        past_limit=str(row.get("source_past_limit") or "dropped"),
+    )
     return QueueMover(
         key,
         source,
@@ -110,6 +120,7 @@ def queue_mover(row: dict[str, object], settings: ExecutorSettings, attempt: str
         # The mover closes it: kept on disk if the mover dies, so a retry names
         # every copy that may have arrived.
         intents=IntentLog(settings.ledger_path, settings.run_id, key, attempt),
+        delivery_guard=guard,
     )
 
 

@@ -57,6 +57,7 @@ from rmq_spark import inbound, wire
 from rmq_spark.amqp import open_error
 from rmq_spark.byte_window import ByteWindow
 from rmq_spark.config import MoverConfig
+from rmq_spark.delivery_limit import ReturnGuard
 from rmq_spark.errors import AccessRefusedError, TransferError
 from rmq_spark.ledger.writer import TransferKey
 from rmq_spark.window import Delivery, TransferWindow
@@ -322,6 +323,7 @@ class QueueMover:
         limits: MoverConfig | None = None,
         intents: IntentSink | None = None,
         clock: Callable[[], datetime] = utc_now,
+        delivery_guard: ReturnGuard | None = None,
     ) -> None:
         wire.install()
         self._key = key
@@ -337,6 +339,8 @@ class QueueMover:
         self._limits = limits or MoverConfig()
         self._clock = clock
         self._properties_digests = wire.DigestCache()
+        # A quorum source's delivery limit (delivery_limit.py); inactive when unlimited.
+        self._guard = delivery_guard or ReturnGuard(None)
         self._next_position = first_position
         self._session = -1
         self._error: str | None = None
@@ -381,7 +385,9 @@ class QueueMover:
         self._next_position = self._window.next_position
         if self._fatal is not None:
             self._finish(self._fatal)
-        elif self._lost is None:
+        elif self._lost is None or self._guard.tripped:
+            # A tripped delivery-limit guard never consumes again in this attempt: the
+            # held messages had their one return, the rest stay in the source.
             self._finish(self._outcome())
         else:
             self._failures += 1
@@ -740,6 +746,8 @@ class QueueMover:
         self._pending_bytes += size
         self._pending_largest = max(self._pending_largest, size)
         self._published_since_depth_check = True
+        if self._guard.active and self._guard.observe(wire.delivery_count_of(properties)):
+            self._stop_before_delivery_limit()
         held = self._pending_bytes + self._window.in_flight_bytes
         self._peak_held_bytes = max(self._peak_held_bytes, held)
         if len(self._pending) >= INTENT_BATCH:
@@ -749,6 +757,20 @@ class QueueMover:
             self._call_later(0, self._publish_pending)
         # Closing: the connection must read its close-ok; what arrives goes back anyway.
         return held <= self._window_bytes or self._closing
+
+    def _stop_before_delivery_limit(self) -> None:
+        """A delivery's return count leaves no room for another lost session: take no
+        more messages. What is held is still moved (and acked); the rest stays in the
+        source, returned no more than the limit allows."""
+        guard, source = self._guard, self._source
+        self._fail(
+            f"stopped before the delivery limit of cluster {source.cluster} vhost "
+            f"{source.vhost!r} queue {source.queue!r}: a message arrived with x-delivery-count "
+            f"{guard.highest_count} (returns it has had) and the limit is {guard.limit} (past "
+            f"it a message is {guard.past_limit}); another lost session could pass it, so the "
+            f"rest stays in the source. Find what returned them (lost connections, consumers "
+            f"that requeue) or raise the limit, then run again"
+        )
 
     def _publish_pending(self) -> None:
         """Log the batch as intents (durable, on the intents lane), then publish
@@ -1030,6 +1052,10 @@ class QueueMover:
             return  # else the cancel or qos under way sees the stop when it completes
         if self._consuming and self._source_channel is not None and self._source_channel.is_open:
             self._consuming = False
+            # What the consumer was sent before the cancel took effect is moved, not
+            # rejected: a requeue would count against a quorum source's delivery limit.
+            if self._reader is not None and self._consumer_tag is not None:
+                self._reader.keep_after_cancel(self._consumer_tag)
             self._source_channel.basic_cancel(self._consumer_tag, callback=self._on_cancel_ok)
         elif not self._consuming:
             self._cancel_ok = True  # never consumed (or the broker cancelled): nothing to wait for
@@ -1038,10 +1064,10 @@ class QueueMover:
         """pika: cancel-ok. Every delivery sent before it has reached _on_message.
 
         A drain is confirmed only now: RabbitMQ's ready count leaves out deliveries
-        already on their way to us, and the reader rejects (requeues) any that arrive
-        after the cancel was sent. The proof is a basic.get, not a count: a get goes
-        through the queue itself (a quorum queue's log), after those requeues, and
-        waits for a busy leader where a declare would answer 0 (`_on_depth`).
+        already on their way to us (the reader hands those to `_on_delivery`, so they
+        are moved like the others). The proof is a basic.get, not a count: a get goes
+        through the queue itself (a quorum queue's log) and waits for a busy leader
+        where a declare would answer 0 (`_on_depth`).
         """
         if self._error is None and self._source_channel is not None:
             self._drain_get_pending = True

@@ -24,8 +24,9 @@ from pyspark.sql import Row, SparkSession
 from rmq_spark import verify
 from rmq_spark.colocation import node_uris
 from rmq_spark.config import JobConfig, validate_run_id
+from rmq_spark.delivery_limit import budget_problem, task_attempts
 from rmq_spark.discovery import QueueTransfer, discover, measure_depths
-from rmq_spark.errors import ConfigError
+from rmq_spark.errors import ConfigError, DeliveryLimitError, RmqSparkError
 from rmq_spark.executor import ExecutorSettings, move_partition
 from rmq_spark.executor_preflight import check_executors
 from rmq_spark.federation import paused_federation
@@ -130,6 +131,7 @@ def run_transfer(
     # Before anything moves: every executor can import the movers' libraries and
     # writes its ledger files where this driver reads them.
     check_executors(spark, str(Path(ledger_path).resolve()))
+    check_delivery_limits(to_move, config.mover.reconnect_attempts, spark_task_attempts(spark))
     plan = plan_rows(spark, to_move, assignment)
     log.info("run %s: %d queues in %d partitions", run_id, len(to_move), len(set(assignment)))
 
@@ -183,6 +185,39 @@ def run_transfer(
     )
 
 
+def spark_task_attempts(spark: SparkSession) -> int:
+    """How many times Spark may run a mover task (each attempt may return what it holds)."""
+    return task_attempts(spark.sparkContext.master, spark.conf.get("spark.task.maxFailures", None))
+
+
+def check_delivery_limits(
+    transfers: Sequence[QueueTransfer], reconnect_attempts: int, attempts: int
+) -> None:
+    """Refuse, before anything moves, quorum sources whose delivery limit the movers'
+    lost sessions could exceed (`delivery_limit.budget_problem`); one line each."""
+    problems: tuple[RmqSparkError, ...] = tuple(
+        DeliveryLimitError(
+            f"cluster {t.source_cluster} vhost {t.source_vhost!r} queue "
+            f"{t.source_queue!r}: {problem}"
+        )
+        for t in transfers
+        if (
+            problem := budget_problem(
+                t.source_delivery_limit,
+                reconnect_attempts=reconnect_attempts,
+                task_attempts=attempts,
+            )
+        )
+    )
+    if problems:
+        lines = "\n  ".join(str(p) for p in problems)
+        error = DeliveryLimitError(
+            f"pre-flight found {len(problems)} problem(s); nothing was moved:\n  {lines}"
+        )
+        error.problems = problems
+        raise error
+
+
 def record_plan(
     config: JobConfig, run_id: str, discovered: Sequence[QueueTransfer], now: datetime
 ) -> list[QueueTransfer]:
@@ -201,7 +236,8 @@ def record_plan(
                 f"{row['config_digest'][:12]}, now {digest[:12]}); resume it with the same "
                 "config, or start a new run id"
             )
-        transfer = QueueTransfer(**{f: row[f] for f in _TRANSFER_FIELDS})
+        # The plans table leaves out what only the movers need (the delivery limit).
+        transfer = QueueTransfer(**{f: row[f] for f in _TRANSFER_FIELDS if f in row})
         earlier.setdefault(transfer.describe(), transfer)
     new = [t for t in discovered if t.describe() not in earlier]
     tables.append_rows(
@@ -253,6 +289,7 @@ def move(
             window_bytes=config.window.bytes,
             mover=config.mover,
             max_active=config.max_active,
+            task_attempts=spark_task_attempts(spark),
             node_uris=nodes or {},
         )
     )

@@ -30,7 +30,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from pika import exceptions, frame, spec
+from pika import data, exceptions, frame, spec
 from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
 
 from rmq_spark.compat import check_pika
@@ -300,6 +300,36 @@ def message_id_of(property_bytes: bytes) -> str | None:
     if isinstance(message_id, bytes):
         return message_id.decode("utf-8", "backslashreplace")
     return str(message_id)
+
+
+_DELIVERY_COUNT = b"x-delivery-count"
+_UNREADABLE_COUNT: tuple[type[BaseException], ...] = (*_DECODE_ERRORS, IndexError)
+
+
+def delivery_count_of(property_bytes: bytes) -> int:
+    """The `x-delivery-count` header of a delivery (0 when absent or unreadable).
+
+    Quorum queues add it to redeliveries: on every RabbitMQ version it is the count
+    their delivery limit applies to (`delivery_limit.py`). Most deliveries lack it,
+    so the bytes are searched before any table is decoded.
+    """
+    if _DELIVERY_COUNT not in property_bytes:
+        return 0
+    try:
+        flags, offset = _property_flags(property_bytes)
+        for _name, flag, kind in _LAYOUT:
+            if not flags & flag:
+                continue
+            if kind == _TABLE:
+                headers, _end = data.decode_table(property_bytes, offset)
+                value = headers.get(_DELIVERY_COUNT.decode())
+                return value if isinstance(value, int) and not isinstance(value, bool) else 0
+            offset += 1 + property_bytes[offset]  # content_type, content_encoding
+    except _UNREADABLE_COUNT:
+        log.debug(
+            "x-delivery-count unreadable in a property block of %d bytes", len(property_bytes)
+        )
+    return 0
 
 
 class DigestCache:

@@ -1,0 +1,260 @@
+"""Quorum sources' delivery limit: read in pre-flight, and never passed by the mover.
+
+RabbitMQ drops (or dead-letters) a quorum-queue message once a return takes its
+count past the queue's delivery limit (default 20 from 4.0). Every lost session
+returns what the mover holds, so these tests force lost sessions against a small
+limit and check, with an independent consumer, that nothing was dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from rmq_spark.config import JobConfig
+from rmq_spark.discovery import QueueTransfer, discover
+from rmq_spark.errors import DeliveryLimitError
+from rmq_spark.executor import ExecutorSettings, move_queue
+from rmq_spark.ledger import tables
+from rmq_spark.mover import MoveOutcome
+from rmq_spark.pipeline import check_delivery_limits, management_clients
+from tests.integration.faults import (
+    fault_config,
+    management,
+    mover_connections,
+    wait_until,
+)
+from tests.integration.support import Brokers, depth, fresh_vhost
+
+MESSAGES = 20_000
+WINDOW = 40
+
+
+def publish_bodies(brokers: Brokers, vhost: str, queue: str, count: int) -> list[bytes]:
+    bodies = [f"{queue}-{i:05d}".encode() for i in range(count)]
+    connection = brokers.connect(brokers.dr, vhost)
+    try:
+        channel = connection.channel()
+        for body in bodies:
+            channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+    finally:
+        connection.close()
+    return bodies
+
+
+def return_everything_once(brokers: Brokers, vhost: str, queue: str, count: int) -> None:
+    """Take every message without acking and close the connection: one counted return
+    each (a consumer going away counts on every version)."""
+    connection = brokers.connect(brokers.dr, vhost)
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=count)
+        received: list[int] = []
+        channel.basic_consume(
+            queue, lambda _c, method, _p, _b: received.append(method.delivery_tag)
+        )
+        deadline = 60.0
+        while len(received) < count and deadline > 0:
+            connection.process_data_events(time_limit=0.2)
+            deadline -= 0.2
+        assert len(received) == count, f"got {len(received)} of {count} deliveries"
+    finally:
+        connection.close()
+
+
+def drain(brokers: Brokers, node_label: str, vhost: str, queue: str) -> tuple[Counter[bytes], int]:
+    """Independent consumer: every body in the queue (taken and acked) and the highest
+    x-delivery-count among them."""
+    node = brokers.dr if node_label == "dr" else brokers.main
+    found: Counter[bytes] = Counter()
+    highest = 0
+    connection = brokers.connect(node, vhost)
+    try:
+        channel = connection.channel()
+        while True:
+            method, properties, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            found[body] += 1
+            highest = max(highest, int((properties.headers or {}).get("x-delivery-count", 0)))
+    finally:
+        connection.close()
+    return found, highest
+
+
+def quorum_route_config(tmp_path: Path, brokers: Brokers, vhost: str, **mover: Any) -> JobConfig:
+    return fault_config(tmp_path, brokers, vhost, **mover)
+
+
+@pytest.mark.parametrize("brokers_of_version", ["3.10", "4.0", "4.3"], indirect=True)
+def test_preflight_reads_each_quorum_sources_effective_delivery_limit(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path
+) -> None:
+    brokers = brokers_of_version
+    vhost = fresh_vhost(brokers, "delivery-limit-read")
+    connection = brokers.connect(brokers.dr, vhost)
+    try:
+        channel = connection.channel()
+        quorum = {"x-queue-type": "quorum"}
+        channel.queue_declare("qq-default", durable=True, arguments=quorum)
+        channel.queue_declare(
+            "qq-argument", durable=True, arguments={**quorum, "x-delivery-limit": 3}
+        )
+        channel.queue_declare("qq-policy", durable=True, arguments=quorum)
+        channel.queue_declare(
+            "qq-both",
+            durable=True,
+            arguments={**quorum, "x-delivery-limit": 9, "x-dead-letter-exchange": "dlx"},
+        )
+        channel.queue_declare("classic", durable=True)
+        for queue in ("qq-default", "qq-argument", "qq-policy", "qq-both", "classic"):
+            channel.basic_publish("", queue, b"selected: routes skip empty queues")
+    finally:
+        connection.close()
+    for name, pattern, limit in (("limit-7", "^qq-policy$", 7), ("limit-5", "^qq-both$", 5)):
+        management(
+            brokers.dr,
+            "PUT",
+            f"/api/policies/{vhost}/{name}",
+            json={
+                "pattern": pattern,
+                "definition": {"delivery-limit": limit},
+                "apply-to": "queues",
+            },
+        )
+    config = quorum_route_config(tmp_path, brokers, vhost)
+    wait_until(
+        lambda: all(
+            q.get("policy")
+            for q in management(brokers.dr, "GET", f"/api/queues/{vhost}")
+            if q["name"] in ("qq-policy", "qq-both")
+        ),
+        "the policies to apply",
+    )
+
+    with management_clients(config) as clients:
+        transfers = discover(config, clients, dry_run=True)
+
+    found = {t.source_queue: (t.source_delivery_limit, t.source_past_limit) for t in transfers}
+    default = None if brokers.dr.version == "3.10" else 20
+    assert found == {
+        "qq-default": (default, "dropped"),
+        "qq-argument": (3, "dropped"),
+        "qq-policy": (7, "dropped"),
+        "qq-both": (5, "dead-lettered to exchange 'dlx'"),
+        "classic": (None, ""),
+    }
+    # The defaults (5 reconnects, 4 task attempts) need a limit of 10 or more.
+    with pytest.raises(DeliveryLimitError) as refused:
+        check_delivery_limits(transfers, reconnect_attempts=5, attempts=4)
+    message = str(refused.value)
+    for queue, limit in (("qq-argument", 3), ("qq-policy", 7), ("qq-both", 5)):
+        assert f"cluster dr vhost {vhost!r} queue {queue!r}: its delivery limit {limit}" in message
+    assert "qq-default" not in message
+    assert len(refused.value.problems) == 3
+    check_delivery_limits(
+        [t for t in transfers if t.source_queue in ("qq-default", "classic")],
+        reconnect_attempts=5,
+        attempts=4,
+    )
+
+
+class MoverThread(threading.Thread):
+    """One queue transfer by the executor's code path, without Spark."""
+
+    def __init__(self, row: dict[str, object], settings: ExecutorSettings) -> None:
+        super().__init__(name="delivery-limit-mover", daemon=True)
+        self.row, self.settings = row, settings
+        self.outcome: MoveOutcome | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.outcome = move_queue(self.row, self.settings, "local")
+        except BaseException as exc:  # handed to the test thread, which asserts on it
+            self.error = exc
+
+
+@pytest.mark.parametrize("brokers_of_version", ["4.3", "3.10"], indirect=True)
+def test_lost_sessions_stop_the_queue_before_its_delivery_limit_and_drop_nothing(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path
+) -> None:
+    """Limit 3: messages already returned once, then a forced lost session mid-window.
+    The redelivered ones arrive with x-delivery-count 2; another loss could take them
+    to 3 and one more past it, so the mover stops: held messages are moved, the rest
+    stay in the source, none is dropped."""
+    brokers = brokers_of_version
+    vhost = fresh_vhost(brokers, "delivery-limit-stop")
+    connection = brokers.connect(brokers.dr, vhost)
+    try:
+        connection.channel().queue_declare(
+            "orders", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 3}
+        )
+    finally:
+        connection.close()
+    bodies = publish_bodies(brokers, vhost, "orders", MESSAGES)
+    wait_until(lambda: depth(brokers.dr, vhost, "orders") == MESSAGES, "the messages to land")
+    return_everything_once(brokers, vhost, "orders", MESSAGES)
+    wait_until(lambda: depth(brokers.dr, vhost, "orders") == MESSAGES, "the returns to land")
+
+    config = quorum_route_config(tmp_path, brokers, vhost, reconnect_attempts=1)
+    with management_clients(config) as clients:
+        (transfer,) = discover(config, clients)
+    assert transfer.source_delivery_limit == 3
+    check_delivery_limits([transfer], reconnect_attempts=1, attempts=1)  # 3 >= 1 + 1 + 1
+    run_id = f"delivery-limit-{brokers.dr.version}"
+    tables.ensure_tables(config.ledger.path)
+    mover = MoverThread(
+        plan_row(transfer),
+        ExecutorSettings(
+            run_id=run_id,
+            ledger_path=config.ledger.path,
+            clusters=dict(config.clusters),
+            window_messages=WINDOW,
+            window_bytes=1 << 30,
+            mover=config.mover,
+        ),
+    )
+    mover.start()
+    wait_until(lambda: depth(brokers.main, vhost, "orders") >= 3 * WINDOW, "a few windows to move")
+    brokers.dr.rabbitmqctl("close_all_connections", "-p", vhost, "rmq-spark fault test")
+    mover.join(120)
+    assert not mover.is_alive()
+
+    assert mover.error is None, mover.error
+    assert mover.outcome is not None
+    assert mover.outcome.status == "failed"
+    error = mover.outcome.error or ""
+    assert f"cluster dr vhost {vhost!r} queue 'orders'" in error
+    assert "x-delivery-count 2" in error
+    assert "the limit is 3" in error
+    assert "dropped" in error
+    assert mover.outcome.sessions == 2
+    assert not mover_connections(brokers.dr, "consumer", run_id)
+
+    # Nothing dropped: every body is in the source or the destination, and none in
+    # the source was returned more often than the limit allows.
+    in_source, highest = drain(brokers, "dr", vhost, "orders")
+    in_destination, _ = drain(brokers, "main", vhost, "orders")
+    assert in_source  # the mover stopped before the end
+    assert highest <= 3
+    assert set(in_source) | set(in_destination) == set(bodies)
+    assert max(in_source.values()) == 1
+
+    # The ledger agrees with the destination: a row for every copy there.
+    tables.commit_run(config.ledger.path, run_id)
+    rows = tables.read_arrow(config.ledger.path, "messages", run_id=run_id).to_pylist()
+    confirmed = [r for r in rows if r["confirmed_at"] is not None]
+    assert len(confirmed) <= sum(in_destination.values()) <= len(rows)
+    assert mover.outcome.messages == len(confirmed)
+
+
+def plan_row(transfer: QueueTransfer) -> dict[str, object]:
+    """The executor's plan row for a transfer (plan.plan_rows builds the same)."""
+    return asdict(transfer)
