@@ -53,7 +53,7 @@ import pika.frame
 import pika.spec
 from pika.adapters.select_connection import IOLoop, SelectConnection
 
-from rmq_spark import inbound, wire
+from rmq_spark import inbound, refusals, wire
 from rmq_spark.amqp import open_error
 from rmq_spark.byte_window import ByteWindow
 from rmq_spark.config import MoverConfig
@@ -1192,7 +1192,17 @@ class QueueMover:
         side = self._source if channel is self._source_channel else self._destination
         if not isinstance(reason, pika.exceptions.ChannelClosedByBroker):
             return  # the connection is closing; _on_connection_closed follows
-        if self._error is None:
+        code, text = reason.reply_code, reason.reply_text
+        if channel is self._source_channel and refusals.consumer_timed_out(code, text):
+            # 3.x and 4.0: the source held a delivery past consumer_timeout (e.g. the
+            # destination was blocked); what it held goes back, a new session goes on.
+            self._connection_lost(f"the source consumer timed out ({code} {text})")
+            return
+        too_large = refusals.oversize(code, text) if channel is self._destination_channel else None
+        if self._error is None and too_large is not None:
+            self._error = self._oversize_error(too_large)
+            log.error("%s", self._error)
+        elif self._error is None:
             self._error = (
                 f"{self._key.describe()}: the broker closed the channel on cluster "
                 f"{side.cluster} vhost {side.vhost!r} queue {side.queue!r} "
@@ -1201,9 +1211,28 @@ class QueueMover:
             log.error("%s", self._error)
         self._close()
 
+    def _oversize_error(self, too_large: refusals.Oversize) -> str:
+        """The destination refused a message for its size: name it, the size, the limit."""
+        refused = self._window.refuse_oversized(
+            too_large.message_bytes, "larger than the destination's max_message_size"
+        )
+        position = refused.position if refused is not None else "?"
+        source, destination = self._source, self._destination
+        return (
+            f"{self._key.describe()}: the destination cluster {destination.cluster} vhost "
+            f"{destination.vhost!r} queue {destination.queue!r} refused (closed its channel, "
+            f"{refusals.PRECONDITION_FAILED} PRECONDITION_FAILED) a message of "
+            f"{too_large.message_bytes} bytes from cluster {source.cluster} vhost "
+            f"{source.vhost!r} queue {source.queue!r} (source position {position}): larger "
+            f"than the destination's max_message_size {too_large.max_message_size}. It stays "
+            f"in the source, never acked; raise max_message_size on the destination (4.0 "
+            f"lowered the default to 16 MiB) or move it another way"
+        )
+
     def _on_consumer_cancelled_by_broker(self, _frame: pika.frame.Method) -> None:
-        """pika: the broker cancelled our consumer (source queue deleted, or the quorum
-        queue's leader moved). A new session consumes again; a deleted queue then fails
+        """pika: the broker cancelled our consumer (source queue deleted, the quorum
+        queue's leader moved, or a 4.3 quorum queue's consumer timeout where the
+        channel supports it). A new session consumes again; a deleted queue then fails
         its passive declare."""
         self._consuming = False
         self._connection_lost("the broker cancelled the source consumer")

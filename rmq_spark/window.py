@@ -238,6 +238,17 @@ class TransferWindow:
             delivery.body = delivery.properties = None
         return uncertain
 
+    def refuse_oversized(self, body_size: int, reason: str) -> Delivery | None:
+        """The destination closed its channel over a message of `body_size` bytes (too
+        large for it): the earliest unconfirmed publish of that size never arrived, so
+        it is REFUSED, not uncertain. Returns it, or None if none matches."""
+        for delivery in self._unconfirmed.values():
+            if delivery.state is DeliveryState.PUBLISHED and delivery.body_size == body_size:
+                self._unconfirmed.pop(delivery.seq)
+                self._refuse(delivery, reason)
+                return delivery
+        return None
+
     def on_return(self, body_sha256: str, properties_sha256: str, reason: str) -> Delivery | None:
         """A basic.return (mandatory publish routed nowhere).
 
