@@ -1194,8 +1194,8 @@ class QueueMover:
             return  # the connection is closing; _on_connection_closed follows
         code, text = reason.reply_code, reason.reply_text
         if channel is self._source_channel and refusals.consumer_timed_out(code, text):
-            # 3.x and 4.0: the source held a delivery past consumer_timeout (e.g. the
-            # destination was blocked); what it held goes back, a new session goes on.
+            # 3.10, 4.0 and 4.3.6: the source held a delivery past consumer_timeout (e.g.
+            # the destination was blocked); what it held goes back, a new session goes on.
             self._connection_lost(f"the source consumer timed out ({code} {text})")
             return
         too_large = refusals.oversize(code, text) if channel is self._destination_channel else None

@@ -16,6 +16,7 @@ from typing import Any
 
 import pika
 import pytest
+from pyspark.sql import SparkSession
 
 from rmq_spark.config import JobConfig
 from rmq_spark.discovery import QueueTransfer, discover
@@ -23,7 +24,7 @@ from rmq_spark.errors import DeliveryLimitError
 from rmq_spark.executor import ExecutorSettings, move_queue
 from rmq_spark.ledger import tables
 from rmq_spark.mover import MoveOutcome
-from rmq_spark.pipeline import check_delivery_limits, management_clients
+from rmq_spark.pipeline import check_delivery_limits, management_clients, run_transfer
 from tests.integration.faults import (
     fault_config,
     management,
@@ -258,3 +259,46 @@ def test_lost_sessions_stop_the_queue_before_its_delivery_limit_and_drop_nothing
 def plan_row(transfer: QueueTransfer) -> dict[str, object]:
     """The executor's plan row for a transfer (plan.plan_rows builds the same)."""
     return asdict(transfer)
+
+
+@pytest.mark.parametrize("brokers_of_version", ["4.3"], indirect=True)
+def test_job_stops_a_queue_at_its_delivery_limit_and_verification_agrees(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    """The whole job (local[2,4]: 4 task attempts) on a limit-6 source whose messages
+    were returned twice: the guard keeps a return for each later attempt, so it stops
+    at once; verification counts what moved, loses nothing, and fails the queue."""
+    brokers = brokers_of_version
+    vhost = fresh_vhost(brokers, "delivery-limit-job")
+    connection = brokers.connect(brokers.dr, vhost)
+    try:
+        connection.channel().queue_declare(
+            "orders", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 6}
+        )
+        connection.channel().queue_declare("untouched", durable=True)
+    finally:
+        connection.close()
+    bodies = publish_bodies(brokers, vhost, "orders", 500)
+    publish_bodies(brokers, vhost, "untouched", 50)
+    wait_until(lambda: depth(brokers.dr, vhost, "orders") == 500, "the messages to land")
+    for _ in range(2):
+        return_everything_once(brokers, vhost, "orders", 500)
+    config = quorum_route_config(tmp_path, brokers, vhost, reconnect_attempts=1)
+
+    result = run_transfer(spark, config, run_id="delivery-limit-job")
+
+    verdicts = {v.source_queue: v for v in result.verification.queues}
+    assert verdicts["untouched"].passed
+    stopped = verdicts["orders"]
+    assert stopped.status == "failed"
+    assert "the limit is 6" in (stopped.error or "")
+    assert "x-delivery-count 2" in (stopped.error or "")
+    assert (stopped.lost, stopped.unexpected) == (0, 0)
+    assert stopped.source_drop == stopped.distinct_messages > 0
+    assert not result.verification.verified
+    in_source, highest = drain(brokers, "dr", vhost, "orders")
+    in_destination, _ = drain(brokers, "main", vhost, "orders")
+    assert sum(in_destination.values()) == stopped.destination_rise
+    assert set(in_source) | set(in_destination) == set(bodies)  # nothing dropped
+    assert in_source
+    assert highest <= 6
