@@ -501,8 +501,10 @@ def run_job(
     (work_dir / f"{run_id}.stderr").write_text(completed.stderr, encoding="utf-8")
     result = _result_line(completed.stdout)
     if completed.returncode not in (0, 1) or not result:  # 1: ran, verification failed
+        # rmq-spark logs to stdout and names its error on stderr: the tails of both.
         raise BenchError(
-            f"job {run_id} exited {completed.returncode} with {result}:\n{completed.stderr[-3000:]}"
+            f"job {run_id} exited {completed.returncode} with {result}:\n"
+            f"{completed.stdout[-2000:]}\n{completed.stderr[-2000:]}"
         )
     stages = job_stages(Path(config["ledger"]["path"]), run_id, launched, exited)
     return Run(

@@ -27,7 +27,7 @@ Scenarios (full run):
 5. resource use from the runs above: client CPU per 100k, peak RSS, job overhead.
 
 Those run on the host's RabbitMQ (3.10). Where a RabbitMQ 4.3 root is built
-(``make roots``; nodes from a root need root), a 4.3 section follows (`peers`):
+(``make roots``; nodes from a root need root), a 4.3 section follows (`peer_section`):
 scenario 1's and 2's workloads on 4.3 nodes with the local shovel (RabbitMQ 4.2+)
 as a contender beside the Shovel, the mover and the job, in two layouts:
 ``two_nodes`` (two clusters, as above; a local shovel cannot move between clusters,
@@ -372,19 +372,24 @@ def windows(bench: Bench, scale: Scale) -> None:
             )
 
 
-def peers(bench: Bench, scale: Scale) -> None:
-    """The 4.x section: scenarios 1 and 2 with the local shovel among the contenders.
-
-    Same workloads, same prefetch (the local shovel's credit), same A B C D rounds as
-    on the host's RabbitMQ. A contender that cannot run on these brokers (the local
-    shovel between two clusters) is left out and `Bench.not_applicable` says why.
-    """
+def runnable_peers(bench: Bench) -> list[str]:
+    """The 4.x section's contenders that can run on these brokers; the others go into
+    `Bench.not_applicable` with the reason (the local shovel between two clusters)."""
     version = bench.brokers.rabbitmq_version()
     for name in PEER_CONTENDERS:
         reason = not_applicable(name, bench.brokers.layout, version)
         if reason is not None:
             bench.not_applicable[name] = reason
-    runnable = [name for name in PEER_CONTENDERS if name not in bench.not_applicable]
+    return [name for name in PEER_CONTENDERS if name not in bench.not_applicable]
+
+
+def peers_single_queue(bench: Bench, scale: Scale) -> None:
+    """The 4.x section, scenario 1 with the local shovel among the contenders.
+
+    Same workloads, same prefetch (the local shovel's credit), same A B C D rounds as
+    on the host's RabbitMQ.
+    """
+    runnable = runnable_peers(bench)
     workload = Workload(scale.single_messages, KIB)
     for scenario, destination_type, job_rounds in (
         ("single_classic", "classic", scale.job_rounds),
@@ -405,7 +410,11 @@ def peers(bench: Bench, scale: Scale) -> None:
                 for name in runnable
             ],
         )
-    sizes(bench, scale, [name for name in runnable if name != "job"])
+
+
+def peers_sizes(bench: Bench, scale: Scale) -> None:
+    """The 4.x section, scenario 2: every contender but the job across message sizes."""
+    sizes(bench, scale, [name for name in runnable_peers(bench) if name != "job"])
 
 
 def dr(bench: Bench, scale: Scale) -> None:
@@ -906,7 +915,7 @@ def host_section(run: BenchRun, work_dir: Path) -> None:
 
 
 def peer_section(run: BenchRun, work_dir: Path, version: str) -> None:
-    """`peers` on RabbitMQ `version` nodes, in each layout (fresh nodes per layout)."""
+    """The 4.x scenarios on RabbitMQ `version` nodes, in each layout (fresh nodes per layout)."""
     for layout in LAYOUTS:
         with local_brokers(
             work_dir / f"brokers-{version}-{layout}", [SINGLE_VHOST], version=version, layout=layout
@@ -914,10 +923,15 @@ def peer_section(run: BenchRun, work_dir: Path, version: str) -> None:
             run.report.setdefault("peers", {}).setdefault(version, {})["versions"] = versions(
                 brokers
             )
-            bench = Bench(brokers, work_dir)
+            # Run ids and ledgers of one layout must not meet another's (a job refuses
+            # a run id its ledger already holds).
+            section_dir = work_dir / f"rabbitmq-{version}-{layout}"
+            section_dir.mkdir(parents=True, exist_ok=True)
+            bench = Bench(brokers, section_dir)
             run.peers.setdefault(version, {})[layout] = bench
             run.warm_up_once(bench)
-            run.stage(peers, bench, f"peers on RabbitMQ {version}, {layout}")
+            for stage in (peers_single_queue, peers_sizes):
+                run.stage(stage, bench, f"{stage.__name__} on RabbitMQ {version}, {layout}")
 
 
 if __name__ == "__main__":
