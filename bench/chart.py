@@ -252,16 +252,13 @@ def _peer_rates(axis: Any, layout: str, entry: dict[str, Any]) -> None:
     title = {"two_nodes": "two nodes (two clusters)", "one_node": "one node, vhost -> vhost"}
     axis.set_title(title.get(layout, layout))
     axis.legend(loc="upper right", fontsize=8)
-    for note_index, (name, reason) in enumerate(entry.get("not_applicable", {}).items()):
-        axis.text(
-            0.01,
-            0.98 - 0.06 * note_index,
-            f"{name}: not applicable ({reason})",
-            transform=axis.transAxes,
-            fontsize=7,
-            va="top",
-            wrap=True,
-        )
+    # Room above the tallest bar for its label.
+    axis.set_ylim(top=axis.get_ylim()[1] * 2.5)
+    notes = [
+        f"{name}: not applicable ({reason})" for name, reason in entry["not_applicable"].items()
+    ]
+    if notes:
+        axis.set_xlabel("\n".join(notes), fontsize=8)
 
 
 def draw_peers(report: dict[str, Any], version: str, path: Path) -> None:
