@@ -348,7 +348,11 @@ def test_a_mirrored_3_10_cluster_moves_into_4_3_quorum_queues_with_its_topology(
             "definition": {"message-ttl": 3_600_000, "max-length": 10_000},
         }
     }
-    assert queue_info(green_node, vhost, "orders.us")["policy"] == "orders"
+    # The queue's `policy` field is sampled by the management stats: wait for it to show.
+    wait_until(
+        lambda: queue_info(green_node, vhost, "orders.us").get("policy") == "orders",
+        "green's copied policy to apply to orders.us",
+    )
     # Federation stays on blue: nothing of it on green.
     assert api(green_node, "GET", f"/api/parameters/federation-upstream/{q(vhost)}") == []
 

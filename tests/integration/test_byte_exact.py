@@ -194,18 +194,21 @@ def read_raw(
 
 
 def requeue_once(brokers: Brokers, vhost: str, queue: str, count: int) -> None:
-    """Deliver `count` messages to a consumer and give them back (nack, requeue)."""
+    """Take `count` messages and give them back (nack, requeue) exactly once each.
+
+    basic.get, not a consumer: a consumer would get the requeued messages again at once,
+    and whether that second delivery is then returned by a cancel or by the channel's
+    close (which 4.3 counts in x-delivery-count, unlike a nack) would be a race.
+    """
     connection = brokers.connect(brokers.dr, vhost)
     try:
         channel = connection.channel()
-        channel.basic_qos(prefetch_count=count)
-        deliveries = channel.consume(queue, inactivity_timeout=READ_TIMEOUT)
-        for taken, (method, _, _) in enumerate(deliveries, start=1):
-            assert method is not None, f"only {taken - 1} of {count} messages were delivered"
-            if taken == count:
-                channel.basic_nack(method.delivery_tag, multiple=True, requeue=True)
-                break
-        channel.cancel()
+        last_tag = None
+        for taken in range(count):
+            method, _, _ = channel.basic_get(queue, auto_ack=False)
+            assert method is not None, f"only {taken} of {count} messages were there"
+            last_tag = method.delivery_tag
+        channel.basic_nack(last_tag, multiple=True, requeue=True)
     finally:
         connection.close()
 
