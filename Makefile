@@ -42,7 +42,7 @@ system:
 # RabbitMQ 4.0 (Debian trixie) and 4.3 (Debian forky) in Debian roots under
 # ~/.cache/rmq-spark/roots, built only when missing (~20 s each); never on the host.
 roots: setup
-	$(BIN)/python -m rmq_spark.rabbitmq_roots build
+	$(BIN)/python -m rmq_spark.devtools.rabbitmq_roots build
 
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)

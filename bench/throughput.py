@@ -68,7 +68,7 @@ from bench.workload import (
     seed_queue,
 )
 from rmq_spark.config import WindowConfig
-from rmq_spark.window import prefetch_for
+from rmq_spark.transfer.window import prefetch_for
 
 log = logging.getLogger("bench.throughput")
 

@@ -1,6 +1,6 @@
 """The brokers and the messages every throughput contender is measured on.
 
-Two local nodes (``src`` and ``dst``) from `rmq_spark.local_brokers`, one vhost per
+Two local nodes (``src`` and ``dst``) from `rmq_spark.devtools.local_brokers`, one vhost per
 scenario family, and identical, freshly seeded queues: same count, same size, same
 bytes (a seeded random generator), persistent, with the few properties a real
 message carries. Depths are read with AMQP passive declares (exact, unlike the
@@ -25,8 +25,8 @@ from urllib.parse import quote
 import pika
 import requests
 
-from rmq_spark.demo import wait_for_depth
-from rmq_spark.local_brokers import LocalNode, start_nodes, stop_nodes
+from rmq_spark.devtools.demo import wait_for_depth
+from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rmq_spark.demo import ResultHoldingRelay, terminal_environment
+from rmq_spark.devtools.demo import ResultHoldingRelay, terminal_environment
 from rmq_spark.progress import TERMINAL_ENV
 
 RESULT = b'RESULT {"run_id": "r1", "verified": true}'

@@ -23,7 +23,7 @@ from pyspark import RDD
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
-from rmq_spark.discovery import QueueTransfer
+from rmq_spark.model import QueueTransfer
 
 PLAN_SCHEMA = T.StructType(
     [
