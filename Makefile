@@ -56,9 +56,11 @@ RABBITMQ ?= 3.10
 demo: setup
 	$(BIN)/rmq-spark demo --rabbitmq $(RABBITMQ)
 
+# lint-imports checks the package layout's rules ([tool.importlinter] in pyproject.toml).
 lint: setup
-	$(BIN)/ruff check rmq_spark jobs tests
-	$(BIN)/ruff format --check rmq_spark jobs tests
+	$(BIN)/ruff check rmq_spark jobs tests bench
+	$(BIN)/ruff format --check rmq_spark jobs tests bench
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy

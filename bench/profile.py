@@ -85,7 +85,7 @@ WORKER_PROCESS = "pyspark.daemon"
 def frame_matches(frame: str, test: str) -> bool:
     if test == "@sha256":
         parsed = _FRAME.match(frame)
-        return bool(parsed) and "sha256" in linecache.getline(
+        return parsed is not None and "sha256" in linecache.getline(
             str(REPO / parsed["file"]) if not parsed["file"].startswith("/") else parsed["file"],
             int(parsed["line"]),
         )

@@ -2,8 +2,9 @@
 
 A queue transfer as planned (QueueTransfer), its name in the ledger (TransferKey),
 one source delivery in flight (Delivery, DeliveryState) and what became of a
-transfer (MoveOutcome). The driver (planning, pipeline, verify, report) and the
-executors' engine (transfer/, ledger/writer.py) meet on these.
+transfer (MoveOutcome), and the capacity rule both sides use (task_count,
+queues_at_once). The driver (planning, pipeline, verify, report) and the executors'
+engine (transfer/, ledger/writer.py) meet on these.
 """
 
 from __future__ import annotations
@@ -133,3 +134,20 @@ class MoveOutcome:
     # Most body bytes held at once (received, not yet acked at the source): the byte
     # window's bound is window.bytes plus one message (byte_window.py).
     peak_held_bytes: int = 0
+
+
+# The capacity rule both sides use: the driver plans task_count partitions, each
+# executor task moves queues_at_once of its queues at a time.
+def task_count(max_active: int, queues_per_task: int) -> int:
+    """Mover tasks for a plan: each moves up to queues_per_task queues at once, and
+    together they never move more than max_active."""
+    if max_active < 1 or queues_per_task < 1:
+        raise ValueError(
+            f"max_active and queues_per_task must be >= 1, got {max_active}, {queues_per_task}"
+        )
+    return max(1, max_active // queues_per_task)
+
+
+def queues_at_once(max_active: int, queues_per_task: int) -> int:
+    """How many queues one task moves at once (see task_count)."""
+    return min(queues_per_task, max_active)

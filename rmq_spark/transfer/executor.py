@@ -18,8 +18,7 @@ from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.broker.delivery_limit import ReturnGuard, attempt_number
 from rmq_spark.config import ClusterConfig, MoverConfig
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, next_position
-from rmq_spark.model import MoveOutcome, TransferKey
-from rmq_spark.planning.plan import queues_at_once
+from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.mover import Endpoint, QueueMover, run_movers
 
 if TYPE_CHECKING:
