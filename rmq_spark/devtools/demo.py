@@ -142,7 +142,7 @@ def seed_demo(
 
 # -- the embedded default: `rmq-spark demo` / `make demo` ------------------------------
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO_ROOT / "conf" / "demo.yaml"
 SPARK_SUBMIT = REPO_ROOT / "spark-submit.sh"
 
