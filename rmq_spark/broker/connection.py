@@ -35,7 +35,7 @@ def connection_parameters(
     prefer: str | None = None,
 ) -> list[pika.ConnectionParameters]:
     """One parameter set per AMQP URI, tried in order: `prefer` (the node hosting the
-    queue, see rmq_spark.colocation) first, then the cluster's URIs."""
+    queue, see rmq_spark.broker.colocation) first, then the cluster's URIs."""
     result = []
     uris = [prefer] if prefer else []
     uris += [uri for uri in cluster.amqp if uri != prefer]
