@@ -1,7 +1,9 @@
 """One PNG a person can read: rate by message size, rate by window, the ratios, the job's time.
 
-``python -m bench.chart bench/results/throughput-<stamp>.json`` redraws a chart
-from a saved report (``draw`` is what `bench.throughput` calls).
+``python -m bench.chart bench/results/throughput-<stamp>.json`` redraws the charts
+from a saved report (``draw`` and ``draw_peers`` are what `bench.throughput` calls).
+``draw_peers`` draws a 4.x section: msg/s of every contender, local shovel included,
+per scenario, one panel per layout.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ matplotlib.use("Agg")  # files only; no display on a build box
 import matplotlib.pyplot as plt  # after choosing the backend
 
 SHOVEL_COLOUR, MOVER_COLOUR, JOB_COLOUR = "#8c8c8c", "#1f77b4", "#ff7f0e"
+LOCAL_SHOVEL_COLOUR = "#2ca02c"
+PEER_COLOURS = {
+    "shovel": SHOVEL_COLOUR,
+    "local_shovel": LOCAL_SHOVEL_COLOUR,
+    "mover": MOVER_COLOUR,
+    "job": JOB_COLOUR,
+}
 SIZE_LABELS = {100: "100 B", 1024: "1 KiB", 65536: "64 KiB", 1048576: "1 MiB"}
 STAGE_COLOURS = {
     "launch": "#c7c7c7",
@@ -204,12 +213,84 @@ def draw(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _scenario_label(scenario: str) -> str:
+    if scenario.startswith("size_"):
+        return SIZE_LABELS.get(int(scenario.removeprefix("size_")), scenario)
+    return {"single_classic": "1 KiB\n-> classic", "single_quorum": "1 KiB\n-> quorum"}.get(
+        scenario, scenario
+    )
+
+
+def _peer_rates(axis: Any, layout: str, entry: dict[str, Any]) -> None:
+    """Grouped bars: per scenario, each contender's median msg/s (log scale)."""
+    figures = entry["figures"]
+    scenarios = list(figures)
+    names = [name for name in PEER_COLOURS if any(name in figures[s] for s in scenarios)]
+    width = 0.8 / max(1, len(names))
+    for index, name in enumerate(names):
+        positions: list[float] = []
+        rates: list[float] = []
+        for slot, scenario in enumerate(scenarios):
+            if name in figures[scenario]:
+                positions.append(slot - 0.4 + width * (index + 0.5))
+                rates.append(figures[scenario][name]["median_rate"])
+        axis.bar(positions, rates, width, label=name, color=PEER_COLOURS[name])
+        for position, rate in zip(positions, rates, strict=True):
+            axis.annotate(
+                f"{rate:,.0f}",
+                (position, rate),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                rotation=90,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+    axis.set_xticks(range(len(scenarios)), [_scenario_label(s) for s in scenarios], fontsize=8)
+    axis.set_yscale("log")
+    axis.set_ylabel("messages / s (log)")
+    title = {"two_nodes": "two nodes (two clusters)", "one_node": "one node, vhost -> vhost"}
+    axis.set_title(title.get(layout, layout))
+    axis.legend(loc="upper right", fontsize=8)
+    # Room above the tallest bar for its label.
+    axis.set_ylim(top=axis.get_ylim()[1] * 2.5)
+    notes = [
+        f"{name}: not applicable ({reason})" for name, reason in entry["not_applicable"].items()
+    ]
+    if notes:
+        axis.set_xlabel("\n".join(notes), fontsize=8)
+
+
+def draw_peers(report: dict[str, Any], version: str, path: Path) -> None:
+    """The 4.x section of `report` for RabbitMQ `version`: one panel per layout."""
+    section = report["peers"][version]
+    layouts = section["layouts"]
+    fig, axes = plt.subplots(1, len(layouts), figsize=(7.5 * len(layouts), 6), squeeze=False)
+    for axis, (layout, entry) in zip(axes[0], layouts.items(), strict=True):
+        _panel(axis, _peer_rates, layout, entry)
+    machine = report["machine"]
+    fig.suptitle(
+        f"Shovel, local shovel and rmq-spark on RabbitMQ {section['versions']['rabbitmq']} "
+        f"({report['started_at'][:16]} UTC, {machine['cores']} cores {machine['cpu']}; "
+        f"load {report['load_average_start'][0]} -> {report['load_average_end'][0]})"
+        + (" QUICK" if report["quick"] else ""),
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m bench.chart bench/results/throughput-<stamp>.json")
         return 2
     source = Path(argv[0])
-    draw(json.loads(source.read_text(encoding="utf-8")), source.with_suffix(".png"))
+    report = json.loads(source.read_text(encoding="utf-8"))
+    if "figures" in report:
+        draw(report, source.with_suffix(".png"))
+    for version in report.get("peers", {}):
+        draw_peers(report, version, source.with_name(f"{source.stem}-rabbitmq-{version}.png"))
     return 0
 
 

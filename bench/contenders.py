@@ -4,6 +4,12 @@
   same prefetch as the mover's window), timed from its creation until the
   destination holds every message; the Shovel deletes itself (``src-delete-after:
   queue-length``).
+* `run_local_shovel`: one dynamic *local* Shovel (RabbitMQ 4.2+, ``src-protocol`` and
+  ``dest-protocol`` ``local``): no AMQP connections, it consumes through the queue
+  type's credit API and publishes through the queue type's deliver call inside the
+  broker, the seed's "better shovel". Its credit (``shovel.local.max_credit``, a
+  node-wide setting, default 1000) is set to the same prefetch before each run.
+  Only within one cluster: `not_applicable` says where it cannot run.
 * `run_orchestrated_shovels`: the seed's transfer script for many queues: one
   dynamic Shovel per queue, at most `ORCHESTRATED_MAX_ACTIVE` at once, completion
   found by polling depths once a second.
@@ -25,7 +31,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +41,14 @@ from urllib.parse import quote
 import pyarrow.compute as pc
 import yaml
 
-from bench.workload import DESTINATION, SOURCE, Brokers, Workload, wait_until_depth
+from bench.workload import (
+    DESTINATION,
+    ONE_NODE,
+    SOURCE,
+    Brokers,
+    Workload,
+    wait_until_depth,
+)
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.ledger import tables
 from rmq_spark.report.console import RESULT_PREFIX
@@ -52,6 +65,9 @@ ORCHESTRATED_POLL_SECONDS = 1.0
 RUN_TIMEOUT_SECONDS = 1800.0
 # The mover's byte window (config default); the Shovel gets the same derived prefetch.
 WINDOW_BYTES = 64 * 1024 * 1024
+SHOVEL, LOCAL_SHOVEL = "shovel", "local_shovel"
+# The first release with local shovels (release-notes/4.2.0.md, "Local Shovels").
+LOCAL_SHOVEL_SINCE = (4, 2)
 
 
 class BenchError(RuntimeError):
@@ -81,7 +97,31 @@ class Run:
 
 
 def _cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {side: round(after[side] - before[side], 2) for side in (SOURCE, DESTINATION)}
+    """Per Erlang VM: ``src`` and ``dst``, or ``src_and_dst`` when they are one node."""
+    return {vm: round(after[vm] - before[vm], 2) for vm in before}
+
+
+def not_applicable(contender: str, layout: str, rabbitmq_version: str) -> str | None:
+    """Why `contender` cannot move a queue in `layout` on `rabbitmq_version`; None if it can.
+
+    Only the local shovel has limits: it needs RabbitMQ 4.2+, and it consumes and
+    publishes inside the cluster it runs in, so a move between two clusters is out
+    of its reach.
+    """
+    if contender != LOCAL_SHOVEL:
+        return None
+    major_minor = tuple(int(part) for part in rabbitmq_version.split(".")[:2])
+    if major_minor < LOCAL_SHOVEL_SINCE:
+        return (
+            f"RabbitMQ {rabbitmq_version} has no local shovel "
+            f"(new in {'.'.join(map(str, LOCAL_SHOVEL_SINCE))})"
+        )
+    if layout != ONE_NODE:
+        return (
+            "a local shovel consumes and publishes inside one cluster; "
+            "this layout moves between two clusters"
+        )
+    return None
 
 
 # -- the Shovel -------------------------------------------------------------------------
@@ -97,25 +137,79 @@ def _shovel_path(vhost: str, name: str) -> str:
     return f"/api/parameters/shovel/{quote(vhost, safe='')}/{quote(name, safe='')}"
 
 
-def start_shovel(brokers: Brokers, vhost: str, queue: str, prefetch: int) -> str:
-    """Create a dynamic Shovel on the source node that moves what `queue` holds now.
+def shovel_definition(src_uri: str, dest_uri: str, queue: str, prefetch: int) -> dict[str, Any]:
+    """An AMQP 0-9-1 dynamic Shovel moving what `queue` holds when it starts, once.
 
     Publishing through the default exchange (``dest-exchange: ""``) leaves the
     destination queue as declared (a ``dest-queue`` would be re-declared classic).
     """
-    name = f"bench-{queue}"
-    value = {
+    return {
         "src-protocol": "amqp091",
-        "src-uri": _amqp_uri(brokers.src, vhost),
+        "src-uri": src_uri,
         "src-queue": queue,
         "src-prefetch-count": prefetch,
         "src-delete-after": "queue-length",
         "dest-protocol": "amqp091",
-        "dest-uri": _amqp_uri(brokers.dst, vhost),
+        "dest-uri": dest_uri,
         "dest-exchange": "",
         "dest-exchange-key": queue,
         "ack-mode": "on-confirm",
     }
+
+
+def local_shovel_definition(src_uri: str, dest_uri: str, queue: str) -> dict[str, Any]:
+    """A local dynamic Shovel (RabbitMQ 4.2+) moving what `queue` holds when it starts, once.
+
+    A local shovel opens no connection: it reads only the user, password and vhost
+    from each URI (host and port are ignored), logs in as that user and checks its
+    access to the vhost, so the source and destination may be different vhosts of
+    one cluster. It has no prefetch parameter; its credit is the node's
+    ``shovel.local.max_credit``. ``dest-queue`` routes straight to the queue (no
+    exchange); ``*-predeclared`` makes it check the prepared queues instead of
+    declaring them.
+    """
+    return {
+        "src-protocol": "local",
+        "src-uri": src_uri,
+        "src-queue": queue,
+        "src-predeclared": True,
+        "src-delete-after": "queue-length",
+        "dest-protocol": "local",
+        "dest-uri": dest_uri,
+        "dest-queue": queue,
+        "dest-predeclared": True,
+        "ack-mode": "on-confirm",
+    }
+
+
+def start_shovel(brokers: Brokers, vhost: str, queue: str, prefetch: int) -> str:
+    """Create a dynamic Shovel on the source node that moves what `queue` holds now."""
+    name = f"bench-{queue}"
+    value = shovel_definition(
+        _amqp_uri(brokers.src, vhost),
+        _amqp_uri(brokers.dst, brokers.destination_vhost(vhost)),
+        queue,
+        prefetch,
+    )
+    brokers.management(brokers.src, "PUT", _shovel_path(vhost, name), json={"value": value})
+    return name
+
+
+def set_local_shovel_credit(node: LocalNode, credit: int) -> None:
+    """``shovel.local.max_credit`` at run time: read by each local shovel as it starts."""
+    node.rabbitmqctl(
+        "eval", f"ok = application:set_env(rabbitmq_shovel, max_local_shovel_credit, {credit})."
+    )
+
+
+def start_local_shovel(brokers: Brokers, vhost: str, queue: str) -> str:
+    """Create a local Shovel that moves what `queue` holds now into the destination vhost."""
+    name = f"bench-local-{queue}"
+    value = local_shovel_definition(
+        _amqp_uri(brokers.src, vhost),
+        _amqp_uri(brokers.dst, brokers.destination_vhost(vhost)),
+        queue,
+    )
     brokers.management(brokers.src, "PUT", _shovel_path(vhost, name), json={"value": value})
     return name
 
@@ -129,14 +223,22 @@ def delete_shovel(brokers: Brokers, vhost: str, name: str) -> None:
             raise
 
 
-def run_shovel(brokers: Brokers, vhost: str, queue: str, workload: Workload, prefetch: int) -> Run:
-    """One Shovel, from its creation until the destination holds every message."""
-    connection = brokers.connect(brokers.dst, vhost)
+def _time_shovel(
+    brokers: Brokers,
+    vhost: str,
+    queue: str,
+    workload: Workload,
+    start: Callable[[], str],
+) -> tuple[float, dict[str, float]]:
+    """Seconds from a Shovel's creation until the destination holds every message,
+    and the brokers' CPU meanwhile."""
+    connection = brokers.connect(brokers.dst, brokers.destination_vhost(vhost))
+    name = None
     try:
         channel = connection.channel()
         cpu_before = brokers.cpu_seconds()
         started = time.monotonic()
-        name = start_shovel(brokers, vhost, queue, prefetch)
+        name = start()
         finished = wait_until_depth(
             channel,
             queue,
@@ -147,14 +249,45 @@ def run_shovel(brokers: Brokers, vhost: str, queue: str, workload: Workload, pre
         cpu_after = brokers.cpu_seconds()
     finally:
         connection.close()
-    delete_shovel(brokers, vhost, name)
+        if name is not None:
+            delete_shovel(brokers, vhost, name)
+    return finished - started, _cpu_delta(cpu_before, cpu_after)
+
+
+def run_shovel(brokers: Brokers, vhost: str, queue: str, workload: Workload, prefetch: int) -> Run:
+    """One Shovel, from its creation until the destination holds every message."""
+    seconds, cpu = _time_shovel(
+        brokers, vhost, queue, workload, lambda: start_shovel(brokers, vhost, queue, prefetch)
+    )
     return Run(
-        contender="shovel",
+        contender=SHOVEL,
         messages=workload.messages,
         bytes=workload.bytes,
-        seconds=finished - started,
-        broker_cpu_seconds=_cpu_delta(cpu_before, cpu_after),
+        seconds=seconds,
+        broker_cpu_seconds=cpu,
         details={"prefetch": prefetch},
+    )
+
+
+def run_local_shovel(
+    brokers: Brokers, vhost: str, queue: str, workload: Workload, credit: int
+) -> Run:
+    """One local Shovel with `credit` (the others' prefetch), from its creation until the
+    destination holds every message."""
+    reason = not_applicable(LOCAL_SHOVEL, brokers.layout, brokers.rabbitmq_version())
+    if reason is not None:
+        raise BenchError(f"local shovel on {brokers.layout}: {reason}")
+    set_local_shovel_credit(brokers.src, credit)
+    seconds, cpu = _time_shovel(
+        brokers, vhost, queue, workload, lambda: start_local_shovel(brokers, vhost, queue)
+    )
+    return Run(
+        contender=LOCAL_SHOVEL,
+        messages=workload.messages,
+        bytes=workload.bytes,
+        seconds=seconds,
+        broker_cpu_seconds=cpu,
+        details={"credit": credit},
     )
 
 
@@ -164,7 +297,9 @@ def run_orchestrated_shovels(
     """The seed's script: a Shovel per queue, at most 5 running, depths polled each second."""
     pending = list(queues)
     active: dict[tuple[str, str], str] = {}
-    connections = {vhost: brokers.connect(brokers.dst, vhost) for vhost, _ in queues}
+    connections = {
+        vhost: brokers.connect(brokers.dst, brokers.destination_vhost(vhost)) for vhost, _ in queues
+    }
     try:
         channels = {vhost: connection.channel() for vhost, connection in connections.items()}
         cpu_before = brokers.cpu_seconds()
@@ -248,7 +383,7 @@ def run_mover(
             "source_vhost": vhost,
             "source_queue": queue,
             "destination_cluster": DESTINATION,
-            "destination_vhost": vhost,
+            "destination_vhost": brokers.destination_vhost(vhost),
             "destination_queue": queue,
             "messages": workload.messages,
             "message_bytes": workload.bytes,
@@ -301,7 +436,8 @@ def job_config(
     queue_pattern: str | None = None,
     queues_per_task: int | None = None,
 ) -> dict[str, Any]:
-    """A job config moving the bench queues from ``src`` to ``dst`` (same vhost and name)."""
+    """A job config moving the bench queues from ``src`` to ``dst`` (same name; same
+    vhost on two nodes, the sibling vhost on one)."""
 
     def cluster(node: LocalNode) -> dict[str, Any]:
         return {
@@ -322,7 +458,11 @@ def job_config(
             {
                 "name": "bench",
                 "source": source,
-                "destination": {"cluster": DESTINATION, "queue_type": destination_type},
+                "destination": {
+                    "cluster": DESTINATION,
+                    "vhost": brokers.destination_vhost("{vhost}"),
+                    "queue_type": destination_type,
+                },
             }
         ],
         "window": {"messages": window, "bytes": WINDOW_BYTES},
@@ -361,8 +501,10 @@ def run_job(
     (work_dir / f"{run_id}.stderr").write_text(completed.stderr, encoding="utf-8")
     result = _result_line(completed.stdout)
     if completed.returncode not in (0, 1) or not result:  # 1: ran, verification failed
+        # rmq-spark logs to stdout and names its error on stderr: the tails of both.
         raise BenchError(
-            f"job {run_id} exited {completed.returncode} with {result}:\n{completed.stderr[-3000:]}"
+            f"job {run_id} exited {completed.returncode} with {result}:\n"
+            f"{completed.stdout[-2000:]}\n{completed.stderr[-2000:]}"
         )
     stages = job_stages(Path(config["ledger"]["path"]), run_id, launched, exited)
     return Run(

@@ -1,7 +1,9 @@
 """rmq-spark against RabbitMQ's Shovel, side by side in one run (``make bench``).
 
-    python -m bench.throughput            # the full run (~30 min on 2 cores)
+    python -m bench.throughput            # the full run (~30 min on 2 cores, +4.3)
     python -m bench.throughput --quick    # 1 round, small counts: does it all work?
+    python -m bench.throughput --rabbitmq 4.3 --fraction 0.5 --rounds 2
+                                          # only the 4.3 section, half the messages
 
 Starts its own two local nodes, then for each scenario seeds an identical, fresh
 queue for every contender run and runs the contenders alternately (A B A B ...),
@@ -23,6 +25,14 @@ Scenarios (full run):
 3. the mover's window curve: 1 ... 5000;
 4. DR: 20 queues x 50k x 1 KiB over 2 vhosts: orchestrated shovels vs the job;
 5. resource use from the runs above: client CPU per 100k, peak RSS, job overhead.
+
+Those run on the host's RabbitMQ (3.10). Where a RabbitMQ 4.3 root is built
+(``make roots``; nodes from a root need root), a 4.3 section follows (`peer_section`):
+scenario 1's and 2's workloads on 4.3 nodes with the local shovel (RabbitMQ 4.2+)
+as a contender beside the Shovel, the mover and the job, in two layouts:
+``two_nodes`` (two clusters, as above; a local shovel cannot move between clusters,
+and the report says so) and ``one_node`` (one node, queue into a sibling vhost:
+where all four can run).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import signal
 import statistics
@@ -38,7 +49,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from importlib import metadata
@@ -47,17 +58,22 @@ from typing import Any
 
 from bench import chart
 from bench.contenders import (
+    LOCAL_SHOVEL,
     REPO,
+    SHOVEL,
     WINDOW_BYTES,
     BenchError,
     Run,
     job_config,
+    not_applicable,
     run_job,
+    run_local_shovel,
     run_mover,
     run_orchestrated_shovels,
     run_shovel,
 )
 from bench.workload import (
+    LAYOUTS,
     Brokers,
     Workload,
     declare_destination,
@@ -69,6 +85,7 @@ from bench.workload import (
     seed_queue,
 )
 from rmq_spark.config import WindowConfig
+from rmq_spark.devtools import rabbitmq_roots
 from rmq_spark.transfer.window import prefetch_for
 
 log = logging.getLogger("bench.throughput")
@@ -76,6 +93,10 @@ log = logging.getLogger("bench.throughput")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SINGLE_VHOST = "bench"
 DR_VHOSTS = ("dr-a", "dr-b")
+# The RabbitMQ the local shovel is measured on (it needs 4.2+; 4.3 is the newest root).
+PEER_VERSION = "4.3"
+# Every contender of the 4.x section, in the order each round runs them.
+PEER_CONTENDERS = (SHOVEL, LOCAL_SHOVEL, "mover", "job")
 DEFAULT_WINDOW = WindowConfig().messages
 # Scenarios 1, 2 and 5 compare at the issue's prefetch/window, the same for every
 # contender; the DR scenario runs the job as shipped (DEFAULT_WINDOW) and gives the
@@ -144,6 +165,35 @@ class Scale:
     dr_rounds: int = 1
 
 
+def scaled(scale: Scale, *, fraction: float = 1.0, max_rounds: int | None = None) -> Scale:
+    """`scale` with every message count times `fraction` (at least 1) and every round
+    count at most `max_rounds`: a shorter run of the same scenarios."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if max_rounds is not None and max_rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {max_rounds}")
+
+    def count(messages: int) -> int:
+        return max(1, round(messages * fraction))
+
+    def rounds(value: int) -> int:
+        return value if max_rounds is None else min(value, max_rounds)
+
+    return replace(
+        scale,
+        single_messages=count(scale.single_messages),
+        rounds=rounds(scale.rounds),
+        job_rounds=rounds(scale.job_rounds),
+        quorum_job_rounds=rounds(scale.quorum_job_rounds),
+        size_messages={size: count(n) for size, n in scale.size_messages.items()},
+        size_rounds=rounds(scale.size_rounds),
+        window_messages={window: count(n) for window, n in scale.window_messages.items()},
+        window_rounds=rounds(scale.window_rounds),
+        dr_messages=count(scale.dr_messages),
+        dr_rounds=rounds(scale.dr_rounds),
+    )
+
+
 QUICK = Scale(
     single_messages=10_000,
     rounds=1,
@@ -164,6 +214,8 @@ class Bench:
     brokers: Brokers
     work_dir: Path
     results: dict[str, dict[str, list[Run]]] = field(default_factory=dict)
+    # Contenders that cannot run on these brokers, and why (the local shovel across clusters).
+    not_applicable: dict[str, str] = field(default_factory=dict)
 
     def record(self, scenario: str, run: Run) -> None:
         run.details["load_1m"] = load_average()[0]  # other tenants of the box, for the record
@@ -211,8 +263,10 @@ def single_queue_run(
     declare_destination(brokers, vhost, queue, destination_type)
     prefetch = prefetch_for(window, WINDOW_BYTES, workload.size)
     try:
-        if contender == "shovel":
+        if contender == SHOVEL:
             run = run_shovel(brokers, vhost, queue, workload, prefetch)
+        elif contender == LOCAL_SHOVEL:
+            run = run_local_shovel(brokers, vhost, queue, workload, credit=prefetch)
         elif contender in ("mover", "mover_no_ledger"):
             ledger = bench.ledger(run_id) if contender == "mover" else None
             run = run_mover(
@@ -291,7 +345,7 @@ def single_queue(bench: Bench, scale: Scale) -> None:
         )
 
 
-def sizes(bench: Bench, scale: Scale) -> None:
+def sizes(bench: Bench, scale: Scale, contenders: Sequence[str] = (SHOVEL, "mover")) -> None:
     """Scenario 2: Shovel vs mover across message sizes, same prefetch for both."""
     for size, messages in scale.size_messages.items():
         scenario = f"size_{size}"
@@ -306,7 +360,7 @@ def sizes(bench: Bench, scale: Scale) -> None:
                     scale.size_rounds,
                     partial(single_queue_run, bench, scenario, name, workload=workload),
                 )
-                for name in ("shovel", "mover")
+                for name in contenders
             ],
         )
 
@@ -322,6 +376,56 @@ def windows(bench: Bench, scale: Scale) -> None:
                     bench, f"window_{window}", "mover", round_, workload, window=window
                 ),
             )
+
+
+def runnable_peers(bench: Bench) -> list[str]:
+    """The 4.x section's contenders that can run on these brokers; the others go into
+    `Bench.not_applicable` with the reason (the local shovel between two clusters)."""
+    version = bench.brokers.rabbitmq_version()
+    for name in PEER_CONTENDERS:
+        reason = not_applicable(name, bench.brokers.layout, version)
+        if reason is not None:
+            bench.not_applicable[name] = reason
+    return [name for name in PEER_CONTENDERS if name not in bench.not_applicable]
+
+
+def peers_single_queue(bench: Bench, scale: Scale) -> None:
+    """The 4.x section, scenario 1 with the local shovel among the contenders.
+
+    Same workloads, same prefetch (the local shovel's credit), same A B C D rounds as
+    on the host's RabbitMQ.
+    """
+    runnable = runnable_peers(bench)
+    workload = Workload(scale.single_messages, KIB)
+    for scenario, destination_type, job_rounds in (
+        ("single_classic", "classic", scale.job_rounds),
+        ("single_quorum", "quorum", scale.quorum_job_rounds),
+    ):
+        alternate(
+            bench,
+            scenario,
+            scale.rounds,
+            [
+                (
+                    name,
+                    job_rounds if name == "job" else scale.rounds,
+                    partial(
+                        single_queue_run,
+                        bench,
+                        scenario,
+                        name,
+                        workload=workload,
+                        destination_type=destination_type,
+                    ),
+                )
+                for name in runnable
+            ],
+        )
+
+
+def peers_sizes(bench: Bench, scale: Scale) -> None:
+    """The 4.x section, scenario 2: every contender but the job across message sizes."""
+    sizes(bench, scale, [name for name in runnable_peers(bench) if name != "job"])
 
 
 def dr(bench: Bench, scale: Scale) -> None:
@@ -446,12 +550,14 @@ def figures(results: dict[str, dict[str, list[Run]]]) -> dict[str, Any]:
     for scenario, by_contender in results.items():
         entry: dict[str, Any] = {name: summarise(runs) for name, runs in by_contender.items()}
         ratios = {}
-        if "shovel" in by_contender:
-            for name in ("mover", "job"):
+        if SHOVEL in by_contender:
+            for name in ("mover", "job", LOCAL_SHOVEL):
                 if name in by_contender:
-                    ratios[f"{name}_vs_shovel"] = speedup(
-                        by_contender["shovel"], by_contender[name]
-                    )
+                    ratios[f"{name}_vs_shovel"] = speedup(by_contender[SHOVEL], by_contender[name])
+        if LOCAL_SHOVEL in by_contender and "mover" in by_contender:
+            ratios["mover_vs_local_shovel"] = speedup(
+                by_contender[LOCAL_SHOVEL], by_contender["mover"]
+            )
         if "mover_no_ledger" in by_contender:
             pairs = zip(by_contender["mover"], by_contender["mover_no_ledger"], strict=False)
             ratios["ledger_overhead"] = round(
@@ -562,6 +668,16 @@ def versions(brokers: Brokers) -> dict[str, str]:
 
 def markdown(report: dict[str, Any]) -> str:
     """The tables the README's Performance section shows."""
+    lines: list[str] = []
+    if "figures" in report:
+        lines += host_markdown(report)
+    for version, section in report.get("peers", {}).items():
+        lines += ["", *peers_markdown(version, section)]
+    return "\n".join(lines).strip("\n")
+
+
+def host_markdown(report: dict[str, Any]) -> list[str]:
+    """The host RabbitMQ's scenarios and the issue's targets."""
     summary = report["figures"]
     lines = [
         "| scenario | contender | messages | median s | msg/s | MiB/s | client CPU-s | ratio |",
@@ -577,6 +693,47 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {figures_['median_rate']:,.0f} | {figures_['median_mib_per_second']} "
                 f"| {figures_.get('median_client_cpu_seconds', '')} | {ratio} |"
             )
+    lines += _left_in_source(summary)
+    lines += ["", "| target | measured | goal | |", "|---|---:|---:|---|"]
+    for target in report["targets"]:
+        verdict = "met" if target["met"] else "**missed**"
+        lines.append(
+            f"| {target['target']} | {target['measured']} | {target['goal']} | {verdict} |"
+        )
+    return lines
+
+
+def peers_markdown(version: str, section: dict[str, Any]) -> list[str]:
+    """One 4.x section: every layout's contenders, and the ones a layout rules out."""
+    rabbitmq = section.get("versions", {}).get("rabbitmq", version)
+    lines = [
+        f"RabbitMQ {rabbitmq}:",
+        "",
+        "| layout | scenario | contender | messages | median s | msg/s | MiB/s "
+        "| broker CPU-s | vs shovel |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for layout, entry in section["layouts"].items():
+        for scenario, by_contender in entry["figures"].items():
+            for name, figures_ in by_contender.items():
+                if name == "ratios":
+                    continue
+                cpu = sum(figures_["median_broker_cpu_seconds"].values())
+                ratio = by_contender["ratios"].get(f"{name}_vs_shovel", "")
+                lines.append(
+                    f"| {layout} | {scenario} | {name} | {figures_['messages']:,} "
+                    f"| {figures_['median_seconds']} | {figures_['median_rate']:,.0f} "
+                    f"| {figures_['median_mib_per_second']} | {cpu:.2f} | {ratio} |"
+                )
+        for name, reason in entry.get("not_applicable", {}).items():
+            lines.append(f"| {layout} | every scenario | {name} | not applicable: {reason} |")
+    for layout, entry in section["layouts"].items():
+        lines += [f"{layout}: {line.strip()}" for line in _left_in_source(entry["figures"])]
+    return lines
+
+
+def _left_in_source(summary: dict[str, Any]) -> list[str]:
+    lines = []
     for scenario, entry in summary.items():
         for name, figures_ in entry.items():
             for bad in (
@@ -586,13 +743,20 @@ def markdown(report: dict[str, Any]) -> str:
                     f"\n{scenario} {name}: reported done after moving {bad['moved']:,}; "
                     f"{bad['left_in_source']} message(s) were still in the source"
                 )
-    lines += ["", "| target | measured | goal | |", "|---|---:|---:|---|"]
-    for target in report["targets"]:
-        verdict = "met" if target["met"] else "**missed**"
-        lines.append(
-            f"| {target['target']} | {target['measured']} | {target['goal']} | {verdict} |"
+    return lines
+
+
+def default_versions() -> list[str]:
+    """The host's RabbitMQ, and 4.3 where its root is built and nodes can run from it."""
+    found = [rabbitmq_roots.HOST_VERSION]
+    if os.geteuid() == 0 and rabbitmq_roots.load_root(PEER_VERSION) is not None:
+        found.append(PEER_VERSION)
+    else:
+        log.warning(
+            "no RabbitMQ %s section: its root is not built (make roots) or this is not root",
+            PEER_VERSION,
         )
-    return "\n".join(lines)
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -603,7 +767,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="1 round, small counts")
     parser.add_argument("--keep-work-dir", action="store_true", help="keep ledgers and job logs")
+    parser.add_argument(
+        "--rabbitmq",
+        nargs="+",
+        choices=rabbitmq_roots.VERSIONS,
+        help=f"the sections to run: {rabbitmq_roots.HOST_VERSION} (the host's, every scenario) "
+        f"and/or a root's version (the local-shovel section); default: "
+        f"{rabbitmq_roots.HOST_VERSION}, and {PEER_VERSION} where its root is built",
+    )
+    parser.add_argument(
+        "--fraction",
+        type=float,
+        default=1.0,
+        help="scale every message count by this (0 < F <= 1) for a shorter run",
+    )
+    parser.add_argument("--rounds", type=int, help="run every scenario at most this many rounds")
     args = parser.parse_args(argv)
+    try:
+        scale = scaled(
+            QUICK if args.quick else Scale(), fraction=args.fraction, max_rounds=args.rounds
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     # Stopped by a signal (even from a background shell, which ignores SIGINT), the
     # nodes are still stopped and removed by the context managers on the way out.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -614,12 +799,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("pika").setLevel(logging.WARNING)
-    scale = QUICK if args.quick else Scale()
+    sections = args.rabbitmq or default_versions()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     work_dir = Path(tempfile.mkdtemp(prefix="rmq-spark-bench-"))
+    command = "python -m bench.throughput" + " ".join(
+        [""]
+        + (["--quick"] if args.quick else [])
+        + (["--rabbitmq", *args.rabbitmq] if args.rabbitmq else [])
+        + ([f"--fraction {args.fraction}"] if args.fraction != 1.0 else [])
+        + ([f"--rounds {args.rounds}"] if args.rounds else [])
+    )
     report: dict[str, Any] = {
         "benchmark": "throughput",
-        "command": "python -m bench.throughput" + (" --quick" if args.quick else ""),
+        "command": command,
         "quick": args.quick,
         "started_at": datetime.now(UTC).isoformat(),
         "machine": machine(),
@@ -628,55 +820,131 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     started = time.monotonic()
     name = f"throughput-{'quick-' if args.quick else ''}{stamp}"
-    json_path, png_path = RESULTS_DIR / f"{name}.json", RESULTS_DIR / f"{name}.png"
-    bench: Bench | None = None
+    json_path = RESULTS_DIR / f"{name}.json"
+    run = BenchRun(report, scale, started, json_path)
     try:
-        with local_brokers(work_dir / "brokers", [SINGLE_VHOST, *DR_VHOSTS]) as brokers:
-            report["versions"] = versions(brokers)
-            bench = Bench(brokers, work_dir)
-            report["warm_up_job_seconds"] = warm_up(bench)
-            for stage in (single_queue, sizes, windows, dr):
-                log.info("scenario %s", stage.__name__)
-                try:
-                    stage(bench, scale)
-                except BenchError as exc:  # the other scenarios still run; the report says so
-                    log.error("scenario %s failed: %s", stage.__name__, exc)
-                    report.setdefault("errors", []).append(f"{stage.__name__}: {exc}")
-                # Figures so far, so an interrupted run still leaves its numbers.
-                write_report(report, bench, scale, started, json_path)
+        for version in sections:
+            if version == rabbitmq_roots.HOST_VERSION:
+                host_section(run, work_dir)
+            else:
+                peer_section(run, work_dir, version)
     finally:
         if not args.keep_work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
-    assert bench is not None
-    write_report(report, bench, scale, started, json_path)
-    report["chart"] = str(png_path.relative_to(REPO))
-    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    chart.draw(report, png_path)
+    run.write()
+    charts = []
+    if run.host is not None:
+        png_path = RESULTS_DIR / f"{name}.png"
+        report["chart"] = str(png_path.relative_to(REPO))
+        chart.draw(report, png_path)
+        charts.append(png_path)
+    for version, section in report.get("peers", {}).items():
+        png_path = RESULTS_DIR / f"{name}-rabbitmq-{version}.png"
+        section["chart"] = str(png_path.relative_to(REPO))
+        chart.draw_peers(report, version, png_path)
+        charts.append(png_path)
+    run.write()
     print(markdown(report))
-    print(f"\nwrote {json_path} and {png_path}")
+    print(f"\nwrote {json_path}" + "".join(f" and {path}" for path in charts))
     return 1 if report.get("errors") else 0
 
 
-def write_report(
-    report: dict[str, Any], bench: Bench, scale: Scale, started: float, path: Path
-) -> None:
-    """Summarise every run so far into `report` and write it as JSON."""
-    summary = figures(bench.results)
-    report |= {
-        "finished_at": datetime.now(UTC).isoformat(),
-        "wall_seconds": round(time.monotonic() - started, 1),
-        "load_average_end": load_average(),
-        "scale": scale.__dict__,
-        "figures": summary,
-        "goals": GOALS,
-        "targets": targets(summary),
-        "runs": {
-            scenario: {name: [run.to_json() for run in runs] for name, runs in by_contender.items()}
-            for scenario, by_contender in bench.results.items()
-        },
+@dataclass
+class BenchRun:
+    """Everything one invocation measured so far, and where its report goes."""
+
+    report: dict[str, Any]
+    scale: Scale
+    started: float
+    path: Path
+    host: Bench | None = None
+    # Per root version, per layout.
+    peers: dict[str, dict[str, Bench]] = field(default_factory=dict)
+    warmed_up: bool = False
+
+    def warm_up_once(self, bench: Bench) -> None:
+        """The untimed first job (`warm_up`), in whichever section runs first."""
+        if not self.warmed_up:
+            self.report["warm_up_job_seconds"] = warm_up(bench)
+            self.warmed_up = True
+
+    def stage(self, stage: Callable[[Bench, Scale], None], bench: Bench, label: str) -> None:
+        """Run one scenario family; a failure is reported and the others still run."""
+        log.info("scenario %s", label)
+        try:
+            stage(bench, self.scale)
+        except BenchError as exc:
+            log.error("scenario %s failed: %s", label, exc)
+            self.report.setdefault("errors", []).append(f"{label}: {exc}")
+        # Figures so far, so an interrupted run still leaves its numbers.
+        self.write()
+
+    def write(self) -> None:
+        """Summarise every run so far into the report and write it as JSON."""
+        report = self.report
+        report |= {
+            "finished_at": datetime.now(UTC).isoformat(),
+            "wall_seconds": round(time.monotonic() - self.started, 1),
+            "load_average_end": load_average(),
+            "scale": self.scale.__dict__,
+            "goals": GOALS,
+        }
+        if self.host is not None:
+            summary = figures(self.host.results)
+            report |= {
+                "figures": summary,
+                "targets": targets(summary),
+                "runs": runs_json(self.host),
+            }
+        for version, by_layout in self.peers.items():
+            section = report.setdefault("peers", {}).setdefault(version, {})
+            section["layouts"] = {
+                layout: {
+                    "figures": figures(bench.results),
+                    "not_applicable": bench.not_applicable,
+                    "runs": runs_json(bench),
+                }
+                for layout, bench in by_layout.items()
+            }
+        self.path.parent.mkdir(exist_ok=True)
+        self.path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def runs_json(bench: Bench) -> dict[str, Any]:
+    return {
+        scenario: {name: [run.to_json() for run in runs] for name, runs in by_contender.items()}
+        for scenario, by_contender in bench.results.items()
     }
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def host_section(run: BenchRun, work_dir: Path) -> None:
+    """Every scenario on two nodes of the host's RabbitMQ (3.10)."""
+    with local_brokers(work_dir / "brokers", [SINGLE_VHOST, *DR_VHOSTS]) as brokers:
+        run.report["versions"] = versions(brokers)
+        run.host = Bench(brokers, work_dir)
+        run.warm_up_once(run.host)
+        for stage in (single_queue, sizes, windows, dr):
+            run.stage(stage, run.host, stage.__name__)
+
+
+def peer_section(run: BenchRun, work_dir: Path, version: str) -> None:
+    """The 4.x scenarios on RabbitMQ `version` nodes, in each layout (fresh nodes per layout)."""
+    for layout in LAYOUTS:
+        with local_brokers(
+            work_dir / f"brokers-{version}-{layout}", [SINGLE_VHOST], version=version, layout=layout
+        ) as brokers:
+            run.report.setdefault("peers", {}).setdefault(version, {})["versions"] = versions(
+                brokers
+            )
+            # Run ids and ledgers of one layout must not meet another's (a job refuses
+            # a run id its ledger already holds).
+            section_dir = work_dir / f"rabbitmq-{version}-{layout}"
+            section_dir.mkdir(parents=True, exist_ok=True)
+            bench = Bench(brokers, section_dir)
+            run.peers.setdefault(version, {})[layout] = bench
+            run.warm_up_once(bench)
+            for stage in (peers_single_queue, peers_sizes):
+                run.stage(stage, bench, f"{stage.__name__} on RabbitMQ {version}, {layout}")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,20 @@
 """The brokers and the messages every throughput contender is measured on.
 
-Two local nodes (``src`` and ``dst``) from `rmq_spark.devtools.local_brokers`, one vhost per
-scenario family, and identical, freshly seeded queues: same count, same size, same
-bytes (a seeded random generator), persistent, with the few properties a real
-message carries. Depths are read with AMQP passive declares (exact, unlike the
-management API's sampled counters). Broker CPU is read from each node's Erlang VM
-in /proc, so a contender's cost includes the work it makes the brokers do.
+Local nodes from `rmq_spark.devtools.local_brokers` in one of two layouts:
+
+* ``two_nodes``: two independent nodes (``src`` and ``dst``, two clusters); a queue
+  moves to the same vhost and name on the other node.
+* ``one_node``: a single node; a queue moves to the same name in a sibling vhost
+  (``<vhost>-moved``), the "queues moving between vhosts" case. The only layout here
+  a local shovel (RabbitMQ 4.2+) can serve: it consumes and publishes inside one
+  cluster.
+
+One vhost per scenario family, and identical, freshly seeded queues: same count,
+same size, same bytes (a seeded random generator), persistent, with the few
+properties a real message carries. Depths are read with AMQP passive declares
+(exact, unlike the management API's sampled counters). Broker CPU is read from each
+node's Erlang VM in /proc, so a contender's cost includes the work it makes the
+brokers do.
 """
 
 from __future__ import annotations
@@ -27,10 +36,17 @@ import requests
 
 from rmq_spark.devtools.demo import wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
+from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
 
 log = logging.getLogger(__name__)
 
 SOURCE, DESTINATION = "src", "dst"
+TWO_NODES, ONE_NODE = "two_nodes", "one_node"
+LAYOUTS = (TWO_NODES, ONE_NODE)
+# On one node a queue moves into a sibling vhost (the same vhost would be itself).
+MOVED_VHOST_SUFFIX = "-moved"
+# The CPU key when source and destination are one Erlang VM (not to be summed twice).
+ONE_VM = "src_and_dst"
 # Seeding publishes without confirms, then waits for the exact depth; a backlog of
 # 50k persistent messages per queue takes a while on a busy 2-core box.
 SEED_TIMEOUT_SECONDS = 600.0
@@ -41,12 +57,18 @@ _HTTP_TIMEOUT_SECONDS = 10.0
 
 @dataclass(frozen=True)
 class Brokers:
-    """The two local nodes and the OS pids of their Erlang VMs (for CPU accounting)."""
+    """The source and destination nodes (one node twice in ``one_node``) and the OS
+    pids of their Erlang VMs (for CPU accounting)."""
 
     src: LocalNode
     dst: LocalNode
     src_pid: int
     dst_pid: int
+    layout: str = TWO_NODES
+
+    def destination_vhost(self, vhost: str) -> str:
+        """Where a queue of source ``vhost`` goes (its name stays the same)."""
+        return destination_vhost(self.layout, vhost)
 
     def connect(self, node: LocalNode, vhost: str) -> pika.BlockingConnection:
         return pika.BlockingConnection(
@@ -60,6 +82,8 @@ class Brokers:
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) each node's VM has used so far."""
+        if self.layout == ONE_NODE:
+            return {ONE_VM: process_cpu_seconds(self.src_pid)}
         return {
             SOURCE: process_cpu_seconds(self.src_pid),
             DESTINATION: process_cpu_seconds(self.dst_pid),
@@ -83,21 +107,35 @@ class Brokers:
         return str(self.management(self.src, "GET", "/api/overview")["erlang_version"])
 
 
+def destination_vhost(layout: str, vhost: str) -> str:
+    """Where a queue of source ``vhost`` goes in ``layout`` (its name stays the same)."""
+    if layout == TWO_NODES:
+        return vhost
+    if layout == ONE_NODE:
+        return f"{vhost}{MOVED_VHOST_SUFFIX}"
+    raise ValueError(f"unknown layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+
+
 @contextmanager
-def local_brokers(base_dir: Path, vhosts: Sequence[str]) -> Iterator[Brokers]:
-    """Start ``src`` and ``dst``, create the vhosts on both, stop and remove them after."""
-    nodes = start_nodes([SOURCE, DESTINATION], base_dir)
+def local_brokers(
+    base_dir: Path, vhosts: Sequence[str], *, version: str = HOST_VERSION, layout: str = TWO_NODES
+) -> Iterator[Brokers]:
+    """Start the layout's nodes of RabbitMQ ``version``, create the source vhosts and
+    their destination vhosts, stop and remove the nodes after."""
+    labels = [SOURCE, DESTINATION] if layout == TWO_NODES else [SOURCE]
+    nodes = start_nodes(labels, base_dir, version=version)
     try:
-        for node in nodes:
-            for vhost in vhosts:
-                node.add_vhost(vhost)
-        src, dst = nodes
-        yield Brokers(src, dst, _vm_pid(src), _vm_pid(dst))
+        src, dst = (nodes[0], nodes[-1])
+        for vhost in vhosts:
+            src.add_vhost(vhost)
+            dst.add_vhost(destination_vhost(layout, vhost))
+        yield Brokers(src, dst, vm_pid(src), vm_pid(dst), layout)
     finally:
         stop_nodes(nodes, remove_data=True)
 
 
-def _vm_pid(node: LocalNode) -> int:
+def vm_pid(node: LocalNode) -> int:
+    """The OS pid of a node's Erlang VM (its CPU time is read from /proc)."""
     return int(node.rabbitmqctl("eval", "list_to_integer(os:getpid()).").strip())
 
 
@@ -151,8 +189,9 @@ def seed_queue(brokers: Brokers, vhost: str, queue: str, workload: Workload, see
 
 
 def declare_destination(brokers: Brokers, vhost: str, queue: str, queue_type: str) -> None:
-    """An empty durable destination of the given type, as a user would prepare it."""
-    connection = brokers.connect(brokers.dst, vhost)
+    """An empty durable destination of the given type, as a user would prepare it
+    (``vhost`` is the source's; the layout says which vhost the destination is in)."""
+    connection = brokers.connect(brokers.dst, brokers.destination_vhost(vhost))
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True, arguments={"x-queue-type": queue_type})
@@ -162,10 +201,10 @@ def declare_destination(brokers: Brokers, vhost: str, queue: str, queue_type: st
 
 
 def delete_queues(brokers: Brokers, vhost: str, queues: Sequence[str]) -> None:
-    """Remove a run's queues on both nodes, so the next run meets idle brokers."""
-    for node in (brokers.src, brokers.dst):
+    """Remove a run's queues on both sides, so the next run meets idle brokers."""
+    for node, node_vhost in ((brokers.src, vhost), (brokers.dst, brokers.destination_vhost(vhost))):
         for queue in queues:
-            path = f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}"
+            path = f"/api/queues/{quote(node_vhost, safe='')}/{quote(queue, safe='')}"
             response = requests.delete(
                 f"{node.management_url}{path}",
                 auth=(node.username, node.password),
@@ -184,19 +223,18 @@ def depths_after(brokers: Brokers, vhost: str, queues: Sequence[str]) -> dict[st
 
     Counted independently of every contender's own report (passive declares).
     """
-    left = arrived = 0
-    for node in (brokers.src, brokers.dst):
-        connection = brokers.connect(node, vhost)
+    counts = {}
+    for side, node, node_vhost in (
+        ("left_in_source", brokers.src, vhost),
+        ("at_destination", brokers.dst, brokers.destination_vhost(vhost)),
+    ):
+        connection = brokers.connect(node, node_vhost)
         try:
             channel = connection.channel()
-            count = sum(depth(channel, queue) for queue in queues)
+            counts[side] = sum(depth(channel, queue) for queue in queues)
         finally:
             connection.close()
-        if node is brokers.src:
-            left = count
-        else:
-            arrived = count
-    return {"left_in_source": left, "at_destination": arrived}
+    return counts
 
 
 def wait_until_depth(
