@@ -77,7 +77,7 @@ soak: setup
 	for round in 1 2 3; do $(BIN)/pytest -q tests/integration/test_faults.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache dist build
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist build
 
 bench-memory: setup
 	$(BIN)/python -m bench.memory
