@@ -42,7 +42,7 @@ system:
 # RabbitMQ 4.0 (Debian trixie) and 4.3 (Debian forky) in Debian roots under
 # ~/.cache/rmq-spark/roots, built only when missing (~20 s each); never on the host.
 roots: setup
-	$(BIN)/python -m rmq_spark.rabbitmq_roots build
+	$(BIN)/python -m rmq_spark.devtools.rabbitmq_roots build
 
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -56,9 +56,11 @@ RABBITMQ ?= 3.10
 demo: setup
 	$(BIN)/rmq-spark demo --rabbitmq $(RABBITMQ)
 
+# lint-imports checks the package layout's rules ([tool.importlinter] in pyproject.toml).
 lint: setup
-	$(BIN)/ruff check rmq_spark jobs tests
-	$(BIN)/ruff format --check rmq_spark jobs tests
+	$(BIN)/ruff check rmq_spark jobs tests bench
+	$(BIN)/ruff format --check rmq_spark jobs tests bench
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy
@@ -75,7 +77,7 @@ soak: setup
 	for round in 1 2 3; do $(BIN)/pytest -q tests/integration/test_faults.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache dist build
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist build
 
 bench-memory: setup
 	$(BIN)/python -m bench.memory

@@ -224,7 +224,20 @@ fi
 
 package_zip="$(mktemp -d)/rmq_spark.zip"
 trap 'rm -rf "$(dirname "$package_zip")"' EXIT
-(cd "$here" && "$local_python" -m zipfile -c "$package_zip" rmq_spark)
+# Without the dev harness (rmq_spark/devtools: local brokers, the demo), which no job
+# imports, and without bytecode caches.
+(cd "$here" && "$local_python" - "$package_zip" <<'PY'
+import sys
+import zipfile
+from pathlib import Path
+
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as archive:
+    for path in sorted(Path("rmq_spark").rglob("*")):
+        parts = path.parts
+        if path.is_file() and parts[1] != "devtools" and "__pycache__" not in parts:
+            archive.write(path)
+PY
+)
 
 status=0
 "$submit" \

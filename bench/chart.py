@@ -110,7 +110,7 @@ def _rate_by_window(axis: Any, figures: dict[str, Any], default_window: int) -> 
 
 def _ratios(axis: Any, figures: dict[str, Any], targets: dict[str, float]) -> None:
     """Everything as 'times as fast as the Shovel': above 1, rmq-spark is faster."""
-    bars = []
+    bars: list[tuple[str, float, str, float | None]] = []
     for scenario, label in (
         ("single_classic", "classic->classic"),
         ("single_quorum", "classic->quorum"),

@@ -13,7 +13,7 @@
 * `run_orchestrated_shovels`: the seed's transfer script for many queues: one
   dynamic Shovel per queue, at most `ORCHESTRATED_MAX_ACTIVE` at once, completion
   found by polling depths once a second.
-* `run_mover`: `rmq_spark.executor.move_queue` in a fresh interpreter
+* `run_mover`: `rmq_spark.transfer.executor.move_queue` in a fresh interpreter
   (`bench.mover_child`), ledger on, or off for the ledger-cost pair.
 * `run_job`: the whole job, ``./spark-submit.sh --config FILE --run-id ID``, to a
   verified ledger; its stages are timed from the outside (ledger timestamps and
@@ -49,9 +49,9 @@ from bench.workload import (
     Workload,
     wait_until_depth,
 )
+from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.ledger import tables
-from rmq_spark.local_brokers import LocalNode
-from rmq_spark.report import RESULT_PREFIX
+from rmq_spark.report.console import RESULT_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 SPARK_SUBMIT = REPO / "spark-submit.sh"

@@ -10,7 +10,7 @@ is not inflated by the benchmark.
 * ``seed``: declare a durable classic queue and publish ``count`` random bodies of
   ``size`` bytes (persistent), then wait until the queue holds exactly ``count``.
 * ``move``: import what a Spark Python worker and the task import, then call
-  ``rmq_spark.executor.move_queue`` for one plan row, as an executor task does, and
+  ``rmq_spark.transfer.executor.move_queue`` for one plan row, as an executor task does, and
   report peak RSS, the RSS after those imports, wall seconds and the outcome.
 
 The password travels on stdin, never on a command line.
@@ -55,7 +55,7 @@ def seed(request: dict[str, Any]) -> dict[str, Any]:
 
     import pika
 
-    from rmq_spark.demo import wait_for_depth
+    from rmq_spark.devtools.demo import wait_for_depth
 
     rng = random.Random(request["seed"])
     queue = str(request["queue"])
@@ -97,7 +97,7 @@ def move(request: dict[str, Any]) -> dict[str, Any]:
     from pydantic import SecretStr
 
     from rmq_spark.config import ClusterConfig
-    from rmq_spark.executor import ExecutorSettings, move_queue
+    from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 
     baseline_rss = proc_status_kib("VmRSS")
     modules_before = list(sys.modules)

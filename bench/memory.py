@@ -5,7 +5,7 @@ messages must keep the executor's Python process at or under 300 MB. A queue of
 20 000 x 1 KiB messages (window capped by message count) is the control.
 
 For each case the benchmark publishes the messages into a fresh source queue, then
-runs ONE mover (`rmq_spark.executor.move_queue`, exactly as an executor task calls
+runs ONE mover (`rmq_spark.transfer.executor.move_queue`, exactly as an executor task calls
 it) in a fresh interpreter (`bench.isolated move`), which reports its own peak RSS
 and its RSS after imports. The transfer is then checked against the brokers: the
 source is empty, the destination holds every message, the outcome is "moved".
@@ -52,9 +52,9 @@ from typing import Any
 import pika
 import requests
 
-from rmq_spark.byte_window import ByteWindow
-from rmq_spark.local_brokers import LocalNode, running_nodes
-from rmq_spark.window import prefetch_for
+from rmq_spark.devtools.local_brokers import LocalNode, running_nodes
+from rmq_spark.transfer.byte_window import ByteWindow
+from rmq_spark.transfer.window import prefetch_for
 
 log = logging.getLogger(__name__)
 
@@ -525,7 +525,7 @@ def run(results_dir: Path) -> int:
         "window_bytes": WINDOW_BYTES,
         "target_peak_bytes": TARGET_PEAK_BYTES,
         "rss_source": "peak: getrusage(RUSAGE_SELF).ru_maxrss of the mover process; "
-        "baseline: its VmRSS after importing pyspark.worker and rmq_spark.executor, "
+        "baseline: its VmRSS after importing pyspark.worker and rmq_spark.transfer.executor, "
         "before moving",
         "cases": figures,
         "checks_passed": not problems,

@@ -38,9 +38,9 @@ import requests
 import yaml
 
 from rmq_spark.config import load_config
-from rmq_spark.demo import demo_messages
+from rmq_spark.devtools.demo import demo_messages
+from rmq_spark.devtools.local_brokers import LocalCluster, LocalNode, start_cluster, stop_cluster
 from rmq_spark.ledger import tables
-from rmq_spark.local_brokers import LocalCluster, LocalNode, start_cluster, stop_cluster
 from rmq_spark.migrate import MigrationOptions, migrate
 from rmq_spark.spark_session import build_session
 

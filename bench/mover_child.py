@@ -4,7 +4,7 @@
 the transfer, client CPU seconds (user + system, this process only), peak RSS, and
 the outcome. The request (password included) comes on stdin, never on a command line.
 
-``"ledger": true`` calls `rmq_spark.executor.move_queue` exactly as an executor task
+``"ledger": true`` calls `rmq_spark.transfer.executor.move_queue` exactly as an executor task
 does: intent log and message ledger, fsynced. ``"ledger": false`` is the
 benchmark-only switch for the ledger's cost: the same `QueueMover`, checksums and
 window, but rows go to a sink that keeps nothing and no intent log is written.
@@ -24,12 +24,11 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from rmq_spark.amqp import connection_parameters
+from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.config import ClusterConfig
-from rmq_spark.executor import ExecutorSettings, move_queue
-from rmq_spark.ledger.writer import TransferKey
-from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover
-from rmq_spark.window import Delivery
+from rmq_spark.model import Delivery, MoveOutcome, TransferKey
+from rmq_spark.transfer.executor import ExecutorSettings, move_queue
+from rmq_spark.transfer.mover import Endpoint, QueueMover
 
 
 class DiscardingLedger:

@@ -56,9 +56,9 @@ MOVER_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("intent log (Arrow IPC + fsync per batch)", "IntentLog.append"),
     ("ledger rows (Arrow append + fsync)", "MessageLedgerWriter.write"),
     ("checksums (sha256 of body and properties)", "@sha256"),
-    ("window bookkeeping (window.py)", "rmq_spark/window.py"),
-    ("property bytes (wire.py)", "rmq_spark/wire.py"),
-    ("source deliveries (inbound.py)", "rmq_spark/inbound.py"),
+    ("window bookkeeping (window.py)", "rmq_spark/transfer/window.py"),
+    ("property bytes (wire.py)", "rmq_spark/transfer/amqp091/wire.py"),
+    ("source deliveries (inbound.py)", "rmq_spark/transfer/amqp091/inbound.py"),
     ("pika: frame encode/decode, callbacks, timers", "pika/"),
 )
 JOB_CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -85,7 +85,7 @@ WORKER_PROCESS = "pyspark.daemon"
 def frame_matches(frame: str, test: str) -> bool:
     if test == "@sha256":
         parsed = _FRAME.match(frame)
-        return bool(parsed) and "sha256" in linecache.getline(
+        return parsed is not None and "sha256" in linecache.getline(
             str(REPO / parsed["file"]) if not parsed["file"].startswith("/") else parsed["file"],
             int(parsed["line"]),
         )

@@ -50,9 +50,10 @@ from bench.workload import (
     machine,
     seed_queue,
 )
-from rmq_spark.executor import queue_mover
 from rmq_spark.ledger import tables
-from rmq_spark.mover import MoveOutcome, QueueMover, WindowStages, run_movers
+from rmq_spark.model import MoveOutcome
+from rmq_spark.transfer.executor import queue_mover
+from rmq_spark.transfer.mover import QueueMover, WindowStages, run_movers
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 VHOST = "stages"

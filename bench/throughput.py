@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -83,9 +84,9 @@ from bench.workload import (
     machine,
     seed_queue,
 )
-from rmq_spark import rabbitmq_roots
 from rmq_spark.config import WindowConfig
-from rmq_spark.window import prefetch_for
+from rmq_spark.devtools import rabbitmq_roots
+from rmq_spark.transfer.window import prefetch_for
 
 log = logging.getLogger("bench.throughput")
 
@@ -330,8 +331,13 @@ def single_queue(bench: Bench, scale: Scale) -> None:
                 (
                     name,
                     rounds,
-                    lambda r, s=scenario, n=name, t=destination_type: single_queue_run(
-                        bench, s, n, r, workload, destination_type=t
+                    partial(
+                        single_queue_run,
+                        bench,
+                        scenario,
+                        name,
+                        workload=workload,
+                        destination_type=destination_type,
                     ),
                 )
                 for name, rounds in contenders
@@ -352,7 +358,7 @@ def sizes(bench: Bench, scale: Scale, contenders: Sequence[str] = (SHOVEL, "move
                 (
                     name,
                     scale.size_rounds,
-                    lambda r, s=scenario, n=name, w=workload: single_queue_run(bench, s, n, r, w),
+                    partial(single_queue_run, bench, scenario, name, workload=workload),
                 )
                 for name in contenders
             ],
@@ -403,8 +409,13 @@ def peers_single_queue(bench: Bench, scale: Scale) -> None:
                 (
                     name,
                     job_rounds if name == "job" else scale.rounds,
-                    lambda r, s=scenario, n=name, t=destination_type: single_queue_run(
-                        bench, s, n, r, workload, destination_type=t
+                    partial(
+                        single_queue_run,
+                        bench,
+                        scenario,
+                        name,
+                        workload=workload,
+                        destination_type=destination_type,
                     ),
                 )
                 for name in runnable
@@ -572,11 +583,13 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
         return summary[scenario][name][figure]
 
     def client_cpu_per_100k() -> float:
-        mover = summary["single_classic"]["mover"]
+        mover: dict[str, float] = summary["single_classic"]["mover"]
         return round(mover["median_client_cpu_seconds"] * 100_000 / mover["messages"], 2)
 
     def default_window_share() -> float:
-        rates = {w: summary[f"window_{w}"]["mover"]["median_rate"] for w in WINDOWS}
+        rates: dict[int, float] = {
+            w: summary[f"window_{w}"]["mover"]["median_rate"] for w in WINDOWS
+        }
         return round(rates[DEFAULT_WINDOW] / max(rates.values()), 3)
 
     checks: list[tuple[str, Callable[[], Any], str, float]] = [

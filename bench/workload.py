@@ -1,6 +1,6 @@
 """The brokers and the messages every throughput contender is measured on.
 
-Local nodes from `rmq_spark.local_brokers` in one of two layouts:
+Local nodes from `rmq_spark.devtools.local_brokers` in one of two layouts:
 
 * ``two_nodes``: two independent nodes (``src`` and ``dst``, two clusters); a queue
   moves to the same vhost and name on the other node.
@@ -34,9 +34,9 @@ from urllib.parse import quote
 import pika
 import requests
 
-from rmq_spark.demo import wait_for_depth
-from rmq_spark.local_brokers import LocalNode, start_nodes, stop_nodes
-from rmq_spark.rabbitmq_roots import HOST_VERSION
+from rmq_spark.devtools.demo import wait_for_depth
+from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
+from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
 
 log = logging.getLogger(__name__)
 

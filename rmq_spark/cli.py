@@ -25,12 +25,14 @@ from rmq_spark import __version__
 from rmq_spark.compat import check_pika
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
-from rmq_spark.rabbitmq_roots import HOST_VERSION, VERSIONS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("rmq_spark")
+# Local brokers and the demo: in a source checkout only, not in the wheel (pyproject.toml)
+# or the package zip spark-submit.sh ships to executors.
+DEV_HARNESS = "rmq_spark.devtools"
 
 EXIT_VERIFIED, EXIT_UNVERIFIED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -218,7 +220,7 @@ def run_transfer_command(args: argparse.Namespace) -> int:
         return EXIT_ERROR
 
     from rmq_spark.pipeline import prepare_run, run_transfer
-    from rmq_spark.report import print_queue_table, result_line, result_summary
+    from rmq_spark.report.console import print_queue_table, result_line, result_summary
     from rmq_spark.verify import preload_great_expectations
 
     # Spark takes seconds to start. The pre-flight (ledger, discovery, plan: mostly
@@ -245,7 +247,7 @@ def write_reports(ledger_path: str, run_ids: Sequence[str]) -> list[Path]:
     """Each run's HTML report beside the ledger (`rmq-spark report`'s page), its path
     printed. The run is recorded whether or not its report can be written, so a
     report that cannot be is logged, and the exit code stays the run's."""
-    from rmq_spark.run_report import build_report
+    from rmq_spark.report.html import build_report
 
     written = []
     for run_id in run_ids:
@@ -283,10 +285,10 @@ def run_plan_command(args: argparse.Namespace) -> int:
     Exit 0 with the plan, or 2 with the pre-flight problems.
     """
     setup_logging(args.log_level, args.log_format)
-    from rmq_spark.discovery import discover
-    from rmq_spark.pipeline import management_clients
-    from rmq_spark.plan import assign_partitions
-    from rmq_spark.report import plan_document, print_plan_table
+    from rmq_spark.broker.management import management_clients
+    from rmq_spark.planning.discovery import discover
+    from rmq_spark.planning.plan import assign_partitions
+    from rmq_spark.report.console import plan_document, print_plan_table
 
     config: JobConfig | None = None
     try:
@@ -324,8 +326,8 @@ def run_restore_federation_command(args: argparse.Namespace) -> int:
     each restored upstream; exit 0, or 2 when a cluster could not be restored.
     """
     setup_logging(args.log_level, args.log_format)
-    from rmq_spark.federation import restore_federation, source_clusters
-    from rmq_spark.pipeline import management_clients
+    from rmq_spark.broker.federation import restore_federation, source_clusters
+    from rmq_spark.broker.management import management_clients
 
     config: JobConfig | None = None
     try:
@@ -421,7 +423,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         cluster = migration_cluster(config)
         migration_id = validate_run_id(args.migration_id or new_migration_id())
         if args.dry_run:
-            from rmq_spark.pipeline import management_clients
+            from rmq_spark.broker.management import management_clients
 
             with management_clients(config) as clients:
                 plans = plan_migration(config, clients[cluster], options, migration_id)
@@ -500,7 +502,7 @@ def run_report_command(args: argparse.Namespace) -> int:
     """
     setup_logging(args.log_level, args.log_format)
 
-    from rmq_spark.run_report import build_report
+    from rmq_spark.report.html import build_report
 
     try:
         ledger_path = args.ledger or ledger_path_of(args.config)
@@ -562,18 +564,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "migrate", help="migrate classic queues to quorum queues in place, verified"
         )
     )
-    demo = commands.add_parser(
-        "demo", help="local brokers + demo data + spark-submit + verification"
-    )
-    demo.add_argument("--messages-per-queue", type=int, default=3000)
-    demo.add_argument("--base-dir", default=".demo")
-    demo.add_argument("--keep-brokers", action="store_true", help="leave the demo nodes running")
-    demo.add_argument(
-        "--rabbitmq",
-        default=HOST_VERSION,
-        choices=list(VERSIONS),
-        help=f"RabbitMQ version of the demo nodes: {HOST_VERSION} is the host's Debian "
-        "package, the others run from Debian roots built on first use (~20 s each)",
+    add_demo_arguments(
+        commands.add_parser("demo", help="local brokers + demo data + spark-submit + verification")
     )
     args = parser.parse_args(argv)
     commands_by_name: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -587,8 +579,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_guarded(commands_by_name[args.command], args)
 
 
+def _is_dev_harness_missing(exc: ModuleNotFoundError) -> bool:
+    """Whether the import failed because rmq_spark.devtools is absent (an installed wheel)."""
+    return (exc.name or "").startswith(DEV_HARNESS)
+
+
+def add_demo_arguments(demo: argparse.ArgumentParser) -> None:
+    demo.add_argument("--messages-per-queue", type=int, default=3000)
+    demo.add_argument("--base-dir", default=".demo")
+    demo.add_argument("--keep-brokers", action="store_true", help="leave the demo nodes running")
+    try:
+        from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
+    except ModuleNotFoundError as exc:
+        if not _is_dev_harness_missing(exc):
+            raise
+        # Every other command must still parse; run_demo_command says what is missing.
+        demo.add_argument("--rabbitmq", help="RabbitMQ version of the demo nodes")
+        return
+    demo.add_argument(
+        "--rabbitmq",
+        default=HOST_VERSION,
+        choices=list(VERSIONS),
+        help=f"RabbitMQ version of the demo nodes: {HOST_VERSION} is the host's Debian "
+        "package, the others run from Debian roots built on first use (~20 s each)",
+    )
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
-    from rmq_spark.demo import run_demo
+    try:
+        from rmq_spark.devtools.demo import run_demo
+    except ModuleNotFoundError as exc:
+        if not _is_dev_harness_missing(exc):
+            raise
+        raise RmqSparkError(
+            "rmq-spark demo runs from a source checkout (`make demo` in a clone of the "
+            f"repository): the dev harness ({DEV_HARNESS}) is not in the installed package"
+        ) from exc
 
     setup_logging()
     return run_demo(

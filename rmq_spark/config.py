@@ -56,7 +56,7 @@ class ClusterConfig(_Strict):
     password_env: str | None = None
     tls: TlsConfig = TlsConfig()
     # Node name -> AMQP URI, for connecting to the node that hosts a queue; by default
-    # discovered from the cluster's listeners (see rmq_spark.colocation).
+    # discovered from the cluster's listeners (see rmq_spark.broker.colocation).
     nodes: dict[str, str] = {}
     # Resolved from password_env at load time; excluded from dumps and digests.
     password: SecretStr = Field(default=SecretStr(""), exclude=True)
@@ -164,7 +164,7 @@ class DestinationSpec(_Strict):
     # message TTL and queue mode). copy: a blue-green move; each destination is
     # created with all its source's arguments and gets the exchanges its source is
     # bound from, its bindings and its policy, translated for the destination's
-    # RabbitMQ version (see rmq_spark.topology); federation keys are never copied.
+    # RabbitMQ version (see rmq_spark.planning.topology); federation keys are never copied.
     topology: Literal["none", "copy"] = "none"
     # True when other publishers send to the destination queues while the job runs
     # (a queue already in use): verification then counts their messages as

@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from functools import partial
@@ -22,20 +21,20 @@ from pyspark import RDD
 from pyspark.sql import Row, SparkSession
 
 from rmq_spark import verify
-from rmq_spark.colocation import node_uris
+from rmq_spark.broker.colocation import node_uris
+from rmq_spark.broker.delivery_limit import budget_problem, task_attempts
+from rmq_spark.broker.federation import paused_federation
+from rmq_spark.broker.management import ManagementClient, management_clients
 from rmq_spark.config import JobConfig, validate_run_id
-from rmq_spark.delivery_limit import budget_problem, task_attempts
-from rmq_spark.discovery import QueueTransfer, discover, measure_depths
 from rmq_spark.errors import ConfigError, DeliveryLimitError, RmqSparkError
-from rmq_spark.executor import ExecutorSettings, move_partition
-from rmq_spark.executor_preflight import check_executors
-from rmq_spark.federation import paused_federation
 from rmq_spark.ledger import schema, tables
 from rmq_spark.ledger.committers import committer_for
-from rmq_spark.management import ManagementClient
-from rmq_spark.mover import MoveOutcome
-from rmq_spark.plan import assign_partitions, plan_rows
+from rmq_spark.model import MoveOutcome, QueueTransfer
+from rmq_spark.planning.discovery import discover, measure_depths
+from rmq_spark.planning.executor_preflight import check_executors
+from rmq_spark.planning.plan import assign_partitions, plan_rows
 from rmq_spark.progress import ProgressReporter, amqp_sampler
+from rmq_spark.transfer.executor import ExecutorSettings, move_partition
 from rmq_spark.verify import DESTINATION_SHARED, Verification, verify_ledger_run
 
 log = logging.getLogger(__name__)
@@ -255,19 +254,6 @@ def record_plan(
     return [*earlier.values(), *new]
 
 
-@contextmanager
-def management_clients(config: JobConfig) -> Iterator[dict[str, ManagementClient]]:
-    clients = {
-        name: ManagementClient(name, cluster, timeout=config.management_timeout_seconds)
-        for name, cluster in config.clusters.items()
-    }
-    try:
-        yield clients
-    finally:
-        for client in clients.values():
-            client.close()
-
-
 def move(
     spark: SparkSession,
     plan: RDD[Row],
@@ -278,7 +264,7 @@ def move(
     """Run the movers on the executors; one outcome per planned queue.
 
     `nodes` (cluster -> node -> AMQP URI) lets each mover connect to the node that
-    hosts its queues first (rmq_spark.colocation).
+    hosts its queues first (rmq_spark.broker.colocation).
     """
     settings = spark.sparkContext.broadcast(
         ExecutorSettings(

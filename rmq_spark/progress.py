@@ -35,10 +35,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from rmq_spark.amqp import queue_depths
+from rmq_spark.broker.counts import queue_depths
 from rmq_spark.config import JobConfig
-from rmq_spark.discovery import QueueTransfer
 from rmq_spark.errors import RmqSparkError
+from rmq_spark.model import QueueTransfer
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Test-only. It builds the exact bytes a Java or .NET client would put in a content
 header, choosing every field-table type tag explicitly; pika's own encoder cannot do
 that (it picks 'I', 'l', 'S' or 'x' from the Python type). Publishing those bytes with
-`rmq_spark.wire.ForwardedProperties(block)` makes pika send them unchanged.
+`rmq_spark.transfer.amqp091.wire.ForwardedProperties(block)` makes pika send them unchanged.
 
 The grammar is AMQP 0-9-1 section 4.2 with RabbitMQ's errata for field tables (the
 tags `rabbit_binary_parser:parse_table/1` in RabbitMQ 3.10 accepts):

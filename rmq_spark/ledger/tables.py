@@ -30,12 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import schema, writer
-from rmq_spark.ledger.committers import (
-    DELTA_RS,
-    CommitKey,
-    DeltaCommitter,
-    commit_app_id,
-)
+from rmq_spark.ledger.committers import DELTA_RS, CommitKey, DeltaCommitter, commit_app_id
 from rmq_spark.ledger.storage import describe, storage_options
 from rmq_spark.ledger.writer import read_stream, run_intents_dir, run_partition_dir, run_rows_dir
 from rmq_spark.spark_session import spark_has_delta

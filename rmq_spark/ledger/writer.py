@@ -18,13 +18,11 @@ rows are written, `tables.commit_run` turns the intents that have no row into
 from __future__ import annotations
 
 import array
-import hashlib
 import operator
 import os
 import re
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import accumulate
 from pathlib import Path
@@ -36,7 +34,7 @@ import pyarrow.parquet as pq
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import schema
-from rmq_spark.window import Delivery
+from rmq_spark.model import Delivery, TransferKey
 
 # Data files carry every column but the partition column, as Delta expects.
 DATA_COLUMNS = tuple(c for c in schema.MESSAGES if c.name != "run_id")
@@ -45,30 +43,6 @@ TEMP_PREFIX = ".staging-"
 STREAM_SUFFIX = ".arrows"
 # A transfer's rows stream becomes a Parquet data file every this many rows.
 ROLL_ROWS = 65_536
-
-
-@dataclass(frozen=True)
-class TransferKey:
-    """Names one queue transfer; the TRANSFER_KEY columns without run_id."""
-
-    source_cluster: str
-    source_vhost: str
-    source_queue: str
-    destination_cluster: str
-    destination_vhost: str
-    destination_queue: str
-
-    @property
-    def file_prefix(self) -> str:
-        """Data files of this transfer start with this, so a retried task finds its own."""
-        digest = hashlib.sha256(self.describe().encode()).hexdigest()[:16]
-        return f"part-{digest}-"
-
-    def describe(self) -> str:
-        return (
-            f"{self.source_cluster}/{self.source_vhost}/{self.source_queue} -> "
-            f"{self.destination_cluster}/{self.destination_vhost}/{self.destination_queue}"
-        )
 
 
 # Names of the data files executors (and the commit step) write: the transfer's

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rmq_spark.local_brokers import (
+from rmq_spark.devtools.local_brokers import (
     LocalCluster,
     LocalNode,
     start_cluster,
@@ -15,7 +15,7 @@ from rmq_spark.local_brokers import (
     stop_cluster,
     stop_nodes,
 )
-from rmq_spark.rabbitmq_roots import HOST_VERSION, VERSIONS
+from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
 from tests.integration.support import PASSWORD_ENV, Brokers
 
 

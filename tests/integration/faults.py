@@ -20,11 +20,11 @@ import pyarrow as pa
 import requests
 
 from rmq_spark.config import JobConfig, MoverConfig, load_config
-from rmq_spark.demo import DemoMessage, demo_messages, node_connector, wait_for_depth
-from rmq_spark.executor import ExecutorSettings, move_queue
+from rmq_spark.devtools.demo import DemoMessage, demo_messages, node_connector, wait_for_depth
+from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.ledger import tables
-from rmq_spark.local_brokers import LocalNode
-from rmq_spark.mover import MoveOutcome
+from rmq_spark.model import MoveOutcome
+from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 from tests.integration.support import (
     Brokers,
     depth,

@@ -14,9 +14,9 @@ from typing import Any
 import pika
 import yaml
 
-from rmq_spark import wire
-from rmq_spark.demo import node_connector, seed_queue, wait_for_depth
-from rmq_spark.local_brokers import LocalNode
+from rmq_spark.devtools.demo import node_connector, seed_queue, wait_for_depth
+from rmq_spark.devtools.local_brokers import LocalNode
+from rmq_spark.transfer.amqp091 import wire
 
 PASSWORD_ENV = "RMQ_SPARK_TEST_PASSWORD"
 

@@ -24,7 +24,7 @@ import yaml
 from pyspark.sql import SparkSession
 
 from rmq_spark.cli import EXIT_ERROR, EXIT_UNVERIFIED, transfer_main
-from rmq_spark.demo import demo_messages, seed_queue, wait_for_depth
+from rmq_spark.devtools.demo import demo_messages, seed_queue, wait_for_depth
 from tests.integration.support import (
     PASSWORD_ENV,
     Brokers,

@@ -28,13 +28,14 @@ import requests
 import yaml
 from pyspark.sql import SparkSession
 
+from rmq_spark.broker.management import management_clients
 from rmq_spark.cli import main
 from rmq_spark.config import JobConfig, load_config
-from rmq_spark.demo import demo_messages, node_connector, wait_for_depth
-from rmq_spark.discovery import discover
+from rmq_spark.devtools.demo import demo_messages, node_connector, wait_for_depth
+from rmq_spark.devtools.local_brokers import LocalCluster, LocalNode
 from rmq_spark.errors import DestinationIncompatibleError
-from rmq_spark.local_brokers import LocalCluster, LocalNode
-from rmq_spark.pipeline import management_clients, run_transfer
+from rmq_spark.pipeline import run_transfer
+from rmq_spark.planning.discovery import discover
 from tests.integration.faults import wait_until
 from tests.integration.support import drain_fingerprints
 

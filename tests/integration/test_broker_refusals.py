@@ -23,13 +23,13 @@ from pathlib import Path
 import pika
 import pytest
 
+from rmq_spark.broker.management import management_clients
 from rmq_spark.config import JobConfig
-from rmq_spark.discovery import discover
-from rmq_spark.executor import ExecutorSettings, move_queue
+from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.ledger import tables
-from rmq_spark.local_brokers import LocalNode, start_nodes, stop_nodes
-from rmq_spark.mover import MoveOutcome
-from rmq_spark.pipeline import management_clients
+from rmq_spark.model import MoveOutcome
+from rmq_spark.planning.discovery import discover
+from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 from tests.integration.faults import fault_config, mover_connections, wait_until
 from tests.integration.support import Brokers, depth, fresh_vhost
 

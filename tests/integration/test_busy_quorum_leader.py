@@ -19,9 +19,9 @@ import pika
 import pytest
 from pyspark.sql import SparkSession
 
-from rmq_spark.amqp import QUORUM_STAT_TIMEOUT_SECONDS, queue_depths, queue_is_empty
+from rmq_spark.broker.counts import QUORUM_STAT_TIMEOUT_SECONDS, queue_depths, queue_is_empty
 from rmq_spark.config import JobConfig, load_config
-from rmq_spark.local_brokers import LocalCluster
+from rmq_spark.devtools.local_brokers import LocalCluster
 from rmq_spark.pipeline import run_transfer
 from tests.integration.faults import wait_until
 from tests.integration.test_migrate import (

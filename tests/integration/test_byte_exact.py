@@ -46,13 +46,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rmq_spark import wire
 from rmq_spark.config import load_config
-from rmq_spark.executor import ExecutorSettings, move_queue
+from rmq_spark.devtools.local_brokers import LocalNode
+from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
 from rmq_spark.ledger import tables
-from rmq_spark.local_brokers import LocalNode
-from rmq_spark.mover import MoveOutcome
-from rmq_spark.rabbitmq_roots import HOST_VERSION
+from rmq_spark.model import MoveOutcome
+from rmq_spark.transfer.amqp091 import wire
+from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 from tests import amqp_encoding as amqp
 from tests.integration.support import Brokers, depth, fresh_vhost, write_config
 

@@ -20,8 +20,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from rmq_spark.config import load_config
-from rmq_spark.demo import node_connector
-from rmq_spark.local_brokers import LocalNode, start_nodes, stop_nodes
+from rmq_spark.devtools.demo import node_connector
+from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.pipeline import RunResult, run_transfer
 from tests.integration.support import (
     Brokers,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmq_spark.colocation import node_uris
+from rmq_spark.broker.colocation import node_uris
+from rmq_spark.broker.management import management_clients
 from rmq_spark.config import load_config
-from rmq_spark.pipeline import management_clients
 from tests.integration.support import Brokers, write_config
 
 

@@ -18,13 +18,14 @@ import pika
 import pytest
 from pyspark.sql import SparkSession
 
+from rmq_spark.broker.management import management_clients
 from rmq_spark.config import JobConfig
-from rmq_spark.discovery import QueueTransfer, discover
 from rmq_spark.errors import DeliveryLimitError
-from rmq_spark.executor import ExecutorSettings, move_queue
 from rmq_spark.ledger import tables
-from rmq_spark.mover import MoveOutcome
-from rmq_spark.pipeline import check_delivery_limits, management_clients, run_transfer
+from rmq_spark.model import MoveOutcome, QueueTransfer
+from rmq_spark.pipeline import check_delivery_limits, run_transfer
+from rmq_spark.planning.discovery import discover
+from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 from tests.integration.faults import (
     fault_config,
     management,

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from rmq_spark.progress import TERMINAL_ENV
-from rmq_spark.report import RESULT_PREFIX
+from rmq_spark.report.console import RESULT_PREFIX
 from tests.integration.support import job_environment
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ from pyspark.sql import SparkSession
 from rmq_spark.cli import transfer_main
 from rmq_spark.config import load_config
 from rmq_spark.errors import DestinationIncompatibleError
-from rmq_spark.executor import ExecutorSettings, move_queue
 from rmq_spark.ledger import tables
 from rmq_spark.pipeline import run_transfer
+from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 from tests.integration.support import (
     PASSWORD_ENV,
     Brokers,

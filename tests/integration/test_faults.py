@@ -27,10 +27,10 @@ import pika
 import pytest
 from pyspark.sql import SparkSession
 
+from rmq_spark.devtools.rabbitmq_roots import VERSIONS
 from rmq_spark.errors import TransferError
 from rmq_spark.ledger import tables
 from rmq_spark.pipeline import run_transfer
-from rmq_spark.rabbitmq_roots import VERSIONS
 from tests.integration.faults import (
     Accounting,
     Transfer,

@@ -25,15 +25,17 @@ import pytest
 import yaml
 from pyspark.sql import DataFrame, SparkSession
 
-from rmq_spark import federation, pipeline
+from rmq_spark import pipeline
+from rmq_spark.broker import federation
+from rmq_spark.broker.management import management_clients
 from rmq_spark.cli import main
 from rmq_spark.config import JobConfig, load_config
-from rmq_spark.demo import node_connector
+from rmq_spark.devtools.demo import node_connector
+from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
+from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
 from rmq_spark.errors import DiscoveryError
-from rmq_spark.local_brokers import LocalNode, start_nodes, stop_nodes
-from rmq_spark.mover import MoveOutcome
-from rmq_spark.pipeline import management_clients, run_transfer
-from rmq_spark.rabbitmq_roots import HOST_VERSION, VERSIONS
+from rmq_spark.model import MoveOutcome
+from rmq_spark.pipeline import run_transfer
 from tests.integration.faults import (
     key_ordered_fingerprints,
     management,
@@ -237,7 +239,7 @@ def test_draining_the_dr_node_pulls_nothing_from_the_upstream_and_restores_it(
     config = load_config(job_config(tmp_path, brokers, vhosts=["*"]))
     wait_for_policy_listed(brokers.dr)
 
-    with caplog.at_level(logging.INFO, logger="rmq_spark.federation"):
+    with caplog.at_level(logging.INFO, logger="rmq_spark.broker.federation"):
         result = run_transfer(spark, config, run_id="federation-1")
 
     assert result.verification.verified
@@ -256,7 +258,7 @@ def test_draining_the_dr_node_pulls_nothing_from_the_upstream_and_restores_it(
     assert definitions(brokers.dr) == federated.definitions
     assert not [name for name in all_upstream_names(brokers.dr) if CLONE_PREFIX in name]
     wait_until(lambda: running_links(brokers.dr) == set(FEDERATED), "the links to come back")
-    logged = [r.getMessage() for r in caplog.records if r.name == "rmq_spark.federation"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "rmq_spark.broker.federation"]
     for name in ("art", "art-standby"):
         assert f"cluster dr vhost {VHOST!r}: federation upstream {name!r} paused" in logged
         assert f"cluster dr vhost {VHOST!r}: federation upstream {name!r} restored" in logged

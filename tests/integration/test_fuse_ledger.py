@@ -23,8 +23,8 @@ from deltalake import write_deltalake
 
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.storage import file_system_of, mounts
-from rmq_spark.ledger.writer import MessageLedgerWriter, TransferKey
-from rmq_spark.window import Delivery
+from rmq_spark.ledger.writer import MessageLedgerWriter
+from rmq_spark.model import Delivery, TransferKey
 
 REPO = Path(__file__).resolve().parents[2]
 MOUNT_TIMEOUT_SECONDS = 30

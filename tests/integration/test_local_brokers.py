@@ -22,15 +22,15 @@ import pika.exceptions
 import pytest
 import requests
 
-from rmq_spark import local_brokers
-from rmq_spark.local_brokers import (
+from rmq_spark.devtools import local_brokers
+from rmq_spark.devtools.local_brokers import (
     LocalNode,
     load_nodes,
     save_nodes,
     start_nodes,
     stop_nodes,
 )
-from rmq_spark.rabbitmq_roots import VERSIONS
+from rmq_spark.devtools.rabbitmq_roots import VERSIONS
 
 _BIN_DIR = Path(
     os.environ.get(local_brokers.RABBITMQ_BIN_DIR_ENV, local_brokers.DEFAULT_RABBITMQ_BIN_DIR)

@@ -28,13 +28,12 @@ import requests
 import yaml
 from pyspark.sql import SparkSession
 
-from rmq_spark import wire
-from rmq_spark.amqp import ready_count
+from rmq_spark.broker.counts import ready_count
 from rmq_spark.cli import main
 from rmq_spark.config import load_config
-from rmq_spark.demo import DemoMessage, demo_messages
+from rmq_spark.devtools.demo import DemoMessage, demo_messages
+from rmq_spark.devtools.local_brokers import LocalCluster, LocalNode
 from rmq_spark.ledger import tables
-from rmq_spark.local_brokers import LocalCluster, LocalNode
 from rmq_spark.migrate import (
     HOLD_PREFIX,
     PHASES,
@@ -43,6 +42,7 @@ from rmq_spark.migrate import (
     MigrationOptions,
     migrate,
 )
+from rmq_spark.transfer.amqp091 import wire
 from tests.integration.faults import (
     expected_fingerprints,
     key_ordered_fingerprints,

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from rmq_spark.config import JobConfig, MoverConfig
-from rmq_spark.executor import ExecutorSettings, move_queues
 from rmq_spark.ledger import tables
+from rmq_spark.transfer.executor import ExecutorSettings, move_queues
 from tests.integration.faults import expected_fingerprints, fault_config
 from tests.integration.support import Brokers, declare, drain_fingerprints, fresh_vhost, seed
 
@@ -134,7 +134,7 @@ def test_a_failing_queue_does_not_stop_the_others_on_its_loop(
 
 
 def test_concurrency_must_be_positive() -> None:
-    from rmq_spark.mover import run_movers
+    from rmq_spark.transfer.mover import run_movers
 
     with pytest.raises(ValueError, match="concurrent must be >= 1"):
         run_movers([], concurrent=0)

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from rmq_spark.ledger import tables
-from rmq_spark.report import RESULT_PREFIX
+from rmq_spark.report.console import RESULT_PREFIX
 from tests.integration.faults import expected_fingerprints, wait_until
 from tests.integration.support import (
     Brokers,

@@ -28,7 +28,7 @@ import pytest
 import requests
 
 from rmq_spark.ledger import tables
-from rmq_spark.report import RESULT_PREFIX
+from rmq_spark.report.console import RESULT_PREFIX
 from tests.integration.support import (
     Brokers,
     declare,

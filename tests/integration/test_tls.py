@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 
 from rmq_spark.cli import main
 from rmq_spark.config import load_config
-from rmq_spark.local_brokers import LocalNode, start_nodes, stop_nodes
+from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.pipeline import run_transfer
 from tests.integration.support import (
     PASSWORD_ENV,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from rmq_spark.demo import (
+from rmq_spark.devtools.demo import (
     demo_messages,
     demo_queue_names,
     node_connector,
@@ -19,7 +19,7 @@ from rmq_spark.demo import (
     wait_for_depth,
 )
 from rmq_spark.ledger import tables
-from rmq_spark.report import RESULT_PREFIX
+from rmq_spark.report.console import RESULT_PREFIX
 from tests.integration.support import (
     Brokers,
     drain_fingerprints,

@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from rmq_spark.errors import LedgerNotSharedError
-from rmq_spark.executor_preflight import SENTINEL_DIR, check_executors, probe_tasks
+from rmq_spark.planning.executor_preflight import SENTINEL_DIR, check_executors, probe_tasks
 
 
 def test_local_executors_share_the_ledger_and_leave_no_sentinel(

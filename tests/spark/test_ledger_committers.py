@@ -27,9 +27,9 @@ from rmq_spark.ledger.committers import (
     messages_write,
     rows_frame,
 )
-from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, TransferKey, run_partition_dir
+from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, run_partition_dir
+from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.spark_session import spark_has_delta
-from rmq_spark.window import Delivery
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
 OTHER = TransferKey("dr", "b", "billing", "main", "b", "billing")

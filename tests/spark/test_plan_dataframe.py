@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from rmq_spark.plan import PLAN_SCHEMA, assign_partitions, plan_dataframe, plan_rows
+from rmq_spark.planning.plan import PLAN_SCHEMA, assign_partitions, plan_dataframe, plan_rows
 from tests.unit.test_plan import transfer
 
 

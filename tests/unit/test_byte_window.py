@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rmq_spark.byte_window import CHANGE_FACTOR, LARGEST_MESSAGE_BYTES, ByteWindow
+from rmq_spark.transfer.byte_window import CHANGE_FACTOR, LARGEST_MESSAGE_BYTES, ByteWindow
 
 KiB = 1024
 MiB = 1024 * KiB

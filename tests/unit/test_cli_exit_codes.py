@@ -18,14 +18,14 @@ from rmq_spark import cli
 # The child replaces build_report with one that raises `error`.
 CHILD = """
 import sys
-import rmq_spark.run_report
+import rmq_spark.report.html
 from rmq_spark import cli
 from rmq_spark.errors import DiscoveryError
 
 def fail(*_args, **_kwargs):
     raise {error}
 
-rmq_spark.run_report.build_report = fail
+rmq_spark.report.html.build_report = fail
 sys.argv = ["rmq-spark", *sys.argv[1:]]
 cli.script_main()
 """
@@ -103,3 +103,40 @@ def test_version_is_printed_by_the_installed_command() -> None:
         [str(script), "--version"], capture_output=True, text=True, check=True, timeout=60
     )
     assert completed.stdout.strip() == f"rmq-spark {rmq_spark.__version__}"
+
+
+# As in an installed wheel, which leaves the dev harness out (pyproject.toml).
+CHILD_WITHOUT_DEV_HARNESS = """
+import sys
+sys.modules["rmq_spark.devtools"] = None
+from rmq_spark import cli
+sys.argv = ["rmq-spark", *sys.argv[1:]]
+cli.script_main()
+"""
+
+
+def run_without_dev_harness(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", CHILD_WITHOUT_DEV_HARNESS, *arguments],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_without_the_dev_harness_the_demo_says_it_needs_a_source_checkout() -> None:
+    completed = run_without_dev_harness("demo")
+
+    assert completed.returncode == cli.EXIT_ERROR == 2
+    assert completed.stderr.strip() == (
+        "rmq-spark: error: rmq-spark demo runs from a source checkout (`make demo` in a clone "
+        "of the repository): the dev harness (rmq_spark.devtools) is not in the installed package"
+    )
+
+
+def test_without_the_dev_harness_the_other_commands_still_parse() -> None:
+    completed = run_without_dev_harness("--version")
+
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip().endswith(rmq_spark.__version__)

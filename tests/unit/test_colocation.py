@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from rmq_spark.amqp import connection_parameters
-from rmq_spark.colocation import listener_uris, preferred_uri
+from rmq_spark.broker.colocation import listener_uris, preferred_uri
+from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.config import ClusterConfig
 
 

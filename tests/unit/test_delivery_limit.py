@@ -7,14 +7,14 @@ from typing import Any
 import pika
 import pytest
 
-from rmq_spark import wire
-from rmq_spark.delivery_limit import (
+from rmq_spark.broker.delivery_limit import (
     ReturnGuard,
     attempt_number,
     budget_problem,
     source_delivery_limit,
     task_attempts,
 )
+from rmq_spark.transfer.amqp091 import wire
 
 
 def quorum(arguments: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:

@@ -11,7 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from rmq_spark.demo import ResultHoldingRelay, terminal_environment
+from rmq_spark.devtools.demo import (
+    DEMO_CONFIG,
+    REPO_ROOT,
+    SPARK_SUBMIT,
+    ResultHoldingRelay,
+    terminal_environment,
+)
 from rmq_spark.progress import TERMINAL_ENV
 
 RESULT = b'RESULT {"run_id": "r1", "verified": true}'
@@ -88,3 +94,11 @@ def test_result_in_the_middle_of_a_line_is_not_the_result_line() -> None:
 def test_result_line_without_a_final_newline() -> None:
     out, result, _ = relay(b"x\n" + RESULT)
     assert (out, result) == (b"x\n", RESULT.decode())
+
+
+def test_the_demo_finds_the_checkout_it_runs_from() -> None:
+    """demo.py sits two packages deep; its paths are the repository's, not the package's."""
+    assert (REPO_ROOT / "pyproject.toml").is_file()
+    assert SPARK_SUBMIT == REPO_ROOT / "spark-submit.sh"
+    assert SPARK_SUBMIT.is_file()
+    assert DEMO_CONFIG.is_file()

@@ -12,7 +12,7 @@ import pytest
 
 from rmq_spark.config import LedgerConfig
 from rmq_spark.errors import ExecutorEnvironmentError, LedgerNotSharedError, PreflightError
-from rmq_spark.executor_preflight import (
+from rmq_spark.planning.executor_preflight import (
     ProbeReport,
     probe,
     problems_of,
@@ -60,7 +60,7 @@ def test_a_probe_that_cannot_write_says_why(tmp_path: Path) -> None:
 def test_the_probe_module_imports_the_standard_library_only() -> None:
     # An executor without the dependencies must still run the probe and answer.
     code = (
-        "import sys; import rmq_spark.executor_preflight; "
+        "import sys; import rmq_spark.planning.executor_preflight; "
         "heavy = {'pika', 'pyarrow', 'deltalake', 'pydantic', 'pyspark', 'yaml', 'requests'}; "
         "print(sorted(heavy & set(sys.modules)))"
     )

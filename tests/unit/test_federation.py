@@ -6,9 +6,7 @@ from typing import Any
 
 import pytest
 
-from rmq_spark.config import parse_config
-from rmq_spark.errors import AccessRefusedError, ConfigError
-from rmq_spark.federation import (
+from rmq_spark.broker.federation import (
     PAUSED_PREFIX,
     FederationError,
     Step,
@@ -24,6 +22,8 @@ from rmq_spark.federation import (
     set_all_hazards,
     source_clusters,
 )
+from rmq_spark.config import parse_config
+from rmq_spark.errors import AccessRefusedError, ConfigError
 
 ART = {"uri": "amqp://art:s3cret@art-host:5672/orders", "prefetch-count": 100}
 BACKUP = {"uri": "amqp://art:s3cret@art-backup:5672/orders", "ack-mode": "on-publish"}

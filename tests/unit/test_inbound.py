@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pika import exceptions, frame, spec
 
-from rmq_spark import inbound, wire
+from rmq_spark.transfer.amqp091 import inbound, wire
 from tests import amqp_encoding as amqp
 
 CHANNEL = 1

@@ -22,13 +22,8 @@ from rmq_spark.ledger.committers import (
     committer_for,
     messages_write,
 )
-from rmq_spark.ledger.writer import (
-    MessageLedgerWriter,
-    TransferKey,
-    is_data_file,
-    run_partition_dir,
-)
-from rmq_spark.window import Delivery
+from rmq_spark.ledger.writer import MessageLedgerWriter, is_data_file, run_partition_dir
+from rmq_spark.model import Delivery, TransferKey
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
 OTHER = TransferKey("dr", "b", "billing", "main", "b", "billing")

@@ -9,12 +9,11 @@ from rmq_spark.ledger import tables
 from rmq_spark.ledger.writer import (
     IntentLog,
     MessageLedgerWriter,
-    TransferKey,
     next_position,
     read_stream,
     run_intents_dir,
 )
-from rmq_spark.window import Delivery
+from rmq_spark.model import Delivery, TransferKey
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -15,13 +15,12 @@ from rmq_spark.ledger import tables, writer
 from rmq_spark.ledger.writer import (
     DATA_SCHEMA,
     MessageLedgerWriter,
-    TransferKey,
     next_position,
     rows_table,
     run_partition_dir,
     run_rows_dir,
 )
-from rmq_spark.window import Delivery
+from rmq_spark.model import Delivery, TransferKey
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
 OTHER = TransferKey("dr", "b", "billing", "main", "b", "billing")
@@ -192,7 +191,7 @@ def test_building_rows_does_not_import_pandas() -> None:
         "import sys\n"
         "from datetime import UTC, datetime\n"
         "from rmq_spark.ledger.writer import TransferKey, rows_table\n"
-        "from rmq_spark.window import Delivery\n"
+        "from rmq_spark.transfer.window import Delivery\n"
         "now = datetime.now(UTC)\n"
         "rows = [Delivery(1, 1, 0, False, 3, 'b', 'p', None, now, confirmed_at=now)]\n"
         "assert rows_table(TransferKey('a', 'b', 'c', 'd', 'e', 'f'), 'x', rows).num_rows == 1\n"

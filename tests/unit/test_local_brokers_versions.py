@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmq_spark.local_brokers import (
+from rmq_spark.devtools.local_brokers import (
     LocalNode,
     _base_env,
     _script_command,

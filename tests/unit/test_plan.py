@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rmq_spark.discovery import QueueTransfer, queue_mode_applies
-from rmq_spark.plan import assign_partitions, queues_at_once, task_count
+from rmq_spark.model import QueueTransfer, queues_at_once, task_count
+from rmq_spark.planning.discovery import queue_mode_applies
+from rmq_spark.planning.plan import assign_partitions
 
 
 def transfer(name: str, messages: int, message_bytes: int | None = None) -> QueueTransfer:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rmq_spark.discovery import QueueTransfer
+from rmq_spark.model import QueueTransfer
 from rmq_spark.progress import (
     MAX_QUEUE_BARS,
     TERMINAL_ENV,

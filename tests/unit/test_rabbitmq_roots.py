@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_spark.rabbitmq_roots import (
+from rmq_spark.devtools.rabbitmq_roots import (
     RabbitMQRootError,
     host_mirror,
     load_root,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from rmq_spark.refusals import Oversize, consumer_timed_out, oversize
-from rmq_spark.window import DeliveryState, TransferWindow
+from rmq_spark.model import DeliveryState
+from rmq_spark.transfer.refusals import Oversize, consumer_timed_out, oversize
+from rmq_spark.transfer.window import TransferWindow
 
 # The reply texts RabbitMQ 3.10.8, 4.0.5 and 4.3.6 send (rabbit_channel.erl).
 CONFIGURED = "PRECONDITION_FAILED - message size 8192 is larger than configured max size 4096"

@@ -14,7 +14,7 @@ from deltalake import write_deltalake
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import schema
-from rmq_spark.run_report import (
+from rmq_spark.report.html import (
     RunLedger,
     VerificationResult,
     bucket_seconds_for,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rmq_spark.errors import RmqSparkError
-from rmq_spark.topology import (
+from rmq_spark.planning.topology import (
     CopyRequest,
     ExchangeSpec,
     PolicySpec,

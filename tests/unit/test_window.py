@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from rmq_spark.window import (
+from rmq_spark.model import DeliveryState
+from rmq_spark.transfer.window import (
     FLUSH_FRACTION,
     MAX_FLUSH_DELAY_SECONDS,
     Ack,
-    DeliveryState,
     TransferWindow,
     prefetch_for,
 )

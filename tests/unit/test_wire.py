@@ -1,4 +1,4 @@
-"""Property bytes pass through pika unchanged (the hook in rmq_spark.wire).
+"""Property bytes pass through pika unchanged (the hook in rmq_spark.transfer.amqp091.wire).
 
 Every block here is built by hand with `tests.amqp_encoding` (pure, no
 broker) and goes through pika's real frame decoder and encoder:
@@ -15,8 +15,8 @@ from decimal import Decimal
 import pytest
 from pika import data, exceptions, frame, spec
 
-from rmq_spark import wire
-from rmq_spark.window import Delivery
+from rmq_spark.model import Delivery
+from rmq_spark.transfer.amqp091 import wire
 from tests import amqp_encoding as amqp
 
 CHANNEL = 1

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -21,7 +23,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from rmq_spark.config import ClusterConfig
+from rmq_spark.config import ClusterConfig, JobConfig
 from rmq_spark.errors import AccessRefusedError, BrokerUnreachableError, DiscoveryError
 
 log = logging.getLogger(__name__)
@@ -484,3 +486,17 @@ def _reason(exc: requests.RequestException) -> str:
 def _q(segment: str) -> str:
     """Quote a path segment; the default vhost '/' becomes %2F as the API expects."""
     return quote(segment, safe="")
+
+
+@contextmanager
+def management_clients(config: JobConfig) -> Iterator[dict[str, ManagementClient]]:
+    """One client per configured cluster, by name; all closed on the way out."""
+    clients = {
+        name: ManagementClient(name, cluster, timeout=config.management_timeout_seconds)
+        for name, cluster in config.clusters.items()
+    }
+    try:
+        yield clients
+    finally:
+        for client in clients.values():
+            client.close()

@@ -38,9 +38,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rmq_spark.broker.management import ManagementClient
 from rmq_spark.config import JobConfig
 from rmq_spark.errors import AccessRefusedError, RmqSparkError
-from rmq_spark.management import ManagementClient
 
 log = logging.getLogger(__name__)
 

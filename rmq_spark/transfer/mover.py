@@ -53,14 +53,15 @@ import pika.frame
 import pika.spec
 from pika.adapters.select_connection import IOLoop, SelectConnection
 
-from rmq_spark import inbound, refusals, wire
-from rmq_spark.amqp import open_error
-from rmq_spark.byte_window import ByteWindow
+from rmq_spark.broker.connection import open_error
+from rmq_spark.broker.delivery_limit import ReturnGuard
 from rmq_spark.config import MoverConfig
-from rmq_spark.delivery_limit import ReturnGuard
 from rmq_spark.errors import AccessRefusedError, TransferError
-from rmq_spark.ledger.writer import TransferKey
-from rmq_spark.window import Delivery, TransferWindow
+from rmq_spark.model import Delivery, MoveOutcome, TransferKey
+from rmq_spark.transfer import refusals
+from rmq_spark.transfer.amqp091 import inbound, wire
+from rmq_spark.transfer.byte_window import ByteWindow
+from rmq_spark.transfer.window import TransferWindow
 
 log = logging.getLogger(__name__)
 
@@ -257,24 +258,6 @@ class Endpoint:
     vhost: str
     queue: str
     parameters: tuple[pika.ConnectionParameters, ...]
-
-
-@dataclass(frozen=True)
-class MoveOutcome:
-    """What happened to one queue transfer (the ledger holds the per-message truth)."""
-
-    key: TransferKey
-    status: str  # "moved" | "failed"
-    error: str | None
-    messages: int
-    bytes: int
-    first_position: int
-    next_position: int
-    seconds: float
-    sessions: int
-    # Most body bytes held at once (received, not yet acked at the source): the byte
-    # window's bound is window.bytes plus one message (byte_window.py).
-    peak_held_bytes: int = 0
 
 
 @dataclass(frozen=True)

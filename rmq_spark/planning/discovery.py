@@ -10,7 +10,7 @@ come from AMQP (exact, not sampled). Pre-flight runs before anything moves:
    sources into one destination, no destination that is also a source;
 4. every destination vhost exists and opens over AMQP; every destination queue
    exists or may be created (its source's arguments translated for the destination's
-   type and RabbitMQ version, rmq_spark.topology), and one that exists fits its
+   type and RabbitMQ version, rmq_spark.planning.topology), and one that exists fits its
    source (type, priorities, durability, room under a length limit); with
    `destination.topology: copy`, the exchanges, bindings and policy each destination
    needs can be created or exist identically;
@@ -32,9 +32,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rmq_spark.amqp import amqp_username, probe_vhost, queue_depths
+from rmq_spark.broker.connection import amqp_username
+from rmq_spark.broker.counts import probe_vhost, queue_depths
+from rmq_spark.broker.delivery_limit import source_delivery_limit
+from rmq_spark.broker.management import ManagementClient, Permissions
 from rmq_spark.config import JobConfig, RouteConfig
-from rmq_spark.delivery_limit import source_delivery_limit
 from rmq_spark.errors import (
     AccessRefusedError,
     BrokerUnreachableError,
@@ -43,8 +45,8 @@ from rmq_spark.errors import (
     PreflightError,
     RmqSparkError,
 )
-from rmq_spark.management import ManagementClient, Permissions
-from rmq_spark.topology import CopyRequest, TopologyCopy, translate_queue_arguments
+from rmq_spark.model import QueueTransfer
+from rmq_spark.planning.topology import CopyRequest, TopologyCopy, translate_queue_arguments
 
 log = logging.getLogger(__name__)
 
@@ -55,52 +57,6 @@ _INHERITED_ARGUMENTS = ("x-queue-type", "x-max-priority", "x-queue-mode", "x-mes
 # Publishing to a queue goes through the default exchange, which permissions call this.
 _DEFAULT_EXCHANGE = "amq.default"
 _REFUSING_OVERFLOW = ("reject-publish", "reject-publish-dlx")
-
-
-@dataclass(frozen=True)
-class QueueTransfer:
-    """One row of the plan: a source queue and where its messages go."""
-
-    route: str
-    source_cluster: str
-    source_vhost: str
-    source_queue: str
-    source_type: str
-    source_node: str
-    destination_cluster: str
-    destination_vhost: str
-    destination_queue: str
-    messages: int  # exact ready count at plan time
-    # Sampled by the management API; planning and display only. 0 with messages ready
-    # means unknown: no statistics yet, or the metrics collector is off.
-    message_bytes: int
-    destination_messages: int  # exact ready count at plan time
-    destination_created: bool = False  # missing at plan time; created (or, dry run, would be)
-    destination_node: str = ""  # node hosting the destination (quorum leader), if it existed
-    # The source's quorum delivery limit (delivery_limit.py), None when unlimited, and
-    # what its broker does to a message past it; the movers stop before that can happen.
-    source_delivery_limit: int | None = None
-    source_past_limit: str = ""
-
-    @property
-    def source_label(self) -> str:
-        return f"{self.source_cluster}/{self.source_vhost}/{self.source_queue}"
-
-    @property
-    def destination_label(self) -> str:
-        return f"{self.destination_cluster}/{self.destination_vhost}/{self.destination_queue}"
-
-    def describe(self) -> str:
-        return f"{self.source_label} -> {self.destination_label}"
-
-    @property
-    def bytes_known(self) -> bool:
-        """Whether the management API said how many bytes the source holds."""
-        return self.message_bytes > 0 or self.messages == 0
-
-    @property
-    def average_message_bytes(self) -> float:
-        return self.message_bytes / self.messages if self.messages else 0.0
 
 
 def discover(

@@ -40,7 +40,8 @@ from typing import Any, Literal
 
 from pyspark.sql import SparkSession
 
-from rmq_spark.amqp import queue_depths, queue_is_empty
+from rmq_spark.broker.counts import queue_depths, queue_is_empty
+from rmq_spark.broker.management import ManagementClient, management_clients
 from rmq_spark.config import (
     DestinationSpec,
     JobConfig,
@@ -50,8 +51,7 @@ from rmq_spark.config import (
 )
 from rmq_spark.errors import ConfigError, RmqSparkError
 from rmq_spark.ledger import tables
-from rmq_spark.management import ManagementClient
-from rmq_spark.pipeline import RunResult, management_clients, rabbitmq_versions, run_transfer
+from rmq_spark.pipeline import RunResult, rabbitmq_versions, run_transfer
 
 log = logging.getLogger(__name__)
 

@@ -420,7 +420,7 @@ def refresh_hosts(fs_root: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """``build VERSION...``: build the roots that are missing; ``show``: list the cache."""
     parser = argparse.ArgumentParser(
-        prog="python -m rmq_spark.rabbitmq_roots",
+        prog="python -m rmq_spark.devtools.rabbitmq_roots",
         description="Build and cache the Debian roots that hold RabbitMQ 4.x.",
     )
     sub = parser.add_subparsers(dest="command", required=True)

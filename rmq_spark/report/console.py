@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from rmq_spark.config import JobConfig
-from rmq_spark.discovery import QueueTransfer
+from rmq_spark.model import QueueTransfer
 from rmq_spark.pipeline import RunResult
-from rmq_spark.window import prefetch_for
+from rmq_spark.transfer.window import prefetch_for
 
 RESULT_PREFIX = "RESULT "
 

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from rmq_spark.broker.management import ManagementClient
 from rmq_spark.config import JobConfig
 from rmq_spark.errors import RmqSparkError
-from rmq_spark.management import ManagementClient
 
 log = logging.getLogger(__name__)
 

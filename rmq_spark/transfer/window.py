@@ -20,11 +20,12 @@ once durable, so they neither hold the prefetch window nor come back as duplicat
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
+
+from rmq_spark.model import Delivery, DeliveryState
 
 # Flush the ledger when this share of the window is confirmed but not yet durable
 # (or nothing else is unconfirmed, or the oldest waited MAX_FLUSH_DELAY_SECONDS):
@@ -35,41 +36,8 @@ FLUSH_FRACTION = 4
 MAX_FLUSH_DELAY_SECONDS = 0.25
 
 
-class DeliveryState(enum.Enum):
-    PUBLISHED = "published"
-    NACKED = "nacked"
-    CONFIRMED = "confirmed"
-    DURABLE = "durable"
-    REFUSED = "refused"
-    UNCERTAIN = "uncertain"
-
-
 # States that stop the multiple-ack prefix for longer than a confirm round trip.
 _BLOCKING = (DeliveryState.REFUSED, DeliveryState.NACKED)
-
-
-@dataclass
-class Delivery:
-    """One source delivery in flight, and what the ledger will say about it."""
-
-    tag: int
-    seq: int
-    position: int
-    redelivered: bool
-    body_size: int
-    body_sha256: str
-    properties_sha256: str
-    message_id: str | None
-    consumed_at: datetime
-    session: int = 0
-    confirmed_at: datetime | None = None
-    state: DeliveryState = DeliveryState.PUBLISHED
-    attempts: int = 1
-    refusal: str | None = field(default=None, repr=False)
-    # Kept until the destination confirms, so a nacked message can be published again
-    # without going back to the source. Bounded by the window like the delivery itself.
-    body: bytes | None = field(default=None, repr=False)
-    properties: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

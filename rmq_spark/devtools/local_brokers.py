@@ -36,7 +36,7 @@ How it works, and the traps it avoids:
 * Stopping uses ``rabbitmqctl stop``; any process left over (found in ``/proc`` by a
   marker environment variable only this harness sets) is sent SIGTERM, then SIGKILL.
   ``epmd`` is never killed: other nodes, including the system one, rely on it.
-  ``python -m rmq_spark.local_brokers cleanup`` kills every harness node on the
+  ``python -m rmq_spark.devtools.local_brokers cleanup`` kills every harness node on the
   machine, for when the process that started them was itself killed.
 
 Nothing is started, registered or read at import time.
@@ -70,9 +70,9 @@ from urllib.parse import quote
 
 import requests
 
-from rmq_spark import rabbitmq_roots
+from rmq_spark.devtools import rabbitmq_roots
+from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, NODE_MOUNT_POINT, RabbitMQRoot
 from rmq_spark.errors import RmqSparkError
-from rmq_spark.rabbitmq_roots import HOST_VERSION, NODE_MOUNT_POINT, RabbitMQRoot
 
 logger = logging.getLogger(__name__)
 
@@ -500,7 +500,7 @@ def _config_text(
     then the caller's `settings` (e.g. a node with its metrics collector off)."""
     extra = "".join(f"{key} = {value}\n" for key, value in (settings or {}).items())
     return (
-        "# Written by rmq_spark.local_brokers; a throw-away demo/test node.\n"
+        "# Written by rmq_spark.devtools.local_brokers; a throw-away demo/test node.\n"
         f"listeners.tcp.default = 127.0.0.1:{amqp_port}\n"
         f"management.tcp.ip = 127.0.0.1\n"
         f"management.tcp.port = {management_port}\n"
@@ -1375,7 +1375,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI for the demo: ``start --base-dir D LABEL...``, ``stop --base-dir D``, ``cleanup``."""
     parser = argparse.ArgumentParser(
-        prog="python -m rmq_spark.local_brokers",
+        prog="python -m rmq_spark.devtools.local_brokers",
         description="Start/stop throw-away local RabbitMQ nodes (demo and tests).",
     )
     sub = parser.add_subparsers(dest="command", required=True)

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rmq_spark.broker.management import ManagementClient
 from rmq_spark.errors import DestinationIncompatibleError, RmqSparkError
-from rmq_spark.management import ManagementClient
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
-from rmq_spark.amqp import connection_parameters
-from rmq_spark.colocation import preferred_uri
+from rmq_spark.broker.colocation import preferred_uri
+from rmq_spark.broker.connection import connection_parameters
+from rmq_spark.broker.delivery_limit import ReturnGuard, attempt_number
 from rmq_spark.config import ClusterConfig, MoverConfig
-from rmq_spark.delivery_limit import ReturnGuard, attempt_number
-from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, TransferKey, next_position
-from rmq_spark.mover import Endpoint, MoveOutcome, QueueMover, run_movers
-from rmq_spark.plan import queues_at_once
+from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, next_position
+from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
+from rmq_spark.transfer.mover import Endpoint, QueueMover, run_movers
 
 if TYPE_CHECKING:
     from pyspark import Broadcast
@@ -42,7 +42,7 @@ class ExecutorSettings:
     # The job's cap on queues moving at once; a task moves up to
     # min(mover.queues_per_task, max_active) of its queues at once.
     max_active: int = 1
-    # cluster -> node name -> AMQP URI (rmq_spark.colocation); empty: cluster URIs only.
+    # cluster -> node name -> AMQP URI (rmq_spark.broker.colocation); empty: cluster URIs only.
     node_uris: dict[str, dict[str, str]] = field(default_factory=dict)
     # How many times Spark may run a task: each attempt may return what it holds to a
     # quorum source, which counts against the source's delivery limit.

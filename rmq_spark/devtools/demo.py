@@ -24,11 +24,11 @@ from typing import BinaryIO, TextIO
 
 import pika
 
+from rmq_spark.devtools.local_brokers import LocalNode, save_nodes, start_nodes, stop_nodes
+from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
 from rmq_spark.errors import RmqSparkError
-from rmq_spark.local_brokers import LocalNode, save_nodes, start_nodes, stop_nodes
 from rmq_spark.progress import TERMINAL_ENV
-from rmq_spark.rabbitmq_roots import HOST_VERSION
-from rmq_spark.report import RESULT_PREFIX
+from rmq_spark.report.console import RESULT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def seed_demo(
 
 # -- the embedded default: `rmq-spark demo` / `make demo` ------------------------------
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO_ROOT / "conf" / "demo.yaml"
 SPARK_SUBMIT = REPO_ROOT / "spark-submit.sh"
 
@@ -210,7 +210,7 @@ def run_demo(
         if keep_brokers:
             log.info(
                 "demo: nodes left running; stop them with "
-                "python -m rmq_spark.local_brokers stop --base-dir %s",
+                "python -m rmq_spark.devtools.local_brokers stop --base-dir %s",
                 base / "brokers",
             )
         else:

@@ -34,7 +34,7 @@ from pika import data, exceptions, frame, spec
 from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
 
 from rmq_spark.compat import check_pika
-from rmq_spark.window import Delivery
+from rmq_spark.model import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,8 @@ def wire_bytes(properties: spec.BasicProperties) -> bytes:
     """The property bytes a delivery arrived with (requires `install()`)."""
     if not isinstance(properties, WireBasicProperties):
         raise RuntimeError(
-            "delivery properties carry no wire bytes: rmq_spark.wire.install() must run "
+            "delivery properties carry no wire bytes: "
+            "rmq_spark.transfer.amqp091.wire.install() must run "
             "before the connection receives messages"
         )
     return properties.wire

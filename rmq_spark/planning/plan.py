@@ -23,7 +23,7 @@ from pyspark import RDD
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
-from rmq_spark.discovery import QueueTransfer
+from rmq_spark.model import QueueTransfer, task_count
 
 PLAN_SCHEMA = T.StructType(
     [
@@ -46,21 +46,6 @@ PLAN_SCHEMA = T.StructType(
         T.StructField("source_past_limit", T.StringType(), False),
     ]
 )
-
-
-def task_count(max_active: int, queues_per_task: int) -> int:
-    """Mover tasks for a plan: each moves up to queues_per_task queues at once, and
-    together they never move more than max_active."""
-    if max_active < 1 or queues_per_task < 1:
-        raise ValueError(
-            f"max_active and queues_per_task must be >= 1, got {max_active}, {queues_per_task}"
-        )
-    return max(1, max_active // queues_per_task)
-
-
-def queues_at_once(max_active: int, queues_per_task: int) -> int:
-    """How many queues one task moves at once (see task_count)."""
-    return min(queues_per_task, max_active)
 
 
 def assign_partitions(

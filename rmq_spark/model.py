@@ -1,0 +1,153 @@
+"""The nouns every side shares: no I/O, no pika, no Spark.
+
+A queue transfer as planned (QueueTransfer), its name in the ledger (TransferKey),
+one source delivery in flight (Delivery, DeliveryState) and what became of a
+transfer (MoveOutcome), and the capacity rule both sides use (task_count,
+queues_at_once). The driver (planning, pipeline, verify, report) and the executors'
+engine (transfer/, ledger/writer.py) meet on these.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class QueueTransfer:
+    """One row of the plan: a source queue and where its messages go."""
+
+    route: str
+    source_cluster: str
+    source_vhost: str
+    source_queue: str
+    source_type: str
+    source_node: str
+    destination_cluster: str
+    destination_vhost: str
+    destination_queue: str
+    messages: int  # exact ready count at plan time
+    # Sampled by the management API; planning and display only. 0 with messages ready
+    # means unknown: no statistics yet, or the metrics collector is off.
+    message_bytes: int
+    destination_messages: int  # exact ready count at plan time
+    destination_created: bool = False  # missing at plan time; created (or, dry run, would be)
+    destination_node: str = ""  # node hosting the destination (quorum leader), if it existed
+    # The source's quorum delivery limit (delivery_limit.py), None when unlimited, and
+    # what its broker does to a message past it; the movers stop before that can happen.
+    source_delivery_limit: int | None = None
+    source_past_limit: str = ""
+
+    @property
+    def source_label(self) -> str:
+        return f"{self.source_cluster}/{self.source_vhost}/{self.source_queue}"
+
+    @property
+    def destination_label(self) -> str:
+        return f"{self.destination_cluster}/{self.destination_vhost}/{self.destination_queue}"
+
+    def describe(self) -> str:
+        return f"{self.source_label} -> {self.destination_label}"
+
+    @property
+    def bytes_known(self) -> bool:
+        """Whether the management API said how many bytes the source holds."""
+        return self.message_bytes > 0 or self.messages == 0
+
+    @property
+    def average_message_bytes(self) -> float:
+        return self.message_bytes / self.messages if self.messages else 0.0
+
+
+@dataclass(frozen=True)
+class TransferKey:
+    """Names one queue transfer; the TRANSFER_KEY columns without run_id."""
+
+    source_cluster: str
+    source_vhost: str
+    source_queue: str
+    destination_cluster: str
+    destination_vhost: str
+    destination_queue: str
+
+    @property
+    def file_prefix(self) -> str:
+        """Data files of this transfer start with this, so a retried task finds its own."""
+        digest = hashlib.sha256(self.describe().encode()).hexdigest()[:16]
+        return f"part-{digest}-"
+
+    def describe(self) -> str:
+        return (
+            f"{self.source_cluster}/{self.source_vhost}/{self.source_queue} -> "
+            f"{self.destination_cluster}/{self.destination_vhost}/{self.destination_queue}"
+        )
+
+
+class DeliveryState(enum.Enum):
+    PUBLISHED = "published"
+    NACKED = "nacked"
+    CONFIRMED = "confirmed"
+    DURABLE = "durable"
+    REFUSED = "refused"
+    UNCERTAIN = "uncertain"
+
+
+@dataclass
+class Delivery:
+    """One source delivery in flight, and what the ledger will say about it."""
+
+    tag: int
+    seq: int
+    position: int
+    redelivered: bool
+    body_size: int
+    body_sha256: str
+    properties_sha256: str
+    message_id: str | None
+    consumed_at: datetime
+    session: int = 0
+    confirmed_at: datetime | None = None
+    state: DeliveryState = DeliveryState.PUBLISHED
+    attempts: int = 1
+    refusal: str | None = field(default=None, repr=False)
+    # Kept until the destination confirms, so a nacked message can be published again
+    # without going back to the source. Bounded by the window like the delivery itself.
+    body: bytes | None = field(default=None, repr=False)
+    properties: bytes | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class MoveOutcome:
+    """What happened to one queue transfer (the ledger holds the per-message truth)."""
+
+    key: TransferKey
+    status: str  # "moved" | "failed"
+    error: str | None
+    messages: int
+    bytes: int
+    first_position: int
+    next_position: int
+    seconds: float
+    sessions: int
+    # Most body bytes held at once (received, not yet acked at the source): the byte
+    # window's bound is window.bytes plus one message (byte_window.py).
+    peak_held_bytes: int = 0
+
+
+# The capacity rule both sides use: the driver plans task_count partitions, each
+# executor task moves queues_at_once of its queues at a time.
+def task_count(max_active: int, queues_per_task: int) -> int:
+    """Mover tasks for a plan: each moves up to queues_per_task queues at once, and
+    together they never move more than max_active."""
+    if max_active < 1 or queues_per_task < 1:
+        raise ValueError(
+            f"max_active and queues_per_task must be >= 1, got {max_active}, {queues_per_task}"
+        )
+    return max(1, max_active // queues_per_task)
+
+
+def queues_at_once(max_active: int, queues_per_task: int) -> int:
+    """How many queues one task moves at once (see task_count)."""
+    return min(queues_per_task, max_active)

@@ -1,0 +1,1 @@
+"""What a run says to people: the console (`console.py`) and the HTML run report (`html.py`)."""
