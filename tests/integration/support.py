@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ import yaml
 
 from rmq_spark.devtools.demo import node_connector, seed_queue, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
+from rmq_spark.model import MoveOutcome
 from rmq_spark.transfer.amqp091 import wire
+from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 
 PASSWORD_ENV = "RMQ_SPARK_TEST_PASSWORD"
 
@@ -161,3 +164,20 @@ def depth(node: LocalNode, vhost: str, queue: str) -> int:
         return queue_depth(connection, queue)
     finally:
         connection.close()
+
+
+class MoverThread(threading.Thread):
+    """One queue transfer by the executor's code path (`move_queue`), without Spark, so a
+    test can act on the brokers while it runs; `outcome` or `error` when joined."""
+
+    def __init__(self, row: dict[str, Any], settings: ExecutorSettings) -> None:
+        super().__init__(name=f"mover-{settings.run_id}", daemon=True)
+        self.row, self.settings = row, settings
+        self.outcome: MoveOutcome | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.outcome = move_queue(self.row, self.settings, "local")
+        except BaseException as exc:  # handed to the test thread, which asserts on it
+            self.error = exc

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import secrets
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -27,11 +26,10 @@ from rmq_spark.broker.management import management_clients
 from rmq_spark.config import JobConfig
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.ledger import tables
-from rmq_spark.model import MoveOutcome
 from rmq_spark.planning.discovery import discover
-from rmq_spark.transfer.executor import ExecutorSettings, move_queue
+from rmq_spark.transfer.executor import ExecutorSettings
 from tests.integration.faults import fault_config, mover_connections, wait_until
-from tests.integration.support import Brokers, depth, fresh_vhost
+from tests.integration.support import Brokers, MoverThread, depth, fresh_vhost
 
 CONSUMER_TIMEOUT_MS = 3000
 DEFAULT_CONSUMER_TIMEOUT_MS = 1_800_000
@@ -41,37 +39,26 @@ TIMEOUT_WINDOW = 200
 SMALL_MAX_MESSAGE_SIZE = 4096
 
 
-class MoverThread(threading.Thread):
-    """One queue transfer by the executor's code path, without Spark."""
+def mover_thread(config: JobConfig, run_id: str, window: int) -> MoverThread:
+    """The config's one queue transfer, as the executor would run it, in a thread."""
+    with management_clients(config) as clients:
+        (transfer,) = discover(config, clients)
+    tables.ensure_tables(config.ledger.path)
+    settings = ExecutorSettings(
+        run_id=run_id,
+        ledger_path=config.ledger.path,
+        clusters=dict(config.clusters),
+        window_messages=window,
+        window_bytes=1 << 30,
+        mover=config.mover,
+    )
+    return MoverThread(asdict(transfer), settings)
 
-    def __init__(self, config: JobConfig, run_id: str, window: int) -> None:
-        super().__init__(name=f"mover-{run_id}", daemon=True)
-        with management_clients(config) as clients:
-            (transfer,) = discover(config, clients)
-        tables.ensure_tables(config.ledger.path)
-        self.row = asdict(transfer)
-        self.settings = ExecutorSettings(
-            run_id=run_id,
-            ledger_path=config.ledger.path,
-            clusters=dict(config.clusters),
-            window_messages=window,
-            window_bytes=1 << 30,
-            mover=config.mover,
-        )
-        self.ledger_path = config.ledger.path
-        self.run_id = run_id
-        self.outcome: MoveOutcome | None = None
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            self.outcome = move_queue(self.row, self.settings, "local")
-        except BaseException as exc:  # handed to the test thread, which asserts on it
-            self.error = exc
-
-    def ledger_rows(self) -> list[dict[str, object]]:
-        tables.commit_run(self.ledger_path, self.run_id)
-        return tables.read_arrow(self.ledger_path, "messages", run_id=self.run_id).to_pylist()
+def ledger_rows(mover: MoverThread) -> list[dict[str, object]]:
+    ledger_path, run_id = mover.settings.ledger_path, mover.settings.run_id
+    tables.commit_run(ledger_path, run_id)
+    return tables.read_arrow(ledger_path, "messages", run_id=run_id).to_pylist()
 
 
 def publish(node: LocalNode, brokers: Brokers, vhost: str, queue: str, bodies: list[bytes]) -> None:
@@ -137,7 +124,7 @@ def test_consumer_timeout_while_the_destination_is_blocked_is_ridden_out(
     publish(brokers.dr, brokers, vhost, "orders", bodies)
     config = fault_config(tmp_path, brokers, vhost)
     run_id = f"consumer-timeout-{version}"
-    mover = MoverThread(config, run_id, TIMEOUT_WINDOW)
+    mover = mover_thread(config, run_id, TIMEOUT_WINDOW)
 
     # Channels read consumer_timeout when they open; 3.10 and 4.0 check it on the
     # channel's tick, every channel_tick_interval.
@@ -167,7 +154,7 @@ def test_consumer_timeout_while_the_destination_is_blocked_is_ridden_out(
     assert depth(brokers.dr, vhost, "orders") == 0
     assert set(in_destination) == set(bodies)  # nothing lost
     # Every copy in the destination has a ledger row, and each repeat is named.
-    rows = mover.ledger_rows()
+    rows = ledger_rows(mover)
     confirmed = [r for r in rows if r["confirmed_at"] is not None]
     uncertain = len(rows) - len(confirmed)
     seen: set[object] = set()
@@ -214,7 +201,7 @@ def test_message_too_large_for_a_4x_destination_stops_the_queue_and_stays(
     bodies = [*bodies[:100], big, *bodies[100:]]
     publish(brokers.dr, brokers, vhost, "orders", bodies)
     config = fault_config(tmp_path, brokers, vhost)
-    mover = MoverThread(config, "oversize", 20)
+    mover = mover_thread(config, "oversize", 20)
     mover.start()
     mover.join(120)
     assert not mover.is_alive()
@@ -234,7 +221,7 @@ def test_message_too_large_for_a_4x_destination_stops_the_queue_and_stays(
     assert in_source[big] == 1  # never acked
     assert big not in in_destination
     assert set(in_source) | set(in_destination) == set(bodies)  # nothing else lost
-    rows = mover.ledger_rows()
+    rows = ledger_rows(mover)
     assert all(r["body_size"] != len(big) for r in rows)  # refused: no row
     confirmed = [r for r in rows if r["confirmed_at"] is not None]
     assert len(confirmed) <= sum(in_destination.values()) <= len(rows)

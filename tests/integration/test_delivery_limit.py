@@ -8,7 +8,6 @@ limit and check, with an independent consumer, that nothing was dropped.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -22,17 +21,17 @@ from rmq_spark.broker.management import management_clients
 from rmq_spark.config import JobConfig
 from rmq_spark.errors import DeliveryLimitError
 from rmq_spark.ledger import tables
-from rmq_spark.model import MoveOutcome, QueueTransfer
+from rmq_spark.model import QueueTransfer
 from rmq_spark.pipeline import check_delivery_limits, run_transfer
 from rmq_spark.planning.discovery import discover
-from rmq_spark.transfer.executor import ExecutorSettings, move_queue
+from rmq_spark.transfer.executor import ExecutorSettings
 from tests.integration.faults import (
     fault_config,
     management,
     mover_connections,
     wait_until,
 )
-from tests.integration.support import Brokers, depth, fresh_vhost
+from tests.integration.support import Brokers, MoverThread, depth, fresh_vhost
 
 MESSAGES = 20_000
 WINDOW = 40
@@ -165,22 +164,6 @@ def test_preflight_reads_each_quorum_sources_effective_delivery_limit(
         reconnect_attempts=5,
         attempts=4,
     )
-
-
-class MoverThread(threading.Thread):
-    """One queue transfer by the executor's code path, without Spark."""
-
-    def __init__(self, row: dict[str, object], settings: ExecutorSettings) -> None:
-        super().__init__(name="delivery-limit-mover", daemon=True)
-        self.row, self.settings = row, settings
-        self.outcome: MoveOutcome | None = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.outcome = move_queue(self.row, self.settings, "local")
-        except BaseException as exc:  # handed to the test thread, which asserts on it
-            self.error = exc
 
 
 @pytest.mark.parametrize("brokers_of_version", ["4.3", "3.10"], indirect=True)
