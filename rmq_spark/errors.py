@@ -58,6 +58,14 @@ class TransferError(RmqSparkError):
     """A queue transfer stopped: the destination refused or returned a message."""
 
 
+class FederationError(RmqSparkError):
+    """Federation upstreams could not be paused or restored (names cluster/vhost/upstream)."""
+
+
+class MigrationError(RmqSparkError):
+    """A queue cannot be migrated, or a migration phase failed (names vhost and queue)."""
+
+
 class LedgerError(RmqSparkError):
     """The ledger could not be written or read."""
 

@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from rmq_spark.broker.management import ManagementClient
 from rmq_spark.config import JobConfig
-from rmq_spark.errors import AccessRefusedError, RmqSparkError
+from rmq_spark.errors import AccessRefusedError, FederationError, RmqSparkError
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,6 @@ ALL_UPSTREAMS_SET = "all"
 # only bounds the wait when a broker is slow.
 LINK_STOP_TIMEOUT_SECONDS = 30.0
 _LINK_POLL_SECONDS = 0.1
-
-
-class FederationError(RmqSparkError):
-    """Federation upstreams could not be paused or restored (names cluster/vhost/upstream)."""
 
 
 @dataclass(frozen=True)

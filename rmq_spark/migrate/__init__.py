@@ -49,7 +49,7 @@ from rmq_spark.config import (
     SourceSelector,
     validate_run_id,
 )
-from rmq_spark.errors import ConfigError, RmqSparkError
+from rmq_spark.errors import ConfigError, MigrationError, RmqSparkError
 from rmq_spark.ledger import tables
 from rmq_spark.pipeline import RunResult, rabbitmq_versions, run_transfer
 
@@ -111,10 +111,6 @@ _CONSUMER_POLL_SECONDS = 1.0
 
 Action = Literal["kept", "translated", "dropped", "refused", "added"]
 PhaseHook = Callable[[str], None]
-
-
-class MigrationError(RmqSparkError):
-    """A queue cannot be migrated, or a migration phase failed (names vhost and queue)."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from rmq_spark.devtools.local_brokers import (
     stop_nodes,
 )
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
-from tests.integration.support import PASSWORD_ENV, Brokers
+from tests.support.brokers import PASSWORD_ENV, Brokers
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from rmq_spark.cli import EXIT_ERROR, EXIT_UNVERIFIED, transfer_main
 from rmq_spark.devtools.demo import demo_messages, seed_queue, wait_for_depth
-from tests.integration.support import (
+from tests.support.brokers import (
     PASSWORD_ENV,
     Brokers,
     cluster_block,

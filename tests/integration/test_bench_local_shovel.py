@@ -30,7 +30,7 @@ from bench.workload import (
     vm_pid,
 )
 from bench.workload import Brokers as BenchBrokers
-from tests.integration.support import Brokers
+from tests.support.brokers import Brokers
 
 MESSAGES = 2_000
 VERSION_4_3 = pytest.mark.parametrize("brokers_of_version", ["4.3"], indirect=True)

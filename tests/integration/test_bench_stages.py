@@ -9,7 +9,7 @@ import requests
 from bench import stages
 from bench.workload import Brokers as BenchBrokers
 from bench.workload import Workload
-from tests.integration.support import Brokers
+from tests.support.brokers import Brokers
 
 
 def test_a_sampled_move_accounts_for_the_whole_round_trip(brokers: Brokers, tmp_path: Path) -> None:

@@ -36,8 +36,8 @@ from rmq_spark.devtools.local_brokers import LocalCluster, LocalNode
 from rmq_spark.errors import DestinationIncompatibleError
 from rmq_spark.pipeline import run_transfer
 from rmq_spark.planning.discovery import discover
-from tests.integration.faults import wait_until
-from tests.integration.support import drain_fingerprints
+from tests.support.brokers import drain_fingerprints
+from tests.support.faults import wait_until
 
 MESSAGES = 150
 UPSTREAM_MESSAGES = 30

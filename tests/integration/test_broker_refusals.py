@@ -28,8 +28,8 @@ from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.ledger import tables
 from rmq_spark.planning.discovery import discover
 from rmq_spark.transfer.executor import ExecutorSettings
-from tests.integration.faults import fault_config, mover_connections, wait_until
-from tests.integration.support import Brokers, MoverThread, depth, fresh_vhost
+from tests.support.brokers import Brokers, MoverThread, depth, fresh_vhost
+from tests.support.faults import fault_config, mover_connections, wait_until
 
 CONSUMER_TIMEOUT_MS = 3000
 DEFAULT_CONSUMER_TIMEOUT_MS = 1_800_000

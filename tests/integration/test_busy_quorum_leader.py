@@ -23,13 +23,13 @@ from rmq_spark.broker.counts import QUORUM_STAT_TIMEOUT_SECONDS, queue_depths, q
 from rmq_spark.config import JobConfig, load_config
 from rmq_spark.devtools.local_brokers import LocalCluster
 from rmq_spark.pipeline import run_transfer
-from tests.integration.faults import wait_until
-from tests.integration.test_migrate import (
+from tests.support.clusters import (
     connect,
     exact_depth,
     fresh_cluster_vhost,
     write_cluster_config,
 )
+from tests.support.faults import wait_until
 
 pytestmark = pytest.mark.usefixtures("cluster_password_env")
 

@@ -53,8 +53,8 @@ from rmq_spark.ledger import tables
 from rmq_spark.model import MoveOutcome
 from rmq_spark.transfer.amqp091 import wire
 from rmq_spark.transfer.executor import ExecutorSettings, move_queue
-from tests import amqp_encoding as amqp
-from tests.integration.support import Brokers, depth, fresh_vhost, write_config
+from tests.support import amqp_encoding as amqp
+from tests.support.brokers import Brokers, depth, fresh_vhost, write_config
 
 KIB, MIB = 1 << 10, 1 << 20
 # An hour: nothing may expire while the test runs.

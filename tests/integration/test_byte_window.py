@@ -23,7 +23,7 @@ from rmq_spark.config import load_config
 from rmq_spark.devtools.demo import node_connector
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.pipeline import RunResult, run_transfer
-from tests.integration.support import (
+from tests.support.brokers import (
     Brokers,
     declare,
     fresh_vhost,

@@ -7,7 +7,7 @@ from pathlib import Path
 from rmq_spark.broker.colocation import node_uris
 from rmq_spark.broker.management import management_clients
 from rmq_spark.config import load_config
-from tests.integration.support import Brokers, write_config
+from tests.support.brokers import Brokers, write_config
 
 
 def test_node_addresses_come_from_the_listeners_and_config_overrides_them(

@@ -22,7 +22,7 @@ from rmq_spark.config import load_config
 from rmq_spark.devtools.demo import demo_messages, node_connector, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.pipeline import run_transfer
-from tests.integration.support import (
+from tests.support.brokers import (
     Brokers,
     drain_fingerprints,
     fresh_vhost,

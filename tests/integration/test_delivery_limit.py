@@ -25,13 +25,13 @@ from rmq_spark.model import QueueTransfer
 from rmq_spark.pipeline import check_delivery_limits, run_transfer
 from rmq_spark.planning.discovery import discover
 from rmq_spark.transfer.executor import ExecutorSettings
-from tests.integration.faults import (
+from tests.support.brokers import Brokers, MoverThread, depth, fresh_vhost
+from tests.support.faults import (
     fault_config,
     management,
     mover_connections,
     wait_until,
 )
-from tests.integration.support import Brokers, MoverThread, depth, fresh_vhost
 
 MESSAGES = 20_000
 WINDOW = 40

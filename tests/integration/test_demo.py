@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rmq_spark.progress import TERMINAL_ENV
 from rmq_spark.report.console import RESULT_PREFIX
-from tests.integration.support import job_environment
+from tests.support.brokers import job_environment
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from rmq_spark.errors import DestinationIncompatibleError
 from rmq_spark.ledger import tables
 from rmq_spark.pipeline import run_transfer
 from rmq_spark.transfer.executor import ExecutorSettings, move_queue
-from tests.integration.support import (
+from tests.support.brokers import (
     PASSWORD_ENV,
     Brokers,
     depth,

@@ -31,7 +31,15 @@ from rmq_spark.devtools.rabbitmq_roots import VERSIONS
 from rmq_spark.errors import TransferError
 from rmq_spark.ledger import tables
 from rmq_spark.pipeline import run_transfer
-from tests.integration.faults import (
+from tests.support.brokers import (
+    Brokers,
+    declare,
+    depth,
+    drain_fingerprints,
+    fresh_vhost,
+    seed,
+)
+from tests.support.faults import (
     Accounting,
     Transfer,
     account,
@@ -41,14 +49,6 @@ from tests.integration.faults import (
     mover_connections,
     seed_key_ordered,
     wait_until,
-)
-from tests.integration.support import (
-    Brokers,
-    declare,
-    depth,
-    drain_fingerprints,
-    fresh_vhost,
-    seed,
 )
 
 MESSAGES = 30_000

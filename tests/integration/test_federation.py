@@ -36,19 +36,19 @@ from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
 from rmq_spark.errors import DiscoveryError
 from rmq_spark.model import MoveOutcome
 from rmq_spark.pipeline import run_transfer
-from tests.integration.faults import (
-    key_ordered_fingerprints,
-    management,
-    seed_key_ordered,
-    wait_until,
-)
-from tests.integration.support import (
+from tests.support.brokers import (
     Brokers,
     cluster_block,
     depth,
     drain_fingerprints,
     fresh_vhost,
     seed,
+)
+from tests.support.faults import (
+    key_ordered_fingerprints,
+    management,
+    seed_key_ordered,
+    wait_until,
 )
 
 VHOST = "federation"

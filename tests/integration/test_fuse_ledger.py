@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,12 +23,12 @@ from deltalake import write_deltalake
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.storage import file_system_of, mounts
 from rmq_spark.ledger.writer import MessageLedgerWriter
-from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.model import TransferKey
+from tests.support.builders import delivery
 
 REPO = Path(__file__).resolve().parents[2]
 MOUNT_TIMEOUT_SECONDS = 30
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -57,23 +56,6 @@ def fuse_dir(tmp_path: Path) -> Iterator[Path]:
         log.close()
 
 
-def delivery(position: int) -> Delivery:
-    return Delivery(
-        tag=position + 1,
-        seq=position + 1,
-        position=position,
-        redelivered=False,
-        body_size=10,
-        body_sha256=f"body-{position}",
-        properties_sha256="props",
-        message_id=f"m{position}",
-        consumed_at=T0,
-        confirmed_at=T0,
-        session=0,
-        attempts=1,
-    )
-
-
 def test_delta_rs_default_commit_fails_on_the_mount(fuse_dir: Path) -> None:
     # The premise: without the option, this storage refuses delta-rs' commit.
     assert file_system_of(str(fuse_dir), mounts()) == "fuse"
@@ -86,7 +68,7 @@ def test_the_ledger_works_on_the_mount(fuse_dir: Path) -> None:
 
     tables.ensure_tables(ledger)
     writer = MessageLedgerWriter(ledger, "r1", KEY, "0.0.0")
-    writer.write([delivery(p) for p in range(3)])
+    writer.write([delivery(p, body_size=10) for p in range(3)])
     writer.close()
     committed = tables.commit_run(ledger, "r1")
     again = tables.commit_run(ledger, "r1")  # idempotent on this storage too

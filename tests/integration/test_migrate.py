@@ -24,11 +24,8 @@ from urllib.parse import quote
 import pika
 import pika.exceptions
 import pytest
-import requests
-import yaml
 from pyspark.sql import SparkSession
 
-from rmq_spark.broker.counts import ready_count
 from rmq_spark.cli import main
 from rmq_spark.config import load_config
 from rmq_spark.devtools.demo import DemoMessage, demo_messages
@@ -43,13 +40,20 @@ from rmq_spark.migrate import (
     migrate,
 )
 from rmq_spark.transfer.amqp091 import wire
-from tests.integration.faults import (
+from tests.support.brokers import PASSWORD_ENV, job_environment
+from tests.support.clusters import (
+    api,
+    connect,
+    exact_depth,
+    fresh_cluster_vhost,
+    write_cluster_config,
+)
+from tests.support.faults import (
     expected_fingerprints,
     key_ordered_fingerprints,
     key_ordered_messages,
     wait_until,
 )
-from tests.integration.support import PASSWORD_ENV, job_environment
 
 Fingerprint = tuple[str, str]
 REPO = Path(__file__).resolve().parents[2]
@@ -103,38 +107,6 @@ def twenty_queues() -> list[Spec]:
 
 
 # -- broker helpers ----------------------------------------------------------------------
-
-
-def api(node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
-    response = requests.request(
-        method,
-        f"{node.management_url}{path}",
-        auth=(node.username, node.password),
-        timeout=30,
-        **kwargs,
-    )
-    if method == "DELETE" and response.status_code == 404:
-        return None
-    response.raise_for_status()
-    return response.json() if response.content else None
-
-
-def connect(node: LocalNode, vhost: str) -> pika.BlockingConnection:
-    return pika.BlockingConnection(
-        pika.ConnectionParameters(
-            host="127.0.0.1",
-            port=node.amqp_port,
-            virtual_host=vhost,
-            credentials=pika.PlainCredentials(node.username, node.password),
-        )
-    )
-
-
-def fresh_cluster_vhost(cluster: LocalCluster, vhost: str) -> str:
-    node = cluster.first
-    api(node, "DELETE", f"/api/vhosts/{quote(vhost, safe='')}")
-    node.add_vhost(vhost)
-    return vhost
 
 
 def set_up(
@@ -236,51 +208,6 @@ def unbind(cluster: LocalCluster, vhost: str, name: str, binding: Binding) -> No
 
 def expected_bindings(spec: Spec) -> set[tuple[str, str, str]]:
     return {(e, k, json.dumps(a, sort_keys=True)) for e, k, a in spec.bindings}
-
-
-def exact_depth(cluster: LocalCluster, vhost: str, name: str) -> int:
-    """Ready count, asked again while a busy quorum leader answers 0 (`ready_count`)."""
-    connection = connect(cluster.first, vhost)
-    try:
-        return ready_count(connection.channel(), name, f"vhost {vhost!r} queue {name!r}")
-    finally:
-        connection.close()
-
-
-def write_cluster_config(
-    path: Path,
-    cluster: LocalCluster,
-    vhost: str,
-    *,
-    queues: list[str] | None = None,
-    destination: dict[str, object] | None = None,
-    **top_level: object,
-) -> Path:
-    source: dict[str, Any] = {"cluster": "qq", "vhosts": [vhost]}
-    if queues is not None:
-        source["queues"] = queues
-    config = {
-        "clusters": {
-            "qq": {
-                "amqp": cluster.amqp_uris,
-                "management": cluster.first.management_url,
-                "username": cluster.first.username,
-                "password_env": PASSWORD_ENV,
-            }
-        },
-        "routes": [
-            {
-                "name": "migrate",
-                "source": source,
-                "destination": {"cluster": "qq", **(destination or {})},
-            }
-        ],
-        "ledger": {"path": str(path.parent / "ledger")},
-        "max_active": 4,
-        **top_level,
-    }
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
 
 
 def assert_migrated(cluster: LocalCluster, vhost: str, specs: list[Spec]) -> None:

@@ -17,8 +17,8 @@ import pytest
 from rmq_spark.config import JobConfig, MoverConfig
 from rmq_spark.ledger import tables
 from rmq_spark.transfer.executor import ExecutorSettings, move_queues
-from tests.integration.faults import expected_fingerprints, fault_config
-from tests.integration.support import Brokers, declare, drain_fingerprints, fresh_vhost, seed
+from tests.support.brokers import Brokers, declare, drain_fingerprints, fresh_vhost, seed
+from tests.support.faults import expected_fingerprints, fault_config
 
 QUEUES = ("q0", "q1", "q2", "q3", "q4")
 MESSAGES = 4_000

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from rmq_spark.cli import main
-from tests.integration.support import Brokers, declare, depth, fresh_vhost, seed, write_config
+from tests.support.brokers import Brokers, declare, depth, fresh_vhost, seed, write_config
 
 
 def test_plan_prints_every_queue_and_creates_and_moves_nothing(

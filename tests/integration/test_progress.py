@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from rmq_spark.config import load_config
 from rmq_spark.pipeline import run_transfer
 from rmq_spark.progress import TERMINAL_ENV
-from tests.integration.support import Brokers, fresh_vhost, seed, write_config
+from tests.support.brokers import Brokers, fresh_vhost, seed, write_config
 
 
 def test_progress_is_logged_and_ends_at_the_total(

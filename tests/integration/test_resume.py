@@ -10,8 +10,7 @@ from pathlib import Path
 
 from rmq_spark.ledger import tables
 from rmq_spark.report.console import RESULT_PREFIX
-from tests.integration.faults import expected_fingerprints, wait_until
-from tests.integration.support import (
+from tests.support.brokers import (
     Brokers,
     declare,
     depth,
@@ -21,6 +20,7 @@ from tests.integration.support import (
     seed,
     write_config,
 )
+from tests.support.faults import expected_fingerprints, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 QUEUES = ("a", "b")

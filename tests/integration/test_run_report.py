@@ -26,7 +26,7 @@ from rmq_spark.cli import main
 from rmq_spark.config import load_config
 from rmq_spark.pipeline import run_transfer
 from rmq_spark.report.html import build_report
-from tests.integration.support import PASSWORD_ENV, Brokers, fresh_vhost, seed, write_config
+from tests.support.brokers import PASSWORD_ENV, Brokers, fresh_vhost, seed, write_config
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "ledger_inspection.ipynb"

@@ -29,7 +29,7 @@ import requests
 
 from rmq_spark.ledger import tables
 from rmq_spark.report.console import RESULT_PREFIX
-from tests.integration.support import (
+from tests.support.brokers import (
     Brokers,
     declare,
     depth,

@@ -25,7 +25,7 @@ from rmq_spark.cli import main
 from rmq_spark.config import load_config
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.pipeline import run_transfer
-from tests.integration.support import (
+from tests.support.brokers import (
     PASSWORD_ENV,
     Brokers,
     cluster_block,

@@ -20,7 +20,7 @@ from rmq_spark.devtools.demo import (
 )
 from rmq_spark.ledger import tables
 from rmq_spark.report.console import RESULT_PREFIX
-from tests.integration.support import (
+from tests.support.brokers import (
     Brokers,
     drain_fingerprints,
     fresh_vhost,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from rmq_spark.planning.plan import PLAN_SCHEMA, assign_partitions, plan_dataframe, plan_rows
-from tests.unit.test_plan import transfer
+from tests.support.builders import transfer
 
 
 def test_rows_land_in_their_assigned_partitions(spark: SparkSession) -> None:

@@ -15,7 +15,7 @@ import pytest
 from pika import exceptions, frame, spec
 
 from rmq_spark.transfer.amqp091 import inbound, wire
-from tests import amqp_encoding as amqp
+from tests.support import amqp_encoding as amqp
 
 CHANNEL = 1
 FRAME_MAX_BODY = 4096 - 8  # small frames, so bodies span several

@@ -5,7 +5,6 @@ committer (Spark's Delta writer copies rows, so the log cannot name the files)."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,26 +22,11 @@ from rmq_spark.ledger.committers import (
     messages_write,
 )
 from rmq_spark.ledger.writer import MessageLedgerWriter, is_data_file, run_partition_dir
-from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.model import TransferKey
+from tests.support.builders import delivery
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
 OTHER = TransferKey("dr", "b", "billing", "main", "b", "billing")
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def delivery(position: int) -> Delivery:
-    return Delivery(
-        tag=position + 1,
-        seq=position + 1,
-        position=position,
-        redelivered=False,
-        body_size=3,
-        body_sha256=f"body-{position}",
-        properties_sha256="props",
-        message_id=f"m{position}",
-        consumed_at=T0,
-        confirmed_at=T0,
-    )
 
 
 def moved(ledger: Path, key: TransferKey, positions: range, attempt: str = "0.0.0") -> None:

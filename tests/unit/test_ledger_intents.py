@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 from rmq_spark.ledger import tables
@@ -13,25 +12,10 @@ from rmq_spark.ledger.writer import (
     read_stream,
     run_intents_dir,
 )
-from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.model import TransferKey
+from tests.support.builders import delivery
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def delivery(position: int, *, confirmed: bool) -> Delivery:
-    return Delivery(
-        tag=position + 1,
-        seq=position + 1,
-        position=position,
-        redelivered=False,
-        body_size=3,
-        body_sha256=f"body-{position}",
-        properties_sha256="props",
-        message_id=f"m{position}",
-        consumed_at=T0,
-        confirmed_at=T0 if confirmed else None,
-    )
 
 
 def committed_rows(ledger: Path, run_id: str) -> list[dict[str, object]]:

@@ -7,23 +7,7 @@ import pytest
 from rmq_spark.model import QueueTransfer, queues_at_once, task_count
 from rmq_spark.planning.discovery import queue_mode_applies
 from rmq_spark.planning.plan import assign_partitions
-
-
-def transfer(name: str, messages: int, message_bytes: int | None = None) -> QueueTransfer:
-    return QueueTransfer(
-        route="r",
-        source_cluster="dr",
-        source_vhost="/",
-        source_queue=name,
-        source_type="classic",
-        source_node="rabbit@dr",
-        destination_cluster="main",
-        destination_vhost="/",
-        destination_queue=name,
-        messages=messages,
-        message_bytes=messages * 1024 if message_bytes is None else message_bytes,
-        destination_messages=0,
-    )
+from tests.support.builders import transfer
 
 
 def loads(transfers: list[QueueTransfer], assignment: list[int]) -> dict[int, int]:

@@ -17,7 +17,7 @@ from pika import data, exceptions, frame, spec
 
 from rmq_spark.model import Delivery
 from rmq_spark.transfer.amqp091 import wire
-from tests import amqp_encoding as amqp
+from tests.support import amqp_encoding as amqp
 
 CHANNEL = 1
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

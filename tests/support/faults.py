@@ -25,7 +25,7 @@ from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.ledger import tables
 from rmq_spark.model import MoveOutcome
 from rmq_spark.transfer.executor import ExecutorSettings, move_queue
-from tests.integration.support import (
+from tests.support.brokers import (
     Brokers,
     depth,
     drain_fingerprints,
