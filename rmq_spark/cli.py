@@ -25,6 +25,7 @@ from rmq_spark import __version__
 from rmq_spark.compat import check_pika
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
+from rmq_spark.logs import mask_known_secrets, mask_secrets_in_logs, setup_logging
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,57 +40,6 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("text", "json")
 # All cores, and up to 4 attempts per task (a retried mover task resumes its queue).
 LOCAL_MASTER = "local[*,4]"
-_QUIET_LOGGERS = ("pika", "py4j", "great_expectations", "urllib3")
-
-
-class SecretMaskingFilter(logging.Filter):
-    """Defence in depth: replaces any configured password that reaches a log line."""
-
-    def __init__(self, secrets_to_mask: Sequence[str]) -> None:
-        super().__init__()
-        self._secrets = [s for s in secrets_to_mask if s]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self._secrets:
-            message = record.getMessage()
-            if any(secret in message for secret in self._secrets):
-                for secret in self._secrets:
-                    message = message.replace(secret, "***")
-                record.msg, record.args = message, None
-        return True
-
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line, for log collectors: time (UTC), level, logger, message,
-    and the traceback as `exception` when there is one."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, object] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
-
-
-def setup_logging(level: str = "INFO", log_format: str = "text") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if log_format == "json":
-        for handler in logging.getLogger().handlers:
-            handler.setFormatter(JsonLogFormatter())
-    for name in _QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    if logging.getLogger().level > logging.DEBUG:
-        # The driver turns every pika failure into one rmq-spark error; pika's own
-        # ERROR lines and tracebacks would bury it.
-        logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 
 def add_logging_arguments(parser: argparse.ArgumentParser, default_level: str) -> None:
@@ -100,17 +50,6 @@ def add_logging_arguments(parser: argparse.ArgumentParser, default_level: str) -
         choices=LOG_FORMATS,
         help="json: one JSON object per log line, for log collectors",
     )
-
-
-_masked_secrets: list[str] = []
-
-
-def mask_secrets_in_logs(config: JobConfig) -> None:
-    secrets_to_mask = [cluster.password.get_secret_value() for cluster in config.clusters.values()]
-    _masked_secrets.extend(secret for secret in secrets_to_mask if secret)
-    masking = SecretMaskingFilter(secrets_to_mask)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(masking)
 
 
 def print_error(exc: RmqSparkError, config: JobConfig | None = None) -> None:
@@ -144,8 +83,7 @@ def run_guarded(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         log.critical("internal error in rmq-spark %s", args.command, exc_info=True)
         lines = str(exc).strip().splitlines()
         summary = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-        for secret in _masked_secrets:
-            summary = summary.replace(secret, "***")
+        summary = mask_known_secrets(summary)
         print(
             f"rmq-spark: internal error (exit {EXIT_INTERNAL}): {summary}",
             file=sys.stderr,
@@ -348,8 +286,6 @@ def run_restore_federation_command(args: argparse.Namespace) -> int:
 
 # -- migrate -------------------------------------------------------------------------
 
-MIGRATION_PREFIX = "MIGRATION "
-
 
 def migrate_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of jobs/migrate.py and `rmq-spark migrate`."""
@@ -408,6 +344,12 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         plan_migration,
         raise_problems,
     )
+    from rmq_spark.report.console import (
+        migration_line,
+        migration_summary,
+        print_migrated_queues,
+        print_migration_plan,
+    )
 
     config: JobConfig | None = None
     options = MigrationOptions(
@@ -431,17 +373,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(document, indent=2, sort_keys=True, default=str))
             else:
-                for row in document:
-                    print(
-                        f"{row['vhost']}/{row['queue']}: {row['state']}, {row['messages']} "
-                        f"message(s), {row['consumers']} consumer(s), {row['bindings']} "
-                        f"binding(s), policy {row['policy']}, quorum arguments "
-                        f"{row['quorum_arguments']}"
-                    )
-                    for line in row["decisions"]:
-                        print(f"    {line}")
-                if not document:
-                    print(f"nothing to migrate on cluster {cluster}")
+                print_migration_plan(document, cluster)
             raise_problems(plans)
             return EXIT_VERIFIED
     except RmqSparkError as exc:
@@ -454,27 +386,11 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         except RmqSparkError as exc:
             print_error(exc, config)
             return EXIT_ERROR
-    for queue in result.queues:
-        print(
-            f"vhost {queue.vhost!r} queue {queue.queue!r}: moved out {queue.moved_out}, "
-            f"back {queue.moved_back}, "
-            f"held {queue.held}, missing {queue.missing}, duplicates {queue.duplicates}, "
-            f"bindings {queue.bindings}, {'verified' if queue.verified else 'NOT VERIFIED'}"
-        )
-    summary = {
-        "queues": len(result.queues),
-        "messages": sum(q.moved_back + q.held for q in result.queues),
-        "missing": sum(q.missing for q in result.queues),
-        "runs": [r.run_id for r in result.runs],
-        "seconds": round(result.seconds, 2),
-        "verified": result.verified,
-        # publishers' messages that reached the final queues during the last hop
-        "live_arrivals": sum(result.live_publishes.values()),
-        "rabbitmq_versions": dict(result.rabbitmq_versions),
-    }
+    print_migrated_queues(result)
+    summary = migration_summary(result)
     reports = write_reports(config.ledger.path, [r.run_id for r in result.runs])
     summary["reports"] = [str(path) for path in reports]
-    print(MIGRATION_PREFIX + json.dumps(summary, sort_keys=True), flush=True)
+    print(migration_line(summary), flush=True)
     return EXIT_VERIFIED if result.verified else EXIT_UNVERIFIED
 
 

@@ -1,15 +1,16 @@
 """What a run tells the person who ran it: a per-queue table and one RESULT line.
 
 The RESULT line is the machine-readable summary (`RESULT {json}`), the last line the
-job prints; scripts and CI parse it. Nothing here holds a secret: it is built from
+job prints; scripts and CI parse it. A migration prints its queues and one
+`MIGRATION {json}` line the same way. Nothing here holds a secret: it is built from
 the plan, the outcomes and the verification, none of which carry credentials.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import IO, Any
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +21,7 @@ from rmq_spark.pipeline import RunResult
 from rmq_spark.transfer.window import prefetch_for
 
 RESULT_PREFIX = "RESULT "
+MIGRATION_PREFIX = "MIGRATION "
 
 
 def result_summary(result: RunResult, ledger_path: str) -> dict[str, Any]:
@@ -147,3 +149,87 @@ def _or_unknown(value: int | None) -> str:
 
 
 _NUMERIC_PLAN = {"messages", "bytes", "part", "prefetch"}
+
+
+# -- migration (rmq-spark migrate) -------------------------------------------------------
+# `migrate` sits above `report` in the layers, so its results are read through these
+# Protocols (migrate.QueueOutcome and migrate.MigrationResult fit them).
+
+
+class MigratedQueue(Protocol):
+    @property
+    def vhost(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def moved_out(self) -> int: ...
+    @property
+    def moved_back(self) -> int: ...
+    @property
+    def held(self) -> int: ...
+    @property
+    def missing(self) -> int: ...
+    @property
+    def duplicates(self) -> int: ...
+    @property
+    def bindings(self) -> int: ...
+    @property
+    def verified(self) -> bool: ...
+
+
+class Migration(Protocol):
+    @property
+    def queues(self) -> Sequence[MigratedQueue]: ...
+    @property
+    def runs(self) -> Sequence[RunResult]: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def verified(self) -> bool: ...
+    @property
+    def live_publishes(self) -> Mapping[str, int]: ...
+    @property
+    def rabbitmq_versions(self) -> Mapping[str, str]: ...
+
+
+def print_migration_plan(document: Sequence[Mapping[str, Any]], cluster: str) -> None:
+    """The dry run's rows (`QueueMigration.as_dict`), one line each and its decisions."""
+    for row in document:
+        print(
+            f"{row['vhost']}/{row['queue']}: {row['state']}, {row['messages']} "
+            f"message(s), {row['consumers']} consumer(s), {row['bindings']} "
+            f"binding(s), policy {row['policy']}, quorum arguments "
+            f"{row['quorum_arguments']}"
+        )
+        for line in row["decisions"]:
+            print(f"    {line}")
+    if not document:
+        print(f"nothing to migrate on cluster {cluster}")
+
+
+def print_migrated_queues(result: Migration) -> None:
+    for queue in result.queues:
+        print(
+            f"vhost {queue.vhost!r} queue {queue.queue!r}: moved out {queue.moved_out}, "
+            f"back {queue.moved_back}, "
+            f"held {queue.held}, missing {queue.missing}, duplicates {queue.duplicates}, "
+            f"bindings {queue.bindings}, {'verified' if queue.verified else 'NOT VERIFIED'}"
+        )
+
+
+def migration_summary(result: Migration) -> dict[str, Any]:
+    return {
+        "queues": len(result.queues),
+        "messages": sum(q.moved_back + q.held for q in result.queues),
+        "missing": sum(q.missing for q in result.queues),
+        "runs": [r.run_id for r in result.runs],
+        "seconds": round(result.seconds, 2),
+        "verified": result.verified,
+        # publishers' messages that reached the final queues during the last hop
+        "live_arrivals": sum(result.live_publishes.values()),
+        "rabbitmq_versions": dict(result.rabbitmq_versions),
+    }
+
+
+def migration_line(summary: dict[str, Any]) -> str:
+    return MIGRATION_PREFIX + json.dumps(summary, sort_keys=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import rmq_spark
-from rmq_spark import cli
+from rmq_spark import cli, logs
 
 # The command runs in a child process, so its logging is set up as in a real run
 # (pytest's own log handlers on the root logger would turn basicConfig into a no-op).
@@ -75,8 +75,8 @@ def test_json_log_lines_carry_the_traceback() -> None:
 
 def test_json_lines_are_masked_like_text_lines() -> None:
     record = logging.LogRecord("rmq_spark.t", logging.INFO, "f", 1, "with %s", ("s3cr3t",), None)
-    assert cli.SecretMaskingFilter(["s3cr3t"]).filter(record)
-    entry = json.loads(cli.JsonLogFormatter().format(record))
+    assert logs.SecretMaskingFilter(["s3cr3t"]).filter(record)
+    entry = json.loads(logs.JsonLogFormatter().format(record))
     assert entry["message"] == "with ***"
     assert set(entry) == {"time", "level", "logger", "message"}
 
