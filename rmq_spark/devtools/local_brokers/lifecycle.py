@@ -31,9 +31,9 @@ from rmq_spark.devtools.local_brokers.node import (
 )
 from rmq_spark.devtools.local_brokers.processes import (
     _await_node,
-    _diagnostics,
     _end_epmds,
     _launch,
+    _poll,
     _stop_one,
 )
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, RabbitMQRoot
@@ -273,10 +273,10 @@ def _await_cluster_member(
 ) -> None:
     """Poll the node's management API until it names the cluster and sees every member
     running."""
-    last = ""
-    while True:
+    auth = (node.username, node.password)
+
+    def is_member() -> str | None:
         try:
-            auth = (node.username, node.password)
             overview = requests.get(
                 f"{node.management_url}/api/overview", auth=auth, timeout=_HTTP_TIMEOUT
             )
@@ -285,22 +285,23 @@ def _await_cluster_member(
                 auth=auth,
                 timeout=_HTTP_TIMEOUT,
             )
-            if overview.status_code == 200 and running.status_code == 200:
-                name = overview.json().get("cluster_name")
-                up = {row["name"] for row in running.json() if row.get("running")}
-                if name == cluster_name and up == members:
-                    return
-                last = f"cluster_name {name!r}, running nodes {sorted(up)}"
-            else:
-                last = f"HTTP {overview.status_code}/{running.status_code}"
+            if overview.status_code != 200 or running.status_code != 200:
+                return f"HTTP {overview.status_code}/{running.status_code}"
+            name = overview.json().get("cluster_name")
+            up = {row["name"] for row in running.json() if row.get("running")}
         except (requests.RequestException, ValueError, KeyError) as exc:
-            last = str(exc)
-        if time.monotonic() >= deadline:
-            raise LocalBrokerError(
-                f"node {node.label}: not a running member of cluster {cluster_name!r} with "
-                f"{sorted(members)} in time: {last}\n{_diagnostics(node)}"
-            )
-        time.sleep(0.5)
+            return str(exc)
+        if name == cluster_name and up == members:
+            return None
+        return f"cluster_name {name!r}, running nodes {sorted(up)}"
+
+    _poll(
+        node,
+        deadline,
+        is_member,
+        f"node {node.label}: not a running member of cluster {cluster_name!r} with "
+        f"{sorted(members)} in time",
+    )
 
 
 def stop_cluster(cluster: LocalCluster, *, remove_data: bool = False) -> None:

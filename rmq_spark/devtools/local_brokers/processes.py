@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -10,7 +11,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -294,53 +295,70 @@ def _set_up_admin_over_http(node: LocalNode, deadline: float, cancel: threading.
         ("/api/cluster-name", {"name": node.label}, f"name the cluster {node.label!r}"),
     ]
     for path, body, what in steps:
-        last = ""
-        while True:
-            try:
-                resp = requests.put(
-                    f"{node.management_url}{path}",
-                    json=body,
-                    auth=("guest", "guest"),
-                    timeout=_HTTP_TIMEOUT,
-                )
-                if 200 <= resp.status_code < 300:
-                    break
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-            except requests.RequestException as exc:
-                last = str(exc)
-            if cancel.is_set():
-                raise LocalBrokerError(f"node {node.label}: start cancelled")
-            if time.monotonic() >= deadline:
-                raise LocalBrokerError(
-                    f"node {node.label} ({node.management_url}): could not {what} as guest "
-                    f"in time: {last}\n{_diagnostics(node)}"
-                )
-            time.sleep(0.5)
+        _poll(
+            node,
+            deadline,
+            functools.partial(_put_as_guest, f"{node.management_url}{path}", body),
+            f"node {node.label} ({node.management_url}): could not {what} as guest in time",
+            cancel,
+        )
+
+
+def _put_as_guest(url: str, body: dict[str, Any]) -> str | None:
+    """PUT ``body`` as ``guest``: None when done, else why not (for :func:`_poll`)."""
+    try:
+        resp = requests.put(url, json=body, auth=("guest", "guest"), timeout=_HTTP_TIMEOUT)
+    except requests.RequestException as exc:
+        return str(exc)
+    if 200 <= resp.status_code < 300:
+        return None
+    return f"HTTP {resp.status_code}: {resp.text[:200]}"
 
 
 def _await_management(node: LocalNode, deadline: float, cancel: threading.Event) -> None:
     """Poll GET /api/overview as the admin user until it shows the node's cluster name."""
     url = f"{node.management_url}/api/overview"
-    last = ""
-    while True:
+
+    def names_the_cluster() -> str | None:
         try:
             resp = requests.get(url, auth=(node.username, node.password), timeout=_HTTP_TIMEOUT)
-            if resp.status_code == 200:
-                name = resp.json().get("cluster_name")
-                if name == node.label:
-                    return
-                last = f"cluster_name is {name!r}, expected {node.label!r}"
-            else:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            if resp.status_code != 200:
+                return f"HTTP {resp.status_code}: {resp.text[:200]}"
+            name = resp.json().get("cluster_name")
         except (requests.RequestException, ValueError) as exc:
-            last = str(exc)
-        if cancel.is_set():
+            return str(exc)
+        return None if name == node.label else f"cluster_name is {name!r}, expected {node.label!r}"
+
+    _poll(
+        node,
+        deadline,
+        names_the_cluster,
+        f"node {node.label}: management API {url} not ready in time",
+        cancel,
+    )
+
+
+def _poll(
+    node: LocalNode,
+    deadline: float,
+    attempt: Callable[[], str | None],
+    failure: str,
+    cancel: threading.Event | None = None,
+) -> None:
+    """Call ``attempt`` every 0.5 s until it returns None (done), then return.
+
+    ``attempt`` returns why it is not done yet; past ``deadline`` the error is
+    ``failure``, that last reason and the node's diagnostics. A set ``cancel`` (Ctrl-C
+    in :func:`start_nodes`) ends the wait at once.
+    """
+    while True:
+        last = attempt()
+        if last is None:
+            return
+        if cancel is not None and cancel.is_set():
             raise LocalBrokerError(f"node {node.label}: start cancelled")
         if time.monotonic() >= deadline:
-            raise LocalBrokerError(
-                f"node {node.label}: management API {url} not ready in time: {last}\n"
-                f"{_diagnostics(node)}"
-            )
+            raise LocalBrokerError(f"{failure}: {last}\n{_diagnostics(node)}")
         time.sleep(0.5)
 
 
