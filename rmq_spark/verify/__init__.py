@@ -13,6 +13,11 @@ pandas frames. A small run verified in Spark pays for a dozen Spark jobs (window
 shuffles, GE's metric passes) that take longer than the rows do; on the driver it takes
 about a second. `verify_ledger_run` picks the engine from the run's row count.
 
+The parts: `columns` (the names), `summary_spark` and `summary_arrow` (the two
+engines), `verdicts` (pure: verdicts and failure lines from summary rows), and
+`expectations` (Great Expectations and `verification.json`). This module strings them
+together and is the API.
+
 Example:
     verification = verify_run(run_id, messages, counters, "/tmp/run-42/verification")
     if not verification.verified:

@@ -241,6 +241,10 @@ def pandas_fingerprints_off() -> Iterator[None]:
     global of GE's, so it is set only around our validation, never left for other
     users of GE in the process.
     """
+    # The package first, whole: reaching a subpackage while the preload thread is
+    # halfway through GE's import fails with a circular ImportError; `import
+    # great_expectations` waits for that thread instead.
+    import great_expectations  # noqa: F401
     from great_expectations.execution_engine import pandas_execution_engine
 
     previous = pandas_execution_engine.HASH_THRESHOLD
