@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,20 @@ class QueueTransfer:
     source_past_limit: str = ""
 
     @property
+    def key(self) -> TransferKey:
+        """This transfer's identity: every stage joins on it, never on a label."""
+        return TransferKey(
+            source_cluster=self.source_cluster,
+            source_vhost=self.source_vhost,
+            source_queue=self.source_queue,
+            destination_cluster=self.destination_cluster,
+            destination_vhost=self.destination_vhost,
+            destination_queue=self.destination_queue,
+        )
+
+    # Display only (the plan table, `plan --json`'s "source"/"destination", progress
+    # bars): "/" is legal inside vhost and queue names, so these strings are ambiguous.
+    @property
     def source_label(self) -> str:
         return f"{self.source_cluster}/{self.source_vhost}/{self.source_queue}"
 
@@ -49,7 +65,8 @@ class QueueTransfer:
         return f"{self.destination_cluster}/{self.destination_vhost}/{self.destination_queue}"
 
     def describe(self) -> str:
-        return f"{self.source_label} -> {self.destination_label}"
+        """How messages name this transfer (`TransferKey.label`)."""
+        return self.key.label()
 
     @property
     def bytes_known(self) -> bool:
@@ -63,7 +80,16 @@ class QueueTransfer:
 
 @dataclass(frozen=True)
 class TransferKey:
-    """Names one queue transfer; the TRANSFER_KEY columns without run_id."""
+    """Names one queue transfer; the TRANSFER_KEY columns without run_id.
+
+    The one identity of a transfer: plan rows, outcomes, the queues table's rows,
+    verdicts and ledger files are matched on it (its six fields), never on a label,
+    since RabbitMQ allows "/" (and ":") inside vhost and queue names.
+
+    >>> TransferKey("dr", "a/b", "c", "main", "a/b", "c") == TransferKey(
+    ...     "dr", "a", "b/c", "main", "a", "b/c")
+    False
+    """
 
     source_cluster: str
     source_vhost: str
@@ -72,17 +98,62 @@ class TransferKey:
     destination_vhost: str
     destination_queue: str
 
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> TransferKey:
+        """The key of a row holding the six columns (a ledger, counters or summary row)."""
+        return cls(*(str(row[name]) for name in _KEY_FIELDS))
+
+    def label(self) -> str:
+        """`cluster:vhost:queue -> cluster:vhost:queue`, how messages and logs name it.
+
+        For people only: the names may hold ":" and "/" (colons, not slashes, because
+        the default vhost is "/").
+        """
+        return (
+            f"{self.source_cluster}:{self.source_vhost}:{self.source_queue} -> "
+            f"{self.destination_cluster}:{self.destination_vhost}:{self.destination_queue}"
+        )
+
+    # transfer/mover.py names its transfer with describe(); kept until the engine split.
+    describe = label
+
     @property
     def file_prefix(self) -> str:
-        """Data files of this transfer start with this, so a retried task finds its own."""
-        digest = hashlib.sha256(self.describe().encode()).hexdigest()[:16]
-        return f"part-{digest}-"
+        """Data files of this transfer start with this, so a retried task finds its own.
 
-    def describe(self) -> str:
-        return (
+        A hash of the six fields, each length-prefixed, so no two transfers share it
+        (vhost "a/b" + queue "c" and vhost "a" + queue "b/c" did, when it hashed a label).
+        """
+        encoded = b"".join(
+            b"%d:%s" % (len(raw), raw)
+            for raw in (getattr(self, name).encode() for name in _KEY_FIELDS)
+        )
+        return f"part-{hashlib.sha256(encoded).hexdigest()[:16]}-"
+
+    @property
+    def legacy_file_prefix(self) -> str:
+        """The prefix earlier builds gave the transfer's files: a hash of its "/"-joined
+        label, shared by transfers whose joined names collide.
+
+        Read, never written, so a run started by an earlier build resumes under this
+        one (`writer.next_position`, `tables.rows_from_intents`). Remove in the release
+        after 0.1.0 (docs/LEDGER.md, "File names").
+        """
+        label = (
             f"{self.source_cluster}/{self.source_vhost}/{self.source_queue} -> "
             f"{self.destination_cluster}/{self.destination_vhost}/{self.destination_queue}"
         )
+        return f"part-{hashlib.sha256(label.encode()).hexdigest()[:16]}-"
+
+
+_KEY_FIELDS: tuple[str, ...] = (
+    "source_cluster",
+    "source_vhost",
+    "source_queue",
+    "destination_cluster",
+    "destination_vhost",
+    "destination_queue",
+)
 
 
 class DeliveryState(enum.Enum):

@@ -29,7 +29,7 @@ from rmq_spark.config import JobConfig, validate_run_id
 from rmq_spark.errors import ConfigError, DeliveryLimitError, RmqSparkError
 from rmq_spark.ledger import schema, tables
 from rmq_spark.ledger.committers import committer_for
-from rmq_spark.model import MoveOutcome, QueueTransfer
+from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey
 from rmq_spark.planning.discovery import discover, measure_depths
 from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_rows
@@ -151,7 +151,7 @@ def run_transfer(
     tables.commit_run(ledger_path, run_id, committer)
 
     after = measure_depths(config, transfers)
-    partition_of = {t.describe(): p for t, p in zip(to_move, assignment, strict=True)}
+    partition_of = {t.key: p for t, p in zip(to_move, assignment, strict=True)}
     shared = {route.name for route in config.routes if route.destination.shared}
     counters = counters_rows(run_id, transfers, partition_of, outcomes, after, shared_routes=shared)
     verification = verify_ledger_run(
@@ -176,7 +176,7 @@ def run_transfer(
     return RunResult(
         run_id=run_id,
         transfers=tuple(transfers),
-        partitions=tuple(partition_of.get(t.describe(), NOT_MOVED_NOW) for t in transfers),
+        partitions=tuple(partition_of.get(t.key, NOT_MOVED_NOW) for t in transfers),
         outcomes=tuple(outcomes),
         verification=verification,
         seconds=seconds,
@@ -227,7 +227,7 @@ def record_plan(
     is now empty and discovery no longer selects them.
     """
     digest = config.digest()
-    earlier: dict[str, QueueTransfer] = {}
+    earlier: dict[TransferKey, QueueTransfer] = {}
     for row in tables.read_rows(config.ledger.path, "plans", run_id):
         if row["config_digest"] != digest:
             raise ConfigError(
@@ -237,8 +237,8 @@ def record_plan(
             )
         # The plans table leaves out what only the movers need (the delivery limit).
         transfer = QueueTransfer(**{f: row[f] for f in _TRANSFER_FIELDS if f in row})
-        earlier.setdefault(transfer.describe(), transfer)
-    new = [t for t in discovered if t.describe() not in earlier]
+        earlier.setdefault(transfer.key, transfer)
+    new = [t for t in discovered if t.key not in earlier]
     tables.append_rows(
         config.ledger.path,
         "plans",
@@ -288,7 +288,7 @@ def move(
 def counters_rows(
     run_id: str,
     transfers: Sequence[QueueTransfer],
-    partition_of: dict[str, int],
+    partition_of: Mapping[TransferKey, int],
     outcomes: Sequence[MoveOutcome],
     after: dict[QueueTransfer, tuple[int, int]],
     *,
@@ -301,12 +301,12 @@ def counters_rows(
     The queues table's ledger columns (rows, duplicates, lost, unexpected) are added
     from the verification.
     """
-    by_key = {outcome.key.describe(): outcome for outcome in outcomes}
+    by_key = {outcome.key: outcome for outcome in outcomes}
     rows = []
     for transfer in transfers:
-        label = transfer.describe()
-        outcome = by_key.get(label)
-        if label not in partition_of:
+        key = transfer.key
+        outcome = by_key.get(key)
+        if key not in partition_of:
             status, error = "moved", None
         elif outcome is None:
             status, error = "failed", "no outcome from the executor"
@@ -321,7 +321,7 @@ def counters_rows(
                 "destination_cluster": transfer.destination_cluster,
                 "destination_vhost": transfer.destination_vhost,
                 "destination_queue": transfer.destination_queue,
-                "partition": partition_of.get(label, NOT_MOVED_NOW),
+                "partition": partition_of.get(key, NOT_MOVED_NOW),
                 "status": status,
                 "error": error,
                 "source_depth_before": transfer.messages,
@@ -347,12 +347,10 @@ def record_run(
     rabbitmq_versions: Mapping[str, str] | None = None,
 ) -> None:
     """Append the run's queues rows (with verification figures) and its runs row."""
-    verdicts = {(v.source_cluster, v.source_vhost, v.source_queue): v for v in verification.queues}
+    verdicts = {v.key: v for v in verification.queues}
     queue_rows = []
     for row in counters:
-        verdict = verdicts[
-            (str(row["source_cluster"]), str(row["source_vhost"]), str(row["source_queue"]))
-        ]
+        verdict = verdicts[TransferKey.of(row)]
         queue_rows.append(
             {
                 **row,

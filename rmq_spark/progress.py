@@ -20,10 +20,10 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -38,7 +38,7 @@ from rich.progress import (
 from rmq_spark.broker.counts import queue_depths
 from rmq_spark.config import JobConfig
 from rmq_spark.errors import RmqSparkError
-from rmq_spark.model import QueueTransfer
+from rmq_spark.model import QueueTransfer, TransferKey
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +55,20 @@ TOTAL = "total"
 # the driver's output pipe, "0" it is not; unset, the stream itself is asked (isatty).
 TERMINAL_ENV = "RMQ_SPARK_TERMINAL"
 
-DepthSampler = Callable[[], dict[str, int]]  # source label -> ready messages now
+DepthSampler = Callable[[], dict[TransferKey, int]]  # transfer -> its source's ready messages now
+# Whatever names a queue's count: a TransferKey in the reporter (never a label, which
+# "/" inside names makes ambiguous).
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Snapshot(Generic[K]):
     """Progress at one moment, derived from two depth samples."""
 
     moved: int
     total: int
     seconds: float
-    per_queue: dict[str, tuple[int, int]]  # label -> (moved, total)
+    per_queue: dict[K, tuple[int, int]]  # queue -> (moved, total)
 
     @property
     def rate(self) -> float:
@@ -115,12 +118,12 @@ class MovingRates:
     moved and the sample that saw its last gain.
     """
 
-    def __init__(self, keys: Sequence[str], started_at: float = 0.0) -> None:
+    def __init__(self, keys: Sequence[Hashable], started_at: float = 0.0) -> None:
         self._still_at = dict.fromkeys(keys, started_at)  # last seen not yet moving
-        self._first: dict[str, float] = {}
-        self._last: dict[str, tuple[int, float]] = {}  # key -> (count, when it got there)
+        self._first: dict[Hashable, float] = {}
+        self._last: dict[Hashable, tuple[int, float]] = {}  # key -> (count, when it got there)
 
-    def observe(self, key: str, count: int, at: float) -> None:
+    def observe(self, key: Hashable, count: int, at: float) -> None:
         if count <= 0:
             if key not in self._first:
                 self._still_at[key] = at
@@ -129,7 +132,7 @@ class MovingRates:
         if key not in self._last or self._last[key][0] != count:
             self._last[key] = (count, at)
 
-    def rate(self, key: str) -> float:
+    def rate(self, key: Hashable) -> float:
         if key not in self._last:
             return 0.0
         count, at = self._last[key]
@@ -137,12 +140,12 @@ class MovingRates:
         return count / seconds if seconds > 0 else 0.0
 
 
-def queues_to_show(per_queue: Mapping[str, tuple[int, int]], limit: int) -> list[str]:
+def queues_to_show(per_queue: Mapping[K, tuple[int, int]], limit: int) -> list[K]:
     """The queues that get a bar of their own, at most `limit`: the moving ones first,
     then those waiting for their turn, then the finished ones; plan order within each."""
 
-    def stage(label: str) -> int:
-        moved, total = per_queue[label]
+    def stage(queue: K) -> int:
+        moved, total = per_queue[queue]
         if 0 < moved < total:
             return 0
         return 1 if moved < total else 2
@@ -168,15 +171,15 @@ def progress_console(environ: Mapping[str, str] | None = None) -> Console:
     return Console(stderr=True)
 
 
-def snapshot(before: dict[str, int], now: dict[str, int], seconds: float) -> Snapshot:
+def snapshot(before: Mapping[K, int], now: Mapping[K, int], seconds: float) -> Snapshot[K]:
     """Moved per queue is the drop in its ready count, never below 0 or above its start.
 
     A producer publishing into a source during the run can make the drop look smaller;
     the bar then lags, and the ledger still counts exactly.
     """
     per_queue = {
-        label: (min(max(total - now.get(label, total), 0), total), total)
-        for label, total in before.items()
+        queue: (min(max(total - now.get(queue, total), 0), total), total)
+        for queue, total in before.items()
     }
     return Snapshot(
         moved=sum(moved for moved, _ in per_queue.values()),
@@ -192,13 +195,13 @@ def amqp_sampler(config: JobConfig, transfers: Sequence[QueueTransfer]) -> Depth
     for transfer in transfers:
         by_vhost[(transfer.source_cluster, transfer.source_vhost)].append(transfer)
 
-    def sample() -> dict[str, int]:
+    def sample() -> dict[TransferKey, int]:
         depths = {}
         for (cluster, vhost), group in by_vhost.items():
             counted = queue_depths(
                 cluster, config.clusters[cluster], vhost, [t.source_queue for t in group]
             )
-            depths.update({t.source_label: counted[t.source_queue] for t in group})
+            depths.update({t.key: counted[t.source_queue] for t in group})
         return depths
 
     return sample
@@ -215,7 +218,8 @@ class ProgressReporter:
         console: Console | None = None,
         interval: float | None = None,
     ) -> None:
-        self._before = {t.source_label: t.messages for t in transfers}
+        self._before = {t.key: t.messages for t in transfers}
+        self._names = {t.key: t.source_label for t in transfers}  # what a bar says
         # Bytes come from the management API's statistics, which may be missing:
         # then a rate in bytes is unknown, not 0 B/s.
         total_bytes = sum(t.message_bytes for t in transfers)
@@ -224,8 +228,8 @@ class ProgressReporter:
             if all(t.bytes_known for t in transfers)
             else None
         )
-        self._queue_bytes_per_message: dict[str, float | None] = {
-            t.source_label: t.average_message_bytes if t.bytes_known else None for t in transfers
+        self._queue_bytes_per_message: dict[TransferKey, float | None] = {
+            t.key: t.average_message_bytes if t.bytes_known else None for t in transfers
         }
         self._sampler = sampler
         self._console = console or progress_console()
@@ -236,7 +240,7 @@ class ProgressReporter:
         )
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rmq-spark-progress", daemon=True)
-        self.last: Snapshot | None = None
+        self.last: Snapshot[TransferKey] | None = None
 
     def __enter__(self) -> ProgressReporter:
         self._thread.start()
@@ -278,17 +282,19 @@ class ProgressReporter:
             transient=False,
             refresh_per_second=BAR_REFRESH_PER_SECOND,
         )
-        labels = list(self._before)  # plan order
-        rates = MovingRates([TOTAL, *labels])
+        queues = list(self._before)  # plan order
+        rates = MovingRates([TOTAL, *queues])
         with progress as bars, _logging_above_bars():
             total = bars.add_task(TOTAL, total=sum(self._before.values()), rate="")
             queue_bars = {
-                label: bars.add_task(label, total=self._before[label], rate="", visible=False)
-                for label in labels
+                queue: bars.add_task(
+                    self._names[queue], total=self._before[queue], rate="", visible=False
+                )
+                for queue in queues
             }
             rest = bars.add_task("", total=0, rate="", visible=False)
             self._show_queues(
-                bars, queue_bars, rest, {label: (0, n) for label, n in self._before.items()}
+                bars, queue_bars, rest, {queue: (0, n) for queue, n in self._before.items()}
             )
             bars.refresh()  # every bar at 0 at once, not at the next redraw
             while True:
@@ -302,13 +308,13 @@ class ProgressReporter:
                         completed=now.moved,
                         rate=rate_text(rates.rate(TOTAL), self._bytes_per_message),
                     )
-                    for label, task in queue_bars.items():
-                        moved = now.per_queue[label][0]
-                        rates.observe(label, moved, now.seconds)
+                    for queue, task in queue_bars.items():
+                        moved = now.per_queue[queue][0]
+                        rates.observe(queue, moved, now.seconds)
                         bars.update(
                             task,
                             completed=moved,
-                            rate=rate_text(rates.rate(label), self._queue_bytes_per_message[label]),
+                            rate=rate_text(rates.rate(queue), self._queue_bytes_per_message[queue]),
                         )
                     self._show_queues(bars, queue_bars, rest, now.per_queue)
                 if stopping:
@@ -317,15 +323,15 @@ class ProgressReporter:
     @staticmethod
     def _show_queues(
         bars: Progress,
-        queue_bars: Mapping[str, TaskID],
+        queue_bars: Mapping[TransferKey, TaskID],
         rest: TaskID,
-        per_queue: Mapping[str, tuple[int, int]],
+        per_queue: Mapping[TransferKey, tuple[int, int]],
     ) -> None:
         """Bars for MAX_QUEUE_BARS queues (see queues_to_show); one bar sums up the rest."""
         shown = set(queues_to_show(per_queue, MAX_QUEUE_BARS))
-        for label, task in queue_bars.items():
-            bars.update(task, visible=label in shown)
-        hidden = [per_queue[label] for label in queue_bars if label not in shown]
+        for queue, task in queue_bars.items():
+            bars.update(task, visible=queue in shown)
+        hidden = [per_queue[queue] for queue in queue_bars if queue not in shown]
         done = sum(1 for moved, total in hidden if moved >= total)
         bars.update(
             rest,

@@ -33,6 +33,7 @@ from rmq_spark.ledger import schema, writer
 from rmq_spark.ledger.committers import DELTA_RS, CommitKey, DeltaCommitter, commit_app_id
 from rmq_spark.ledger.storage import describe, storage_options
 from rmq_spark.ledger.writer import read_stream, run_intents_dir, run_partition_dir, run_rows_dir
+from rmq_spark.model import TransferKey
 from rmq_spark.spark_session import spark_has_delta
 
 log = logging.getLogger(__name__)
@@ -231,16 +232,21 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
         return 0
     partition = run_partition_dir(ledger_path, run_id)
     partition.mkdir(parents=True, exist_ok=True)
-    by_transfer: dict[str, list[pa.Table]] = {}
+    # Grouped by the transfer the rows name, not by file prefix: an intent log written
+    # by an earlier build carries the legacy prefix (TransferKey.legacy_file_prefix).
+    by_transfer: dict[TransferKey, list[pa.Table]] = {}
     for intent_file in sorted(intents_dir.glob("part-*.arrows")):
-        prefix = intent_file.name[: len("part-") + 17]  # "part-<16 hex>-"
-        by_transfer.setdefault(prefix, []).append(read_stream(intent_file))
+        logged = read_stream(intent_file)
+        for key in {TransferKey.of(row) for row in logged.select(writer.KEY_COLUMNS).to_pylist()}:
+            by_transfer.setdefault(key, []).append(writer.rows_of(key, logged))
     written = 0
-    for prefix, intents in by_transfer.items():
+    for key, intents in by_transfer.items():
         logged = pa.concat_tables(intents)
         present: set[int] = set()
-        for data_file in partition.glob(f"{prefix}*.parquet"):
-            present.update(pq.read_table(data_file, columns=["position"])["position"].to_pylist())
+        for prefix in writer.transfer_prefixes(key):
+            for data_file in partition.glob(f"{prefix}*.parquet"):
+                rows = pq.read_table(data_file, columns=["position", *writer.KEY_COLUMNS])
+                present.update(writer.rows_of(key, rows)["position"].to_pylist())
         missing = pc.invert(
             pc.is_in(logged["position"], value_set=pa.array(sorted(present), pa.int64()))
         )
@@ -253,7 +259,7 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
         if orphans.num_rows:
             orphans = orphans.select(writer.DATA_SCHEMA.names).cast(writer.DATA_SCHEMA)
             writer.write_data_file(
-                partition, f"{prefix}intents-{uuid.uuid4().hex}.parquet", orphans
+                partition, f"{key.file_prefix}intents-{uuid.uuid4().hex}.parquet", orphans
             )
             written += orphans.num_rows
             log.warning(
@@ -261,7 +267,7 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
                 "died); written as uncertain rows",
                 run_id,
                 orphans.num_rows,
-                prefix,
+                key.label(),
             )
     return written
 

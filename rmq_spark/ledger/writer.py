@@ -39,6 +39,8 @@ from rmq_spark.model import Delivery, TransferKey
 # Data files carry every column but the partition column, as Delta expects.
 DATA_COLUMNS = tuple(c for c in schema.MESSAGES if c.name != "run_id")
 DATA_SCHEMA = schema.arrow_schema(DATA_COLUMNS)
+# The transfer's identity in every row (TransferKey's fields).
+KEY_COLUMNS: tuple[str, ...] = tuple(name for name in schema.TRANSFER_KEY if name != "run_id")
 TEMP_PREFIX = ".staging-"
 STREAM_SUFFIX = ".arrows"
 # A transfer's rows stream becomes a Parquet data file every this many rows.
@@ -383,12 +385,30 @@ def next_position(ledger_path: str, run_id: str, key: TransferKey) -> int:
     log or not, so positions stay unique across attempts of the same run.
     """
     highest = -1
-    for path in _files(run_partition_dir(ledger_path, run_id), f"{key.file_prefix}*.parquet"):
-        highest = max(highest, _max_position(pq.read_table(path, columns=["position"])))
-    for directory in (run_rows_dir(ledger_path, run_id), run_intents_dir(ledger_path, run_id)):
-        for path in _files(directory, f"{key.file_prefix}*{STREAM_SUFFIX}"):
-            highest = max(highest, _max_position(read_stream(path)))
+    for prefix in transfer_prefixes(key):
+        for path in _files(run_partition_dir(ledger_path, run_id), f"{prefix}*.parquet"):
+            table = pq.read_table(path, columns=["position", *KEY_COLUMNS])
+            highest = max(highest, _max_position(rows_of(key, table)))
+        for directory in (run_rows_dir(ledger_path, run_id), run_intents_dir(ledger_path, run_id)):
+            for path in _files(directory, f"{prefix}*{STREAM_SUFFIX}"):
+                highest = max(highest, _max_position(rows_of(key, read_stream(path))))
     return highest + 1
+
+
+def transfer_prefixes(key: TransferKey) -> tuple[str, ...]:
+    """The file prefixes a transfer's files may carry: its own, and the one earlier
+    builds wrote (`TransferKey.legacy_file_prefix`), so their runs resume."""
+    return (key.file_prefix, key.legacy_file_prefix)
+
+
+def rows_of(key: TransferKey, table: pa.Table) -> pa.Table:
+    """The rows of `table` that belong to `key`: a file under a legacy prefix may hold
+    another transfer's rows (one whose "/"-joined names collide with this one's)."""
+    keep = None
+    for name in KEY_COLUMNS:
+        match = pc.equal(table[name], getattr(key, name))
+        keep = match if keep is None else pc.and_(keep, match)
+    return table.filter(keep) if keep is not None else table
 
 
 def _files(directory: Path, pattern: str) -> list[Path]:

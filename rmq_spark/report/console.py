@@ -56,15 +56,13 @@ def print_queue_table(result: RunResult, file: IO[str] | None = None) -> None:
             header,
             justify="right" if header in {"part", "moved", "dups", "lost", "unexp."} else "left",
         )
-    partition_of = {
-        t.describe(): p for t, p in zip(result.transfers, result.partitions, strict=True)
-    }
+    partition_of = {t.key: p for t, p in zip(result.transfers, result.partitions, strict=True)}
     for verdict in result.verification.queues:
         source = f"{verdict.source_cluster}/{verdict.source_vhost}/{verdict.source_queue}"
         destination = (
             f"{verdict.destination_cluster}/{verdict.destination_vhost}/{verdict.destination_queue}"
         )
-        partition = partition_of.get(f"{source} -> {destination}", "")
+        partition = partition_of.get(verdict.key, "")
         outcome = "ok" if verdict.passed else (verdict.error or "FAILED")
         table.add_row(
             source,
@@ -90,11 +88,19 @@ def plan_document(
         queues.append(
             {
                 "route": transfer.route,
+                # "source"/"destination" are for reading (names may hold "/"); match
+                # queues on the separate fields.
                 "source": transfer.source_label,
+                "source_cluster": transfer.source_cluster,
+                "source_vhost": transfer.source_vhost,
+                "source_queue": transfer.source_queue,
                 "source_type": transfer.source_type,
                 "messages": transfer.messages,
                 "bytes": transfer.message_bytes if transfer.bytes_known else None,
                 "destination": transfer.destination_label,
+                "destination_cluster": transfer.destination_cluster,
+                "destination_vhost": transfer.destination_vhost,
+                "destination_queue": transfer.destination_queue,
                 "destination_messages": transfer.destination_messages,
                 "destination_created": transfer.destination_created,
                 "partition": partition,

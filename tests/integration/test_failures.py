@@ -112,7 +112,7 @@ def test_refused_messages_stay_in_the_source_and_the_rest_is_ledgered(
 
     assert outcome.status == "failed"
     assert "nacked" in (outcome.error or "")
-    assert "dr/fail-nack/orders" in (outcome.error or "")
+    assert "dr:fail-nack:orders" in (outcome.error or "")
     in_destination = depth(brokers.main, vhost, "orders")
     in_source = depth(brokers.dr, vhost, "orders")
     assert in_destination == 10

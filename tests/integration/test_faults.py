@@ -265,7 +265,7 @@ def test_destination_queue_deleted_mid_run_stops_with_returns_and_keeps_the_rest
     assert transfer.outcome is not None
     assert transfer.outcome.status == "failed"
     assert "returned by the destination: 312 NO_ROUTE" in (transfer.outcome.error or "")
-    assert "dr/fault-deleted/orders" in (transfer.outcome.error or "")
+    assert "dr:fault-deleted:orders" in (transfer.outcome.error or "")
     # What was confirmed before the deletion has rows; everything else is in the source.
     ledger = transfer.ledger()
     confirmed = Counter(

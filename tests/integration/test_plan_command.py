@@ -27,12 +27,21 @@ def test_plan_prints_every_queue_and_creates_and_moves_nothing(
 
     assert exit_code == 0
     plan = json.loads(capsys.readouterr().out)
-    queues = {q["source"]: q for q in plan["queues"]}
-    assert set(queues) == {f"dr/{vhost}/big", f"dr/{vhost}/small"}
-    assert queues[f"dr/{vhost}/big"]["messages"] == 300
-    assert queues[f"dr/{vhost}/big"]["destination_created"] is False
-    assert queues[f"dr/{vhost}/small"]["destination_created"] is True
-    assert queues[f"dr/{vhost}/small"]["destination"] == f"main/{vhost}/small"
+    # Matched on the separate names; "source"/"destination" are for reading.
+    queues = {
+        (q["source_cluster"], q["source_vhost"], q["source_queue"]): q for q in plan["queues"]
+    }
+    assert set(queues) == {("dr", vhost, "big"), ("dr", vhost, "small")}
+    big, small = queues[("dr", vhost, "big")], queues[("dr", vhost, "small")]
+    assert big["messages"] == 300
+    assert big["destination_created"] is False
+    assert small["destination_created"] is True
+    assert (
+        small["destination_cluster"],
+        small["destination_vhost"],
+        small["destination_queue"],
+    ) == ("main", vhost, "small")
+    assert (small["source"], small["destination"]) == (f"dr/{vhost}/small", f"main/{vhost}/small")
     # max_active 4, two queues per task (the default): two tasks, one queue each.
     assert {q["partition"] for q in plan["queues"]} == {0, 1}
     assert plan["messages"] == 320

@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 
 from rmq_spark.ledger import tables, writer
 from rmq_spark.ledger.schema import MESSAGES, arrow_schema, spark_schema
+from rmq_spark.model import TransferKey
 from rmq_spark.verify import (
     DESTINATION_SHARED,
     ENGINE_DRIVER,
@@ -30,7 +31,6 @@ from rmq_spark.verify import (
     Verification,
     summarize,
     summarize_arrow,
-    transfer_label,
     verify_ledger_run,
     verify_run,
     verify_run_arrow,
@@ -80,7 +80,7 @@ def key(queue: str) -> dict[str, str]:
 
 
 def label(queue: str) -> str:
-    return transfer_label(key(queue))
+    return TransferKey.of(key(queue)).label()
 
 
 def message(

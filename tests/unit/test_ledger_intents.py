@@ -67,3 +67,67 @@ def test_a_torn_last_batch_is_not_read(tmp_path: Path) -> None:
     log_file.write_bytes(data[: len(data) - 40])  # the crash cut the second batch short
 
     assert read_stream(log_file)["position"].to_pylist() == [0]
+
+
+def as_written_by_an_earlier_build(ledger: Path, key: TransferKey) -> int:
+    """Rename the key's files to the prefix earlier builds gave them; returns how many."""
+    renamed = 0
+    for path in list(ledger.glob(f"*/run_id=*/{key.file_prefix}*")):
+        path.rename(path.with_name(key.legacy_file_prefix + path.name[len(key.file_prefix) :]))
+        renamed += 1
+    return renamed
+
+
+# vhost "a/b" + queue "c" and vhost "a" + queue "b/c": one legacy prefix for both.
+SLASHED = TransferKey("dr", "a/b", "c", "main", "a/b", "c")
+COLLIDING = TransferKey("dr", "a", "b/c", "main", "a", "b/c")
+
+
+def test_resumed_task_numbers_after_files_an_earlier_build_wrote(tmp_path: Path) -> None:
+    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
+    intents.append([delivery(p, confirmed=False) for p in range(7)])
+    intents.close(finished=False)
+    rows = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
+    rows.write([delivery(p, confirmed=True) for p in range(3)])
+    rows.close()
+    assert as_written_by_an_earlier_build(tmp_path, KEY) == 2
+
+    assert next_position(str(tmp_path), "r1", KEY) == 7
+
+
+def test_old_prefix_files_of_a_colliding_transfer_are_not_counted(tmp_path: Path) -> None:
+    assert SLASHED.legacy_file_prefix == COLLIDING.legacy_file_prefix
+    rows = MessageLedgerWriter(str(tmp_path), "r1", SLASHED, "0.0.0")
+    rows.write([delivery(p, confirmed=True) for p in range(5)])
+    rows.close()
+    as_written_by_an_earlier_build(tmp_path, SLASHED)
+
+    assert next_position(str(tmp_path), "r1", SLASHED) == 5
+    assert next_position(str(tmp_path), "r1", COLLIDING) == 0
+
+
+def test_old_prefix_intents_become_uncertain_rows_once_beside_their_rows(tmp_path: Path) -> None:
+    tables.ensure_tables(str(tmp_path))
+    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
+    intents.append([delivery(p, confirmed=False) for p in range(4)])
+    intents.close(finished=False)
+    rows = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
+    rows.write([delivery(p, confirmed=True) for p in range(2)])
+    rows.close()
+    as_written_by_an_earlier_build(tmp_path, KEY)
+    # The resumed run's own attempt, under the new prefix, numbers after them.
+    resumed = MessageLedgerWriter(str(tmp_path), "r1", KEY, "1.0.1")
+    resumed.write([delivery(next_position(str(tmp_path), "r1", KEY), confirmed=True)])
+    resumed.close()
+
+    assert tables.commit_run(str(tmp_path), "r1") == 5
+    assert tables.commit_run(str(tmp_path), "r1") == 0
+
+    committed = committed_rows(tmp_path, "r1")
+    assert [(r["position"], r["confirmed_at"] is None) for r in committed] == [
+        (0, False),
+        (1, False),
+        (2, True),
+        (3, True),
+        (4, False),
+    ]

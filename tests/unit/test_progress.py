@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rmq_spark.model import QueueTransfer
+from rmq_spark.model import QueueTransfer, TransferKey
 from rmq_spark.progress import (
     MAX_QUEUE_BARS,
     TERMINAL_ENV,
@@ -180,7 +180,7 @@ def test_bars_redraw_in_place_through_a_pipe(monkeypatch: pytest.MonkeyPatch) ->
     pipe = io.StringIO()  # not a tty: only RMQ_SPARK_TERMINAL=1 makes bars here
     monkeypatch.setattr(sys, "stderr", pipe)
     console = progress_console({TERMINAL_ENV: "1", "COLUMNS": "120"})
-    depths = {"dr/v/a": 0, "dr/v/b": 25}
+    depths = {transfer("a", 100, 0).key: 0, transfer("b", 50, 0).key: 25}
 
     # interval=60: the only sample is the one taken when the reporter stops.
     with ProgressReporter(
@@ -208,8 +208,8 @@ def test_queues_beyond_the_bar_limit_share_one_bar(monkeypatch: pytest.MonkeyPat
     pipe = io.StringIO()
     monkeypatch.setattr(sys, "stderr", pipe)
     names = [f"q{index:02d}" for index in range(MAX_QUEUE_BARS + 3)]
-    # q00 and q01 done, q02 moving, the rest untouched.
-    depths = {f"dr/v/{name}": 10 for name in names} | {"dr/v/q00": 0, "dr/v/q01": 0, "dr/v/q02": 4}
+    left = {"q00": 0, "q01": 0, "q02": 4}  # q00 and q01 done, q02 moving, the rest untouched
+    depths = {transfer(name, 10, 100).key: left.get(name, 10) for name in names}
 
     with ProgressReporter(
         [transfer(name, 10, 100) for name in names],
@@ -243,9 +243,9 @@ def test_log_lines_are_printed_above_the_bars_not_into_them(
     logging.getLogger().addHandler(handler)
     marker = "a warning while the bars are up"
 
-    def sampler() -> dict[str, int]:
+    def sampler() -> dict[TransferKey, int]:
         logging.getLogger("rmq_spark.test").warning(marker)
-        return {"dr/v/a": 5}
+        return {transfer("a", 10, 10).key: 5}
 
     try:
         with ProgressReporter(

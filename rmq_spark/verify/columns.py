@@ -1,0 +1,93 @@
+"""Names shared by verification's parts: statuses, engines and the columns of the
+counters, the summary and the message checks."""
+
+from __future__ import annotations
+
+from rmq_spark.ledger.schema import MESSAGES, TRANSFER_KEY
+
+# Transfer statuses. A ledger row whose transfer is missing from the counters was moved
+# by something the plan does not know about; it gets its own status so it fails.
+STATUS_MOVED = "moved"
+STATUS_UNPLANNED = "unplanned"
+
+# The driver's broker readings, per queue transfer, besides TRANSFER_KEY.
+DEPTH_COLUMNS: tuple[str, ...] = (
+    "source_depth_before",
+    "source_depth_after",
+    "destination_depth_before",
+    "destination_depth_after",
+)
+COUNTER_COLUMNS: tuple[str, ...] = (*TRANSFER_KEY, *DEPTH_COLUMNS, "status", "error")
+# Optional counter: True when other publishers send to the destination queue during the
+# run (routes[].destination.shared). Its rise above the ledger's rows is then their
+# messages (`live_arrivals`), not an unexplained copy; every other check is unchanged.
+DESTINATION_SHARED = "destination_shared"
+MESSAGE_COLUMNS: tuple[str, ...] = tuple(c.name for c in MESSAGES)
+
+# Per-queue counts of message-level problems, kept in the summary so a failed
+# message-level expectation can name the queues it is about.
+NULL_BODY_SHA256 = "null_body_sha256"
+NULL_PROPERTIES_SHA256 = "null_properties_sha256"
+CONFIRMED_BEFORE_CONSUMED = "confirmed_before_consumed"
+PROBLEM_COUNTS: tuple[str, ...] = (
+    NULL_BODY_SHA256,
+    NULL_PROPERTIES_SHA256,
+    CONFIRMED_BEFORE_CONSUMED,
+)
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    *TRANSFER_KEY,
+    "status",
+    "error",
+    *DEPTH_COLUMNS,
+    "ledger_rows",
+    "confirmed_rows",
+    "uncertain_rows",
+    "duplicates",
+    "distinct_messages",
+    "bytes",
+    "source_drop",
+    "destination_rise",
+    "lost",
+    "unexpected",
+    DESTINATION_SHARED,
+    "live_arrivals",
+    "missing_at_destination",
+    "redelivered_rows",
+    "retried_rows",
+    "reordered",
+    "order_kept",
+    "min_position",
+    "max_position",
+    "distinct_positions",
+    "positions_contiguous",
+    *PROBLEM_COUNTS,
+)
+
+# The columns the message-level expectations read (the driver engine loads only these
+# into pandas) and the ones the driver engine's summary reads.
+MESSAGE_CHECK_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "body_sha256",
+    "properties_sha256",
+    "consumed_at",
+    "confirmed_at",
+)
+SUMMARY_INPUT_COLUMNS: tuple[str, ...] = (
+    *TRANSFER_KEY,
+    "position",
+    "publish_seq",
+    "publish_attempts",
+    "redelivered",
+    "body_size",
+    "body_sha256",
+    "properties_sha256",
+    "consumed_at",
+    "confirmed_at",
+    "task_attempt",
+    "session",
+)
+# Runs with at most this many ledger rows are verified on the driver (pyarrow + GE on
+# pandas, roughly 150 bytes of driver memory per row); larger ones in Spark.
+LOCAL_MAX_ROWS = 1_000_000
+ENGINE_SPARK, ENGINE_DRIVER = "spark", "driver"

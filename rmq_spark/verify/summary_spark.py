@@ -1,0 +1,150 @@
+"""The per-queue summary in Spark, for runs of any size (`summarize_arrow` is its
+driver twin; tests/spark/test_verify.py runs every case through both)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from rmq_spark.ledger.schema import TRANSFER_KEY
+from rmq_spark.verify.columns import (
+    CONFIRMED_BEFORE_CONSUMED,
+    COUNTER_COLUMNS,
+    DEPTH_COLUMNS,
+    DESTINATION_SHARED,
+    MESSAGE_COLUMNS,
+    NULL_BODY_SHA256,
+    NULL_PROPERTIES_SHA256,
+    PROBLEM_COUNTS,
+    STATUS_UNPLANNED,
+)
+
+
+def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
+    """One row per queue transfer: ledger counts joined to the driver's broker counters.
+
+    Transfers without ledger rows appear with zero counts; ledger rows whose transfer is
+    not in `counters` appear with status "unplanned" and null depths. Columns are
+    SUMMARY_COLUMNS, rows ordered by TRANSFER_KEY.
+    """
+    _require_columns("messages", messages, MESSAGE_COLUMNS)
+    _require_columns("counters", counters, COUNTER_COLUMNS)
+    key = list(TRANSFER_KEY)
+
+    # A crash between the durable ledger row and the source ack makes the broker redeliver
+    # the message and the mover publish it again: a later, redelivered row with the same
+    # checksums. Only confirmed rows count here: an uncertain row (no confirm time) may
+    # never have arrived; the destination's rise says how many of those did.
+    # publish_seq only breaks ties so the choice of "first" is deterministic.
+    confirmed = F.col("confirmed_at").isNotNull()
+    same_message = Window.partitionBy(
+        *key, "body_sha256", "properties_sha256", confirmed.alias("_confirmed")
+    ).orderBy("position", "publish_seq")
+    is_duplicate = (
+        confirmed
+        & (F.row_number().over(same_message) > 1)
+        & F.coalesce(F.col("redelivered"), F.lit(False))
+    )
+    # With one consumer and no redelivery or retry, publish order is source order: within
+    # one session of one task attempt, publish_seq must grow with position.
+    same_session = Window.partitionBy(*key, "task_attempt", "session").orderBy("position")
+    out_of_order = F.col("publish_seq") < F.lag("publish_seq").over(same_session)
+    flagged = messages.withColumn("_duplicate", is_duplicate).withColumn(
+        "_out_of_order", F.coalesce(out_of_order, F.lit(False))
+    )
+
+    def count_where(condition: Any) -> Any:
+        return F.coalesce(F.sum(F.when(condition, 1).otherwise(0)), F.lit(0)).cast(T.LongType())
+
+    ledger = flagged.groupBy(*key).agg(
+        F.count(F.lit(1)).alias("ledger_rows"),
+        count_where(confirmed).alias("confirmed_rows"),
+        count_where(F.col("_duplicate")).alias("confirmed_duplicates"),
+        count_where(F.coalesce(F.col("redelivered"), F.lit(False))).alias("redelivered_rows"),
+        count_where(F.col("publish_attempts") > 1).alias("retried_rows"),
+        count_where(F.col("_out_of_order")).alias("reordered"),
+        F.sum(F.when(confirmed & ~F.col("_duplicate"), F.col("body_size"))).alias("bytes"),
+        F.min("position").alias("min_position"),
+        F.max("position").alias("max_position"),
+        F.countDistinct("position").alias("distinct_positions"),
+        count_where(F.col("body_sha256").isNull()).alias(NULL_BODY_SHA256),
+        count_where(F.col("properties_sha256").isNull()).alias(NULL_PROPERTIES_SHA256),
+        count_where(F.col("confirmed_at") < F.col("consumed_at")).alias(CONFIRMED_BEFORE_CONSUMED),
+    )
+    shared = (
+        F.col(DESTINATION_SHARED).cast(T.BooleanType())
+        if DESTINATION_SHARED in counters.columns
+        else F.lit(False)
+    )
+    planned = counters.select(*COUNTER_COLUMNS, shared.alias(DESTINATION_SHARED))
+    # Full outer: a planned transfer with no rows must still be checked, and a row of an
+    # unplanned transfer must not vanish from the verification.
+    joined = planned.join(ledger, on=key, how="full_outer")
+
+    zero = F.lit(0).cast(T.LongType())
+    is_shared = F.coalesce(F.col(DESTINATION_SHARED), F.lit(False))
+    ledger_rows = F.coalesce(F.col("ledger_rows"), zero)
+    confirmed_rows = F.coalesce(F.col("confirmed_rows"), zero)
+    uncertain_rows = ledger_rows - confirmed_rows
+    distinct_messages = confirmed_rows - F.coalesce(F.col("confirmed_duplicates"), zero)
+    source_drop = F.col("source_depth_before") - F.col("source_depth_after")
+    destination_rise = F.col("destination_depth_after") - F.col("destination_depth_before")
+    # Of the uncertain publishes, this many reached the destination (clamped to what the
+    # rows can explain; the rest shows as unexpected or missing).
+    uncertain_arrived = F.least(F.greatest(destination_rise - confirmed_rows, zero), uncertain_rows)
+    duplicates = F.coalesce(F.col("confirmed_duplicates"), zero) + F.coalesce(
+        uncertain_arrived, zero
+    )
+    redelivered_or_retried = (F.coalesce(F.col("redelivered_rows"), zero) > 0) | (
+        F.coalesce(F.col("retried_rows"), zero) > 0
+    )
+    contiguous = (ledger_rows == 0) | (
+        (F.col("min_position") == 0) & (F.col("distinct_positions") == F.col("max_position") + 1)
+    )
+    return joined.select(
+        *key,
+        F.coalesce(F.col("status"), F.lit(STATUS_UNPLANNED)).alias("status"),
+        F.col("error"),
+        *DEPTH_COLUMNS,
+        ledger_rows.alias("ledger_rows"),
+        confirmed_rows.alias("confirmed_rows"),
+        uncertain_rows.alias("uncertain_rows"),
+        duplicates.alias("duplicates"),
+        distinct_messages.alias("distinct_messages"),
+        F.coalesce(F.col("bytes"), zero).alias("bytes"),
+        source_drop.alias("source_drop"),
+        destination_rise.alias("destination_rise"),
+        # greatest() skips nulls: an unknown depth counts as nothing lost here, and is
+        # caught by the pair-equality expectations, which treat null as a mismatch.
+        F.greatest(source_drop - distinct_messages, zero).alias("lost"),
+        F.when(is_shared, zero)
+        .otherwise(F.greatest(destination_rise - ledger_rows, zero))
+        .alias("unexpected"),
+        is_shared.alias(DESTINATION_SHARED),
+        F.when(is_shared, F.greatest(destination_rise - ledger_rows, zero))
+        .otherwise(zero)
+        .alias("live_arrivals"),
+        F.greatest(confirmed_rows - destination_rise, zero).alias("missing_at_destination"),
+        F.coalesce(F.col("redelivered_rows"), zero).alias("redelivered_rows"),
+        F.coalesce(F.col("retried_rows"), zero).alias("retried_rows"),
+        F.coalesce(F.col("reordered"), zero).alias("reordered"),
+        (redelivered_or_retried | (F.coalesce(F.col("reordered"), zero) == 0)).alias("order_kept"),
+        F.col("min_position"),
+        F.col("max_position"),
+        F.coalesce(F.col("distinct_positions"), zero).alias("distinct_positions"),
+        F.coalesce(contiguous, F.lit(False)).alias("positions_contiguous"),
+        *(F.coalesce(F.col(name), zero).alias(name) for name in PROBLEM_COUNTS),
+    ).orderBy(*key)
+
+
+def _require_columns(name: str, df: DataFrame, required: Sequence[str]) -> None:
+    missing = [column for column in required if column not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{name} DataFrame lacks column(s) {', '.join(missing)}; "
+            f"required: {', '.join(required)}; found: {', '.join(df.columns)}"
+        )

@@ -1,0 +1,210 @@
+"""Spark-free: the verdict on each queue transfer and the failure lines, from plain
+summary rows (as chispa's row_comparer works on collected rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rmq_spark.model import TransferKey
+from rmq_spark.verify.columns import (
+    CONFIRMED_BEFORE_CONSUMED,
+    ENGINE_SPARK,
+    NULL_BODY_SHA256,
+    NULL_PROPERTIES_SHA256,
+    PROBLEM_COUNTS,
+    STATUS_MOVED,
+    SUMMARY_COLUMNS,
+)
+
+# How many offending queues one failure line names before it says "and N more".
+MAX_QUEUES_NAMED = 10
+
+# Expectation type → the summary count naming the queues a message-level failure is about.
+_NOT_NULL = "expect_column_values_to_not_be_null"
+_IN_SET = "expect_column_values_to_be_in_set"
+_PAIR_EQUAL = "expect_column_pair_values_to_be_equal"
+_A_GREATER_THAN_B = "expect_column_pair_values_a_to_be_greater_than_b"
+_MESSAGE_PROBLEM_COUNT: dict[tuple[str, str], str] = {
+    (_NOT_NULL, "body_sha256"): NULL_BODY_SHA256,
+    (_NOT_NULL, "properties_sha256"): NULL_PROPERTIES_SHA256,
+    (_A_GREATER_THAN_B, "confirmed_at"): CONFIRMED_BEFORE_CONSUMED,
+}
+
+
+@dataclass(frozen=True)
+class QueueVerdict:
+    """One queue transfer of the run, as the ledger and the broker counters saw it."""
+
+    source_cluster: str
+    source_vhost: str
+    source_queue: str
+    destination_cluster: str
+    destination_vhost: str
+    destination_queue: str
+    status: str
+    error: str | None
+    ledger_rows: int
+    uncertain_rows: int  # published, but the confirm never came (connection lost)
+    distinct_messages: int
+    duplicates: int  # repeated confirmed rows + uncertain publishes that did arrive
+    bytes: int
+    source_drop: int
+    destination_rise: int
+    lost: int
+    unexpected: int
+    positions_contiguous: bool
+    order_kept: bool
+    passed: bool
+    live_arrivals: int = 0  # other publishers' messages in a shared destination
+
+    @property
+    def key(self) -> TransferKey:
+        """The transfer this verdict is about (what the pipeline matches it on)."""
+        return TransferKey.of(asdict(self))
+
+    @property
+    def label(self) -> str:
+        return self.key.label()
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of `verify_run`; the caller decides what a failure means for the exit code."""
+
+    run_id: str
+    queues: tuple[QueueVerdict, ...]
+    messages: int  # sum of distinct_messages
+    bytes: int
+    lost: int
+    duplicates: int
+    unexpected: int
+    verified: bool  # every GE expectation passed
+    failed_expectations: tuple[str, ...]  # expectation type + column(s) + observed
+    results_path: str  # verification.json
+    data_docs_path: str | None  # index.html
+    engine: str = ENGINE_SPARK  # where the summary and GE ran: spark, or driver (pyarrow/pandas)
+    live_arrivals: int = 0  # other publishers' messages in shared destinations
+
+
+def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:
+    """The verdict on one summary row (a plain dict, as collected from `summarize`).
+
+    A null depth (not measured, or an unplanned transfer) fails the queue and shows as 0.
+    """
+    source_drop = row["source_drop"]
+    destination_rise = row["destination_rise"]
+    passed = (
+        row["status"] == STATUS_MOVED
+        and source_drop is not None
+        and destination_rise is not None
+        and row["distinct_messages"] == source_drop
+        and row["unexpected"] == 0
+        and row["missing_at_destination"] == 0
+        and bool(row["positions_contiguous"])
+        and bool(row["order_kept"])
+        and all(row[name] == 0 for name in PROBLEM_COUNTS)
+    )
+    return QueueVerdict(
+        source_cluster=row["source_cluster"],
+        source_vhost=row["source_vhost"],
+        source_queue=row["source_queue"],
+        destination_cluster=row["destination_cluster"],
+        destination_vhost=row["destination_vhost"],
+        destination_queue=row["destination_queue"],
+        status=row["status"],
+        error=row["error"],
+        ledger_rows=row["ledger_rows"],
+        uncertain_rows=row["uncertain_rows"],
+        distinct_messages=row["distinct_messages"],
+        duplicates=row["duplicates"],
+        bytes=row["bytes"],
+        source_drop=source_drop or 0,
+        destination_rise=destination_rise or 0,
+        lost=row["lost"] or 0,
+        unexpected=row["unexpected"] or 0,
+        positions_contiguous=bool(row["positions_contiguous"]),
+        order_kept=bool(row["order_kept"]),
+        passed=passed,
+        live_arrivals=row["live_arrivals"] or 0,
+    )
+
+
+def describe_failures(
+    validation_results: Sequence[Mapping[str, Any]],
+    summary_rows: Sequence[Mapping[str, Any]],
+) -> tuple[str, ...]:
+    """One line per failed expectation: type, column(s), what GE observed, and the queues.
+
+    `validation_results` are GE suite results as JSON dicts; the queues are found in
+    `summary_rows`, since GE's samples of unexpected values do not say which queue they
+    came from.
+    """
+    lines: list[str] = []
+    for suite_result in validation_results:
+        for result in suite_result["results"]:
+            if result["success"]:
+                continue
+            config = result["expectation_config"]
+            kind, kwargs = config["type"], config["kwargs"]
+            columns = [kwargs[k] for k in ("column", "column_A", "column_B") if k in kwargs]
+            line = f"{suite_result['suite_name']}: {kind}({', '.join(columns)})"
+            observed = result.get("result") or {}
+            if "unexpected_count" in observed:
+                line += (
+                    f": {observed['unexpected_count']} of {observed['element_count']} "
+                    f"unexpected, e.g. {observed.get('partial_unexpected_list')}"
+                )
+            elif "observed_value" in observed:
+                line += f": observed {observed['observed_value']}"
+            exception = result.get("exception_info") or {}
+            if exception.get("raised_exception"):
+                line += f": raised {exception.get('exception_message')}"
+            queues = _offending_queues(kind, kwargs, summary_rows)
+            if queues:
+                line += "; " + _name_queues(queues)
+            lines.append(line)
+    return tuple(lines)
+
+
+def _offending_queues(
+    kind: str, kwargs: Mapping[str, Any], summary_rows: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    if kind == _PAIR_EQUAL:
+        a, b = kwargs["column_A"], kwargs["column_B"]
+        return [
+            f"{TransferKey.of(row).label()} ({a}={row[a]}, {b}={row[b]})"
+            for row in summary_rows
+            if row[a] is None or row[b] is None or row[a] != row[b]
+        ]
+    if kind == _NOT_NULL and kwargs.get("column") in SUMMARY_COLUMNS:
+        column = kwargs["column"]
+        return [
+            f"{TransferKey.of(row).label()} ({column} unknown)"
+            for row in summary_rows
+            if row[column] is None
+        ]
+    if kind == _IN_SET and "column" in kwargs and kwargs["column"] in SUMMARY_COLUMNS:
+        column, allowed = kwargs["column"], kwargs["value_set"]
+        return [
+            f"{TransferKey.of(row).label()} ({column}={row[column]}"
+            + (f", error: {row['error']}" if column == "status" and row["error"] else "")
+            + ")"
+            for row in summary_rows
+            if row[column] not in allowed
+        ]
+    count = _MESSAGE_PROBLEM_COUNT.get((kind, kwargs.get("column", kwargs.get("column_A", ""))))
+    if count is None:
+        return []
+    return [
+        f"{TransferKey.of(row).label()} ({count}={row[count]})"
+        for row in summary_rows
+        if row[count]
+    ]
+
+
+def _name_queues(queues: list[str]) -> str:
+    named = "; ".join(queues[:MAX_QUEUES_NAMED])
+    rest = len(queues) - MAX_QUEUES_NAMED
+    return named + (f"; and {rest} more" if rest > 0 else "")
