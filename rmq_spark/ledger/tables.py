@@ -245,8 +245,8 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
         present: set[int] = set()
         for prefix in writer.transfer_prefixes(key):
             for data_file in partition.glob(f"{prefix}*.parquet"):
-                rows = pq.read_table(data_file, columns=["position", *writer.KEY_COLUMNS])
-                present.update(writer.rows_of(key, rows)["position"].to_pylist())
+                positions = writer.data_file_positions(data_file, key)
+                present.update(positions["position"].to_pylist())
         missing = pc.invert(
             pc.is_in(logged["position"], value_set=pa.array(sorted(present), pa.int64()))
         )

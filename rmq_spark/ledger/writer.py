@@ -387,8 +387,7 @@ def next_position(ledger_path: str, run_id: str, key: TransferKey) -> int:
     highest = -1
     for prefix in transfer_prefixes(key):
         for path in _files(run_partition_dir(ledger_path, run_id), f"{prefix}*.parquet"):
-            table = pq.read_table(path, columns=["position", *KEY_COLUMNS])
-            highest = max(highest, _max_position(rows_of(key, table)))
+            highest = max(highest, _max_position(data_file_positions(path, key)))
         for directory in (run_rows_dir(ledger_path, run_id), run_intents_dir(ledger_path, run_id)):
             for path in _files(directory, f"{prefix}*{STREAM_SUFFIX}"):
                 highest = max(highest, _max_position(rows_of(key, read_stream(path))))
@@ -399,6 +398,17 @@ def transfer_prefixes(key: TransferKey) -> tuple[str, ...]:
     """The file prefixes a transfer's files may carry: its own, and the one earlier
     builds wrote (`TransferKey.legacy_file_prefix`), so their runs resume."""
     return (key.file_prefix, key.legacy_file_prefix)
+
+
+def data_file_positions(path: Path, key: TransferKey) -> pa.Table:
+    """The `position` column of `key`'s rows in one of its data files.
+
+    A file under the transfer's own prefix holds only its rows: one column is read. A
+    file under the legacy prefix may hold a colliding transfer's too: those are dropped.
+    """
+    if not path.name.startswith(key.legacy_file_prefix):
+        return pq.read_table(path, columns=["position"])
+    return rows_of(key, pq.read_table(path, columns=["position", *KEY_COLUMNS]))
 
 
 def rows_of(key: TransferKey, table: pa.Table) -> pa.Table:
