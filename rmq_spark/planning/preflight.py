@@ -20,32 +20,35 @@ from rmq_spark.broker.delivery_limit import source_delivery_limit
 from rmq_spark.broker.management import ManagementClient, Permissions
 from rmq_spark.config import JobConfig, RouteConfig
 from rmq_spark.errors import (
-    AccessRefusedError,
     BrokerUnreachableError,
-    DestinationIncompatibleError,
-    DiscoveryError,
-    PreflightError,
     RmqSparkError,
 )
 from rmq_spark.model import QueueTransfer
-from rmq_spark.planning.rules import (
-    _allows,
-    _incompatibilities,
-    _matching_queues,
-    _queue_type,
-    _transfer,
-)
+from rmq_spark.planning import rules
 from rmq_spark.planning.topology import CopyRequest, TopologyCopy
-from rmq_spark.planning.topology_rules import translate_queue_arguments
 
 log = logging.getLogger(__name__)
 
-# Queue arguments a destination created by rmq-spark inherits from its source
-# (all of them with destination.topology: copy), translated for the destination's
-# type and RabbitMQ version by topology.translate_queue_arguments.
-_INHERITED_ARGUMENTS = ("x-queue-type", "x-max-priority", "x-queue-mode", "x-message-ttl")
-# Publishing to a queue goes through the default exchange, which permissions call this.
-_DEFAULT_EXCHANGE = "amq.default"
+
+@dataclass
+class BrokerFacts:
+    """What pre-flight learned from the brokers, each asked once.
+
+    The rules (rmq_spark.planning.rules) judge these; nothing here is a judgement.
+    """
+
+    #: cluster -> whether the user is an administrator (the API then shows permissions).
+    administrator: dict[str, bool] = field(default_factory=dict)
+    #: cluster -> the vhosts the user can see (None: the listing failed, reported).
+    vhosts: dict[str, list[str] | None] = field(default_factory=dict)
+    #: cluster -> RabbitMQ version (management API overview).
+    versions: dict[str, str] = field(default_factory=dict)
+    #: (cluster, vhost) -> exact depths, for the vhosts that opened over AMQP.
+    opened: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    #: clusters whose AMQP did not answer (reported once).
+    unreachable: set[str] = field(default_factory=set)
+    #: (cluster, vhost) -> the user's permissions (None: none shown, or not asked).
+    permissions: dict[tuple[str, str], Permissions | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,13 +76,7 @@ class _Preflight:
         self._config = config
         self._clients = clients
         self._problems: list[RmqSparkError] = []
-        self._vhosts: dict[str, list[str] | None] = {}
-        self._administrator: dict[str, bool] = {}
-        # (cluster, vhost) -> exact depths, for the vhosts that opened over AMQP.
-        self._opened: dict[tuple[str, str], dict[str, int]] = {}
-        self._unreachable: set[str] = set()
-        self._permission_cache: dict[tuple[str, str], Permissions | None] = {}
-        self._versions: dict[str, str] = {}
+        self.facts = BrokerFacts()
         self._topology = TopologyCopy(
             clients, version_of=self._rabbitmq_version, problem=self.problem
         )
@@ -92,23 +89,20 @@ class _Preflight:
 
     def raise_problems(self) -> None:
         """One error for everything found so far: its kind, or PreflightError if mixed."""
-        if not self._problems:
-            return
-        problems = tuple(self._problems)
-        kinds = {type(p) for p in problems}
-        kind = kinds.pop() if len(kinds) == 1 else PreflightError
-        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
-        lines = "\n  ".join(str(p) for p in problems)
-        error = kind(f"pre-flight found {count}; nothing was moved:\n  {lines}")
-        error.problems = problems
-        raise error from problems[0]
+        error = rules.one_error(self._problems)
+        if error is not None:
+            raise error from self._problems[0]
+
+    def problems(self, errors: Iterable[RmqSparkError]) -> None:
+        for error in errors:
+            self.problem(error)
 
     def _rabbitmq_version(self, cluster: str) -> str:
         """The cluster's RabbitMQ version (management API overview), asked once."""
-        if cluster not in self._versions:
+        if cluster not in self.facts.versions:
             overview = self._clients[cluster].overview()
-            self._versions[cluster] = str(overview.get("rabbitmq_version") or "unknown")
-        return self._versions[cluster]
+            self.facts.versions[cluster] = str(overview.get("rabbitmq_version") or "unknown")
+        return self.facts.versions[cluster]
 
     # -- 1. clusters ----------------------------------------------------------------
 
@@ -117,11 +111,11 @@ class _Preflight:
         for name in self._clusters_in_plan():
             client = self._clients[name]
             try:
-                self._administrator[name] = client.whoami().is_administrator
+                self.facts.administrator[name] = client.whoami().is_administrator
             except RmqSparkError as exc:
                 self.problem(exc)
                 continue
-            if not self._administrator[name]:
+            if not self.facts.administrator[name]:
                 log.info(
                     "cluster %s: user %r is not an administrator, so the API does not show "
                     "permissions; a missing one stops its queue when the job runs",
@@ -138,13 +132,13 @@ class _Preflight:
         return list(names)
 
     def _visible_vhosts(self, cluster: str) -> list[str] | None:
-        if cluster not in self._vhosts:
+        if cluster not in self.facts.vhosts:
             try:
-                self._vhosts[cluster] = self._clients[cluster].vhosts()
+                self.facts.vhosts[cluster] = self._clients[cluster].vhosts()
             except RmqSparkError as exc:
                 self.problem(exc)
-                self._vhosts[cluster] = None
-        return self._vhosts[cluster]
+                self.facts.vhosts[cluster] = None
+        return self.facts.vhosts[cluster]
 
     # -- 2. sources -----------------------------------------------------------------
 
@@ -162,7 +156,7 @@ class _Preflight:
         result = []
         for c in candidates:
             t = c.transfer
-            depths = self._opened.get((t.source_cluster, t.source_vhost))
+            depths = self.facts.opened.get((t.source_cluster, t.source_vhost))
             if depths is None:
                 result.append(c)  # the vhost did not open (reported): sampled depth
             elif t.source_queue in depths:
@@ -184,13 +178,7 @@ class _Preflight:
                 if vhost in visible:
                     vhosts.append(vhost)
                 else:
-                    self.problem(
-                        DiscoveryError(
-                            f"cluster {selector.cluster} vhost {vhost!r}: source vhost not "
-                            f"found (it does not exist or user {client.username!r} cannot "
-                            f"see it); route {route.name!r} source.vhosts names it"
-                        )
-                    )
+                    self.problem(rules.missing_source_vhost(route, vhost, client.username))
         result: list[_Candidate] = []
         for vhost in vhosts:
             try:
@@ -198,72 +186,32 @@ class _Preflight:
             except RmqSparkError as exc:
                 self.problem(exc)
                 continue
-            chosen = (
-                self._named_queues(route, vhost, queues)
-                if selector.queues is not None
-                else _matching_queues(route, queues)
-            )
-            result.extend(_Candidate(_transfer(route, vhost, q), q) for q in chosen)
-        return result
-
-    def _named_queues(
-        self, route: RouteConfig, vhost: str, queues: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        """source.queues: each named queue must exist and be one the mover can consume."""
-        selector = route.source
-        by_name = {q["name"]: q for q in queues}
-        chosen = []
-        for name in selector.queues or []:
-            where = f"cluster {selector.cluster} vhost {vhost!r} queue {name!r}"
-            queue = by_name.get(name)
-            if queue is None:
-                self.problem(
-                    DiscoveryError(
-                        f"{where}: source queue not found; route {route.name!r} "
-                        "source.queues names it"
-                    )
-                )
-            elif _queue_type(queue) not in selector.queue_types:
-                self.problem(
-                    DiscoveryError(
-                        f"{where}: is a {_queue_type(queue)} queue; route {route.name!r} "
-                        f"source.queue_types allows {list(selector.queue_types)}"
-                    )
-                )
-            elif queue.get("exclusive"):
-                self.problem(
-                    DiscoveryError(
-                        f"{where}: exclusive to another connection, so it cannot be consumed"
-                    )
-                )
+            if selector.queues is not None:
+                chosen, problems = rules.named_queues(route, vhost, queues)
+                self.problems(problems)
             else:
-                chosen.append(queue)
-        return chosen
+                chosen = rules.matching_queues(route, queues)
+            result.extend(_Candidate(rules.queue_transfer(route, vhost, q), q) for q in chosen)
+        return result
 
     def _probe(self, by_vhost: Mapping[tuple[str, str], Iterable[str]], *, role: str) -> None:
         """Open each vhost over AMQP and passive-declare its queues (login, exact depth)."""
         for (cluster, vhost), names in by_vhost.items():
-            if cluster in self._unreachable:
+            if cluster in self.facts.unreachable:
                 continue
             wanted = sorted(set(names))
             try:
                 probe = probe_vhost(cluster, self._config.clusters[cluster], vhost, wanted)
             except BrokerUnreachableError as exc:
                 self.problem(exc)
-                self._unreachable.add(cluster)  # once per cluster, not once per vhost
+                self.facts.unreachable.add(cluster)  # once per cluster, not once per vhost
                 continue
             except RmqSparkError as exc:
                 self.problem(exc)
                 continue
-            known = self._opened.setdefault((cluster, vhost), {})
+            known = self.facts.opened.setdefault((cluster, vhost), {})
             known.update(probe.depths)
-            for queue, reason in sorted(probe.refused.items()):
-                self.problem(
-                    DiscoveryError(
-                        f"cluster {cluster} vhost {vhost!r} queue {queue!r}: the {role} queue "
-                        f"did not answer a passive declare ({reason})"
-                    )
-                )
+            self.problems(rules.refused_passive_declares(cluster, vhost, probe.refused, role=role))
 
     def select(self, candidates: list[_Candidate]) -> list[_Candidate]:
         """Drop queues below their route's min_messages (exact depth where known)."""
@@ -286,7 +234,7 @@ class _Preflight:
         policy and operator policy, or the version's default), for the movers."""
         result = []
         for c in selected:
-            if _queue_type(c.source) != "quorum":
+            if rules.queue_type(c.source) != "quorum":
                 result.append(c)
                 continue
             found = source_delivery_limit(
@@ -303,52 +251,7 @@ class _Preflight:
 
     def check_plan(self, selected: list[_Candidate]) -> None:
         """No loops, no queue selected twice, one source per destination, no chains."""
-        sources: dict[tuple[str, str, str], str] = {}
-        destinations: dict[tuple[str, str, str], QueueTransfer] = {}
-        for t in (c.transfer for c in selected):
-            source = (t.source_cluster, t.source_vhost, t.source_queue)
-            destination = (t.destination_cluster, t.destination_vhost, t.destination_queue)
-            if source == destination:
-                self.problem(
-                    DiscoveryError(
-                        f"cluster {t.source_cluster} vhost {t.source_vhost!r} queue "
-                        f"{t.source_queue!r}: route {t.route!r} moves it onto itself; expected a "
-                        "destination other than the source"
-                    )
-                )
-            if source in sources:
-                self.problem(
-                    DiscoveryError(
-                        f"cluster {t.source_cluster} vhost {t.source_vhost!r} queue "
-                        f"{t.source_queue!r}: selected by both route {sources[source]!r} and "
-                        f"route {t.route!r}; expected one route per source queue"
-                    )
-                )
-            sources[source] = t.route
-            if destination in destinations:
-                other = destinations[destination]
-                self.problem(
-                    DiscoveryError(
-                        f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} queue "
-                        f"{t.destination_queue!r}: destination of both {other.describe()} and "
-                        f"{t.describe()}; expected one source per destination (verification "
-                        "counts each destination's rise against one source)"
-                    )
-                )
-            destinations[destination] = t
-        for destination, t in destinations.items():
-            if destination in sources and destination != (
-                t.source_cluster,
-                t.source_vhost,
-                t.source_queue,
-            ):
-                self.problem(
-                    DiscoveryError(
-                        f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} queue "
-                        f"{t.destination_queue!r}: destination of {t.describe()} is also a "
-                        f"source (route {sources[destination]!r}); its messages would move twice"
-                    )
-                )
+        self.problems(rules.check_plan(c.transfer for c in selected))
 
     # -- 4. destinations ------------------------------------------------------------
 
@@ -378,14 +281,8 @@ class _Preflight:
             if existing is not None:
                 destinations.append(_Destination(c, existing.get(t.destination_queue)))
         for (cluster, vhost), routes in missing_vhosts.items():
-            route_names = ", ".join(repr(r) for r in sorted(set(routes)))
-            self.problem(
-                DestinationIncompatibleError(
-                    f"cluster {cluster} vhost {vhost!r}: the destination vhost does not exist "
-                    f"(or user {self._clients[cluster].username!r} cannot see it); "
-                    f"{len(routes)} queue(s) of route(s) {route_names} go there"
-                )
-            )
+            username = self._clients[cluster].username
+            self.problem(rules.missing_destination_vhost(cluster, vhost, username, routes))
         by_vhost: dict[tuple[str, str], list[str]] = defaultdict(list)
         for d in destinations:
             t = d.candidate.transfer
@@ -399,76 +296,33 @@ class _Preflight:
 
     def _check_destination(self, d: _Destination) -> None:
         t = d.candidate.transfer
-        route = self._route(t.route)
         site = (t.destination_cluster, t.destination_vhost)
-        if site not in self._opened:
+        if site not in self.facts.opened:
             return  # the vhost did not open; that problem is already reported
-        where = (
-            f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} "
-            f"queue {t.destination_queue!r}"
-        )
-        expected_type = route.destination.queue_type or t.source_type
-        type_origin = (
-            "destination.queue_type"
-            if route.destination.queue_type
-            else "the source's type; set destination.queue_type to move into another type"
-        )
-        source = d.candidate.source
-        if d.existing is None:
-            if not route.destination.create_missing:
-                self.problem(
-                    DestinationIncompatibleError(
-                        f"{where}: missing, and create_missing is false for route {t.route!r}"
-                    )
-                )
-                return
-            source_arguments = source.get("arguments") or {}
-            # topology: copy declares the destination like its source, every argument
-            # translated; otherwise only the ones a transfer needs to keep its meaning.
-            inherited = (
-                dict(source_arguments)
-                if route.destination.topology == "copy"
-                else {k: v for k, v in source_arguments.items() if k in _INHERITED_ARGUMENTS}
-            )
-            version = self._rabbitmq_version(t.destination_cluster)
-            arguments, decisions = translate_queue_arguments(
-                inherited,
-                destination_type=expected_type,
-                destination_version=version,
-                priorities=route.destination.priorities,
-            )
-            refused = [decision for decision in decisions if decision.action == "refused"]
-            for decision in refused:
-                self.problem(
-                    DestinationIncompatibleError(
-                        f"{where}: cannot be created as a {expected_type} queue ({type_origin}) "
-                        f"like its source {t.source_label} (route {t.route!r}): argument "
-                        f"{decision.key}={decision.value!r}: {decision.reason}"
-                    )
-                )
-            if refused:
-                return
-            for decision in decisions:
-                if decision.action in ("dropped", "translated"):
-                    log.info(
-                        "%s (route %r, RabbitMQ %s): source argument %s",
-                        where,
-                        t.route,
-                        version,
-                        decision.describe(),
-                    )
-            d.arguments, d.create = arguments, True
-            return
-        for reason in _incompatibilities(
+        version = self._rabbitmq_version(t.destination_cluster)
+        check = rules.check_destination(
             t,
-            source,
+            self._route(t.route),
+            d.candidate.source,
             d.existing,
-            destination_depth=self._opened[site].get(t.destination_queue),
-            expected_type=expected_type,
-            type_origin=type_origin,
-            keep_priorities=route.destination.priorities == "keep",
-        ):
-            self.problem(DestinationIncompatibleError(f"{where}: {reason}"))
+            destination_depth=self.facts.opened[site].get(t.destination_queue),
+            destination_version=version,
+        )
+        self.problems(check.problems)
+        if check.problems:
+            return
+        for decision in check.decisions:
+            if decision.action in ("dropped", "translated"):
+                log.info(
+                    "cluster %s vhost %r queue %r (route %r, RabbitMQ %s): source argument %s",
+                    t.destination_cluster,
+                    t.destination_vhost,
+                    t.destination_queue,
+                    t.route,
+                    version,
+                    decision.describe(),
+                )
+        d.arguments, d.create = check.arguments, check.create
 
     # -- 5. permissions -------------------------------------------------------------
 
@@ -490,56 +344,28 @@ class _Preflight:
             writes[(t.destination_cluster, t.destination_vhost)].append(d)
         for (cluster, vhost), queues in reads.items():
             permissions = self._permissions(cluster, vhost)
-            if permissions is None:
-                continue
-            user = amqp_username(self._config.clusters[cluster])
-            for queue in sorted(set(queues)):
-                if not _allows(permissions.read, queue):
-                    self.problem(
-                        AccessRefusedError(
-                            f"cluster {cluster} vhost {vhost!r} queue {queue!r}: user {user!r} "
-                            f"may not consume it; expected a read permission matching it, "
-                            f"found {permissions.read!r}"
-                        )
-                    )
+            if permissions is not None:
+                user = amqp_username(self._config.clusters[cluster])
+                self.problems(rules.read_problems(cluster, vhost, user, permissions, queues))
         for (cluster, vhost), group in writes.items():
             permissions = self._permissions(cluster, vhost)
-            if permissions is None:
-                continue
-            user = amqp_username(self._config.clusters[cluster])
-            if not _allows(permissions.write, _DEFAULT_EXCHANGE):
-                names = sorted(d.candidate.transfer.destination_queue for d in group)
-                self.problem(
-                    AccessRefusedError(
-                        f"cluster {cluster} vhost {vhost!r}: user {user!r} may not publish to "
-                        f"queue(s) {', '.join(repr(n) for n in names[:5])}"
-                        f"{' ...' if len(names) > 5 else ''}; expected a write permission "
-                        f"matching {_DEFAULT_EXCHANGE!r}, found {permissions.write!r}"
-                    )
-                )
-            for d in group:
-                queue = d.candidate.transfer.destination_queue
-                if d.create and not _allows(permissions.configure, queue):
-                    self.problem(
-                        AccessRefusedError(
-                            f"cluster {cluster} vhost {vhost!r} queue {queue!r}: missing, and "
-                            f"user {user!r} may not declare it; expected a configure "
-                            f"permission matching it, found {permissions.configure!r}"
-                        )
-                    )
+            if permissions is not None:
+                user = amqp_username(self._config.clusters[cluster])
+                wanted = [(d.candidate.transfer.destination_queue, d.create) for d in group]
+                self.problems(rules.write_problems(cluster, vhost, user, permissions, wanted))
 
     def _permissions(self, cluster: str, vhost: str) -> Permissions | None:
-        if not self._administrator.get(cluster) or (cluster, vhost) not in self._opened:
+        if not self.facts.administrator.get(cluster) or (cluster, vhost) not in self.facts.opened:
             return None
-        if (cluster, vhost) not in self._permission_cache:
+        if (cluster, vhost) not in self.facts.permissions:
             user = amqp_username(self._config.clusters[cluster])
             try:
                 found = self._clients[cluster].permissions(vhost, user)
             except RmqSparkError as exc:
                 self.problem(exc)
                 found = None
-            self._permission_cache[(cluster, vhost)] = found
-        return self._permission_cache[(cluster, vhost)]
+            self.facts.permissions[(cluster, vhost)] = found
+        return self.facts.permissions[(cluster, vhost)]
 
     # -- 4b. topology (destination.topology: copy) ----------------------------------
 
@@ -549,9 +375,11 @@ class _Preflight:
         for d in destinations:
             t = d.candidate.transfer
             site = (t.destination_cluster, t.destination_vhost)
-            if self._route(t.route).destination.topology != "copy" or site not in self._opened:
+            copy = self._route(t.route).destination.topology == "copy"
+            if not copy or site not in self.facts.opened:
                 continue
             existing = d.existing or {}
+            held = self.facts.opened[site].get(t.destination_queue) or 0
             requests.append(
                 CopyRequest(
                     route=t.route,
@@ -563,7 +391,7 @@ class _Preflight:
                     destination_vhost=t.destination_vhost,
                     destination_queue=t.destination_queue,
                     destination_exists=d.existing is not None,
-                    messages_after=t.messages + (self._opened[site].get(t.destination_queue) or 0),
+                    messages_after=t.messages + held,
                     bytes_after=t.message_bytes + int(existing.get("message_bytes_ready") or 0),
                 )
             )
@@ -597,9 +425,7 @@ class _Preflight:
             if not d.create:
                 continue
             t, source = d.candidate.transfer, d.candidate.source
-            durable = d.arguments.get("x-queue-type") == "quorum" or bool(
-                source.get("durable", True)
-            )
+            durable = rules.destination_durable(d.arguments, source)
             try:
                 self._clients[t.destination_cluster].declare_queue(
                     t.destination_vhost,

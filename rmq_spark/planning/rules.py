@@ -1,24 +1,338 @@
 """Pure pre-flight rules: what the brokers' facts mean for the plan, no I/O.
 
-Each function takes rows the management API returned (or values from them) and the
-config, and answers with values or with the problems it found; `preflight` gathers
-the facts and collects the problems, `discovery` selects the queues.
+Each function takes rows the management API returned (or values read from them), the
+config and the planned transfers, and answers with a value or with the problems it
+found, one RmqSparkError per line of the eventual message. `preflight` gathers the
+facts and collects the problems; `one_error` turns them into the one error pre-flight
+raises. Tested without a broker in tests/unit/planning/test_rules.py.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from rmq_spark.broker.management import Permissions
 from rmq_spark.config import RouteConfig
+from rmq_spark.errors import (
+    AccessRefusedError,
+    DestinationIncompatibleError,
+    DiscoveryError,
+    PreflightError,
+    RmqSparkError,
+)
 from rmq_spark.model import QueueTransfer
-from rmq_spark.planning.topology_rules import translate_queue_arguments
+from rmq_spark.planning.topology_rules import Decision, translate_queue_arguments
 
 _REFUSING_OVERFLOW = ("reject-publish", "reject-publish-dlx")
+# Queue arguments a destination created by rmq-spark inherits from its source
+# (all of them with destination.topology: copy), translated for the destination's
+# type and RabbitMQ version by topology_rules.translate_queue_arguments.
+INHERITED_ARGUMENTS = ("x-queue-type", "x-max-priority", "x-queue-mode", "x-message-ttl")
+# Publishing to a queue goes through the default exchange, which permissions call this.
+DEFAULT_EXCHANGE = "amq.default"
 
 
-def _transfer(route: RouteConfig, vhost: str, queue: dict[str, Any]) -> QueueTransfer:
+def one_error(problems: Sequence[RmqSparkError]) -> RmqSparkError | None:
+    """Every problem as one error: their kind, or PreflightError if mixed; None if none.
+
+    One line per problem, in the order found; the problems stay in `.problems`.
+    """
+    if not problems:
+        return None
+    found = tuple(problems)
+    kinds = {type(p) for p in found}
+    kind = kinds.pop() if len(kinds) == 1 else PreflightError
+    count = f"{len(found)} problem{'s' if len(found) > 1 else ''}"
+    lines = "\n  ".join(str(p) for p in found)
+    error = kind(f"pre-flight found {count}; nothing was moved:\n  {lines}")
+    error.problems = found
+    return error
+
+
+# -- sources ------------------------------------------------------------------------------
+
+
+def missing_source_vhost(route: RouteConfig, vhost: str, username: str) -> RmqSparkError:
+    return DiscoveryError(
+        f"cluster {route.source.cluster} vhost {vhost!r}: source vhost not found (it does "
+        f"not exist or user {username!r} cannot see it); route {route.name!r} source.vhosts "
+        "names it"
+    )
+
+
+def named_queues(
+    route: RouteConfig, vhost: str, queues: Iterable[Mapping[str, Any]]
+) -> tuple[list[dict[str, Any]], list[RmqSparkError]]:
+    """source.queues: each named queue must exist and be one the mover can consume.
+
+    Returns the rows of the queues that may move, and a problem for each that may not.
+    """
+    selector = route.source
+    by_name = {q["name"]: dict(q) for q in queues}
+    chosen: list[dict[str, Any]] = []
+    problems: list[RmqSparkError] = []
+    for name in selector.queues or []:
+        where = f"cluster {selector.cluster} vhost {vhost!r} queue {name!r}"
+        queue = by_name.get(name)
+        if queue is None:
+            problems.append(
+                DiscoveryError(
+                    f"{where}: source queue not found; route {route.name!r} source.queues names it"
+                )
+            )
+        elif queue_type(queue) not in selector.queue_types:
+            problems.append(
+                DiscoveryError(
+                    f"{where}: is a {queue_type(queue)} queue; route {route.name!r} "
+                    f"source.queue_types allows {list(selector.queue_types)}"
+                )
+            )
+        elif queue.get("exclusive"):
+            problems.append(
+                DiscoveryError(
+                    f"{where}: exclusive to another connection, so it cannot be consumed"
+                )
+            )
+        else:
+            chosen.append(queue)
+    return chosen, problems
+
+
+def refused_passive_declares(
+    cluster: str, vhost: str, refused: Mapping[str, str], *, role: str
+) -> list[RmqSparkError]:
+    """A queue the broker would not passive-declare (gone, or access refused)."""
+    return [
+        DiscoveryError(
+            f"cluster {cluster} vhost {vhost!r} queue {queue!r}: the {role} queue did not "
+            f"answer a passive declare ({reason})"
+        )
+        for queue, reason in sorted(refused.items())
+    ]
+
+
+# -- the plan as a whole ------------------------------------------------------------------
+
+
+def check_plan(transfers: Iterable[QueueTransfer]) -> list[RmqSparkError]:
+    """No loops, no queue selected twice, one source per destination, no chains."""
+    problems: list[RmqSparkError] = []
+    sources: dict[tuple[str, str, str], str] = {}
+    destinations: dict[tuple[str, str, str], QueueTransfer] = {}
+    for t in transfers:
+        source = (t.source_cluster, t.source_vhost, t.source_queue)
+        destination = (t.destination_cluster, t.destination_vhost, t.destination_queue)
+        if source == destination:
+            problems.append(
+                DiscoveryError(
+                    f"cluster {t.source_cluster} vhost {t.source_vhost!r} queue "
+                    f"{t.source_queue!r}: route {t.route!r} moves it onto itself; expected a "
+                    "destination other than the source"
+                )
+            )
+        if source in sources:
+            problems.append(
+                DiscoveryError(
+                    f"cluster {t.source_cluster} vhost {t.source_vhost!r} queue "
+                    f"{t.source_queue!r}: selected by both route {sources[source]!r} and "
+                    f"route {t.route!r}; expected one route per source queue"
+                )
+            )
+        sources[source] = t.route
+        if destination in destinations:
+            other = destinations[destination]
+            problems.append(
+                DiscoveryError(
+                    f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} queue "
+                    f"{t.destination_queue!r}: destination of both {other.describe()} and "
+                    f"{t.describe()}; expected one source per destination (verification "
+                    "counts each destination's rise against one source)"
+                )
+            )
+        destinations[destination] = t
+    for destination, t in destinations.items():
+        if destination in sources and destination != (
+            t.source_cluster,
+            t.source_vhost,
+            t.source_queue,
+        ):
+            problems.append(
+                DiscoveryError(
+                    f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} queue "
+                    f"{t.destination_queue!r}: destination of {t.describe()} is also a "
+                    f"source (route {sources[destination]!r}); its messages would move twice"
+                )
+            )
+    return problems
+
+
+# -- destinations -------------------------------------------------------------------------
+
+
+def missing_destination_vhost(
+    cluster: str, vhost: str, username: str, routes: Sequence[str]
+) -> RmqSparkError:
+    route_names = ", ".join(repr(r) for r in sorted(set(routes)))
+    return DestinationIncompatibleError(
+        f"cluster {cluster} vhost {vhost!r}: the destination vhost does not exist "
+        f"(or user {username!r} cannot see it); "
+        f"{len(routes)} queue(s) of route(s) {route_names} go there"
+    )
+
+
+@dataclass(frozen=True)
+class DestinationCheck:
+    """What pre-flight concluded about one destination queue.
+
+    `create` with the `arguments` to declare it with, or `problems` (then nothing is
+    created); `decisions` are the translations of its source's arguments, to log.
+    """
+
+    create: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+    decisions: tuple[Decision, ...] = ()
+    problems: tuple[RmqSparkError, ...] = ()
+
+
+def check_destination(
+    transfer: QueueTransfer,
+    route: RouteConfig,
+    source: Mapping[str, Any],
+    existing: Mapping[str, Any] | None,
+    *,
+    destination_depth: int | None,
+    destination_version: str,
+) -> DestinationCheck:
+    """The destination exists and fits its source, or may be created like it.
+
+    `source` and `existing` are the management API's rows of the source and the
+    destination queue (None: missing); `destination_depth` its exact depth where known.
+    """
+    t = transfer
+    where = (
+        f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} "
+        f"queue {t.destination_queue!r}"
+    )
+    expected_type = route.destination.queue_type or t.source_type
+    type_origin = (
+        "destination.queue_type"
+        if route.destination.queue_type
+        else "the source's type; set destination.queue_type to move into another type"
+    )
+    if existing is not None:
+        reasons = _incompatibilities(
+            t,
+            source,
+            existing,
+            destination_depth=destination_depth,
+            expected_type=expected_type,
+            type_origin=type_origin,
+            keep_priorities=route.destination.priorities == "keep",
+        )
+        return DestinationCheck(
+            problems=tuple(DestinationIncompatibleError(f"{where}: {r}") for r in reasons)
+        )
+    if not route.destination.create_missing:
+        return DestinationCheck(
+            problems=(
+                DestinationIncompatibleError(
+                    f"{where}: missing, and create_missing is false for route {t.route!r}"
+                ),
+            )
+        )
+    source_arguments = source.get("arguments") or {}
+    # topology: copy declares the destination like its source, every argument
+    # translated; otherwise only the ones a transfer needs to keep its meaning.
+    inherited = (
+        dict(source_arguments)
+        if route.destination.topology == "copy"
+        else {k: v for k, v in source_arguments.items() if k in INHERITED_ARGUMENTS}
+    )
+    arguments, decisions = translate_queue_arguments(
+        inherited,
+        destination_type=expected_type,
+        destination_version=destination_version,
+        priorities=route.destination.priorities,
+    )
+    refused = tuple(
+        DestinationIncompatibleError(
+            f"{where}: cannot be created as a {expected_type} queue ({type_origin}) "
+            f"like its source {t.source_label} (route {t.route!r}): argument "
+            f"{decision.key}={decision.value!r}: {decision.reason}"
+        )
+        for decision in decisions
+        if decision.action == "refused"
+    )
+    if refused:
+        return DestinationCheck(decisions=tuple(decisions), problems=refused)
+    return DestinationCheck(create=True, arguments=arguments, decisions=tuple(decisions))
+
+
+def destination_durable(arguments: Mapping[str, Any], source: Mapping[str, Any]) -> bool:
+    """A created destination is durable like its source; a quorum one always is."""
+    return arguments.get("x-queue-type") == "quorum" or bool(source.get("durable", True))
+
+
+# -- permissions --------------------------------------------------------------------------
+
+
+def read_problems(
+    cluster: str, vhost: str, user: str, permissions: Permissions, queues: Iterable[str]
+) -> list[RmqSparkError]:
+    """The user may consume every source queue: a read permission matching it."""
+    return [
+        AccessRefusedError(
+            f"cluster {cluster} vhost {vhost!r} queue {queue!r}: user {user!r} "
+            f"may not consume it; expected a read permission matching it, "
+            f"found {permissions.read!r}"
+        )
+        for queue in sorted(set(queues))
+        if not allows(permissions.read, queue)
+    ]
+
+
+def write_problems(
+    cluster: str,
+    vhost: str,
+    user: str,
+    permissions: Permissions,
+    destinations: Sequence[tuple[str, bool]],
+) -> list[RmqSparkError]:
+    """The user may publish to every destination and declare each one to be created.
+
+    `destinations` are (queue, to be created) pairs of one vhost.
+    """
+    problems: list[RmqSparkError] = []
+    if not allows(permissions.write, DEFAULT_EXCHANGE):
+        names = sorted(queue for queue, _ in destinations)
+        problems.append(
+            AccessRefusedError(
+                f"cluster {cluster} vhost {vhost!r}: user {user!r} may not publish to "
+                f"queue(s) {', '.join(repr(n) for n in names[:5])}"
+                f"{' ...' if len(names) > 5 else ''}; expected a write permission "
+                f"matching {DEFAULT_EXCHANGE!r}, found {permissions.write!r}"
+            )
+        )
+    problems.extend(
+        AccessRefusedError(
+            f"cluster {cluster} vhost {vhost!r} queue {queue!r}: missing, and "
+            f"user {user!r} may not declare it; expected a configure "
+            f"permission matching it, found {permissions.configure!r}"
+        )
+        for queue, create in destinations
+        if create and not allows(permissions.configure, queue)
+    )
+    return problems
+
+
+# -- rows of the management API -----------------------------------------------------------
+
+
+def queue_transfer(route: RouteConfig, vhost: str, queue: Mapping[str, Any]) -> QueueTransfer:
+    """The transfer of one selected source queue (its management API row)."""
     name = queue["name"]
     destination = route.destination
     return QueueTransfer(
@@ -26,7 +340,7 @@ def _transfer(route: RouteConfig, vhost: str, queue: dict[str, Any]) -> QueueTra
         source_cluster=route.source.cluster,
         source_vhost=vhost,
         source_queue=name,
-        source_type=_queue_type(queue),
+        source_type=queue_type(queue),
         source_node=hosting_node(queue),
         destination_cluster=destination.cluster,
         destination_vhost=destination.vhost.format(vhost=vhost, queue=name),
@@ -37,7 +351,7 @@ def _transfer(route: RouteConfig, vhost: str, queue: dict[str, Any]) -> QueueTra
     )
 
 
-def _matching_queues(route: RouteConfig, queues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def matching_queues(route: RouteConfig, queues: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The route's queue_pattern, policy_pattern and queue_types filters."""
     selector = route.source
     queue_pattern = re.compile(selector.queue_pattern)
@@ -46,7 +360,7 @@ def _matching_queues(route: RouteConfig, queues: list[dict[str, Any]]) -> list[d
     for queue in queues:
         if not queue_pattern.fullmatch(queue["name"]):
             continue
-        if _queue_type(queue) not in selector.queue_types:
+        if queue_type(queue) not in selector.queue_types:
             continue
         if policy_pattern and not policy_pattern.fullmatch(queue.get("policy") or ""):
             continue
@@ -58,8 +372,8 @@ def _matching_queues(route: RouteConfig, queues: list[dict[str, Any]]) -> list[d
 
 def _incompatibilities(
     transfer: QueueTransfer,
-    source: dict[str, Any],
-    existing: dict[str, Any],
+    source: Mapping[str, Any],
+    existing: Mapping[str, Any],
     *,
     destination_depth: int | None,
     expected_type: str,
@@ -70,7 +384,7 @@ def _incompatibilities(
     reasons = []
     if existing.get("exclusive"):
         reasons.append("exclusive to another connection, cannot publish reliably")
-    found_type = _queue_type(existing)
+    found_type = queue_type(existing)
     if found_type != expected_type:
         reasons.append(f"is a {found_type} queue, expected {expected_type} ({type_origin})")
     source_priority = _int_argument(source, "x-max-priority")
@@ -126,7 +440,7 @@ def queue_mode_applies(rabbitmq_version: str) -> bool:
     return "x-queue-mode" in arguments
 
 
-def _queue_type(queue: Mapping[str, Any]) -> str:
+def queue_type(queue: Mapping[str, Any]) -> str:
     return str(queue.get("type") or "classic")
 
 
@@ -153,7 +467,7 @@ def _overflow(queue: Mapping[str, Any]) -> str:
     )
 
 
-def _allows(pattern: str, name: str) -> bool:
+def allows(pattern: str, name: str) -> bool:
     """RabbitMQ's permission match: an unanchored regex; '' permits nothing."""
     if not pattern:
         return False
