@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rmq_spark.broker import declare
 from rmq_spark.broker.connection import amqp_username
 from rmq_spark.broker.counts import probe_vhost
 from rmq_spark.broker.delivery_limit import source_delivery_limit
@@ -26,6 +27,7 @@ from rmq_spark.errors import (
 from rmq_spark.model import QueueTransfer
 from rmq_spark.planning import rules
 from rmq_spark.planning.topology import CopyRequest, TopologyCopy
+from rmq_spark.planning.topology_rules import BindingSpec
 
 log = logging.getLogger(__name__)
 
@@ -407,9 +409,21 @@ class _Preflight:
         self.raise_problems()
 
     def bind_topology(self) -> None:
-        """Bind the destinations like their sources (once they exist)."""
+        """Bind the destinations like their sources (once they exist), over AMQP."""
+
+        def bind_queues(cluster: str, vhost: str, bindings: list[BindingSpec]) -> None:
+            declare.bind_queues(
+                cluster,
+                self._config.clusters[cluster],
+                vhost,
+                [
+                    declare.QueueBinding(b.exchange, b.queue, b.routing_key, b.arguments)
+                    for b in bindings
+                ],
+            )
+
         try:
-            self._topology.bind()
+            self._topology.bind(bind_queues)
         except RmqSparkError as exc:
             self.problem(exc)
         self.raise_problems()
@@ -419,30 +433,40 @@ class _Preflight:
     def create_missing(self, destinations: list[_Destination]) -> None:
         """Declare every missing destination like its source (after all checks passed).
 
-        A quorum destination is durable whatever its source (quorum queues are).
+        Over AMQP, one connection per destination vhost (rmq_spark.broker.declare: the
+        management API cannot name a queue `.` or `..`). A quorum destination is
+        durable whatever its source (quorum queues are).
         """
+        by_vhost: dict[tuple[str, str], list[declare.QueueDeclaration]] = defaultdict(list)
         for d in destinations:
-            if not d.create:
-                continue
-            t, source = d.candidate.transfer, d.candidate.source
-            durable = rules.destination_durable(d.arguments, source)
+            if d.create:
+                t = d.candidate.transfer
+                by_vhost[(t.destination_cluster, t.destination_vhost)].append(
+                    declare.QueueDeclaration(
+                        t.destination_queue,
+                        durable=rules.destination_durable(d.arguments, d.candidate.source),
+                        arguments=d.arguments,
+                    )
+                )
+        for (cluster, vhost), queues in by_vhost.items():
             try:
-                self._clients[t.destination_cluster].declare_queue(
-                    t.destination_vhost,
-                    t.destination_queue,
-                    durable=durable,
-                    arguments=d.arguments,
+                refused = declare.declare_queues(
+                    cluster, self._config.clusters[cluster], vhost, queues
                 )
             except RmqSparkError as exc:
                 self.problem(exc)
                 continue
-            log.info(
-                "cluster %s vhost %r queue %r: created (%s)",
-                t.destination_cluster,
-                t.destination_vhost,
-                t.destination_queue,
-                d.arguments,
-            )
+            for queue in queues:
+                if queue.name in refused:
+                    self.problem(refused[queue.name])
+                else:
+                    log.info(
+                        "cluster %s vhost %r queue %r: created (%s)",
+                        cluster,
+                        vhost,
+                        queue.name,
+                        dict(queue.arguments),
+                    )
         self.raise_problems()
 
     def _route(self, name: str) -> RouteConfig:

@@ -329,16 +329,17 @@ class TopologyCopy:
                 exchange.type,
             )
 
-    def bind(self) -> None:
-        """Add the missing bindings (the destination queues exist by now)."""
+    def bind(self, bind_queues: Callable[[str, str, list[BindingSpec]], None]) -> None:
+        """Add the missing bindings (the destination queues exist by now).
+
+        `bind_queues(cluster, vhost, bindings)` writes one vhost's (pre-flight binds
+        over AMQP, where any queue name can be named; see rmq_spark.broker.declare).
+        """
+        by_vhost: dict[tuple[str, str], list[BindingSpec]] = {}
         for cluster, binding in self._bindings_to_add:
-            self._clients[cluster].bind_queue(
-                binding.vhost,
-                binding.exchange,
-                binding.queue,
-                binding.routing_key,
-                binding.arguments,
-            )
+            by_vhost.setdefault((cluster, binding.vhost), []).append(binding)
+        for (cluster, vhost), bindings in by_vhost.items():
+            bind_queues(cluster, vhost, bindings)
         if self._bindings_to_add:
             log.info("topology copy: %d binding(s) created", len(self._bindings_to_add))
 
