@@ -43,6 +43,9 @@ class BrokerFacts:
     administrator: dict[str, bool] = field(default_factory=dict)
     #: cluster -> the vhosts the user can see (None: the listing failed, reported).
     vhosts: dict[str, list[str] | None] = field(default_factory=dict)
+    #: (cluster, vhost) -> the management API's queue rows, by name (None: the listing
+    #: failed, reported).
+    queues: dict[tuple[str, str], dict[str, dict[str, Any]] | None] = field(default_factory=dict)
     #: cluster -> RabbitMQ version (management API overview).
     versions: dict[str, str] = field(default_factory=dict)
     #: (cluster, vhost) -> exact depths, for the vhosts that opened over AMQP.
@@ -142,6 +145,17 @@ class _Preflight:
                 self.facts.vhosts[cluster] = None
         return self.facts.vhosts[cluster]
 
+    def _queue_rows(self, cluster: str, vhost: str) -> dict[str, dict[str, Any]] | None:
+        """One listing per vhost, however many queues of it move or arrive there."""
+        if (cluster, vhost) not in self.facts.queues:
+            try:
+                rows = self._clients[cluster].queues(vhost)
+                self.facts.queues[(cluster, vhost)] = {q["name"]: q for q in rows}
+            except RmqSparkError as exc:
+                self.problem(exc)
+                self.facts.queues[(cluster, vhost)] = None
+        return self.facts.queues[(cluster, vhost)]
+
     # -- 2. sources -----------------------------------------------------------------
 
     def source_candidates(self) -> list[_Candidate]:
@@ -183,11 +197,10 @@ class _Preflight:
                     self.problem(rules.missing_source_vhost(route, vhost, client.username))
         result: list[_Candidate] = []
         for vhost in vhosts:
-            try:
-                queues = client.queues(vhost)
-            except RmqSparkError as exc:
-                self.problem(exc)
+            rows = self._queue_rows(selector.cluster, vhost)
+            if rows is None:
                 continue
+            queues = list(rows.values())
             if selector.queues is not None:
                 chosen, problems = rules.named_queues(route, vhost, queues)
                 self.problems(problems)
@@ -261,8 +274,6 @@ class _Preflight:
         """Each destination exists and fits its source, or may be created like it."""
         destinations: list[_Destination] = []
         missing_vhosts: dict[tuple[str, str], list[str]] = defaultdict(list)
-        # One listing per destination vhost, however many queues go there.
-        listed: dict[tuple[str, str], dict[str, dict[str, Any]] | None] = {}
         for c in selected:
             t = c.transfer
             site = (t.destination_cluster, t.destination_vhost)
@@ -272,14 +283,7 @@ class _Preflight:
             if t.destination_vhost not in visible:
                 missing_vhosts[site].append(t.route)
                 continue
-            if site not in listed:
-                try:
-                    queues = self._clients[t.destination_cluster].queues(t.destination_vhost)
-                    listed[site] = {q["name"]: q for q in queues}
-                except RmqSparkError as exc:
-                    self.problem(exc)
-                    listed[site] = None
-            existing = listed[site]
+            existing = self._queue_rows(*site)
             if existing is not None:
                 destinations.append(_Destination(c, existing.get(t.destination_queue)))
         for (cluster, vhost), routes in missing_vhosts.items():
