@@ -164,7 +164,8 @@ class DestinationSpec(_Strict):
     # message TTL and queue mode). copy: a blue-green move; each destination is
     # created with all its source's arguments and gets the exchanges its source is
     # bound from, its bindings and its policy, translated for the destination's
-    # RabbitMQ version (see rmq_spark.planning.topology); federation keys are never copied.
+    # RabbitMQ version (see rmq_spark.planning.topology_rules); federation keys are
+    # never copied.
     topology: Literal["none", "copy"] = "none"
     # True when other publishers send to the destination queues while the job runs
     # (a queue already in use): verification then counts their messages as

@@ -140,6 +140,8 @@ class ManagementClient:
         return list(rows)
 
     def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
+        if not addressable(name):
+            return _named(self.queues(vhost), name)
         result: dict[str, Any] | None = self._request(
             "GET",
             f"/api/queues/{_q(vhost)}/{_q(name)}?columns={QUEUE_COLUMNS}",
@@ -185,6 +187,20 @@ class ManagementClient:
 
     def queue_bindings(self, vhost: str, name: str) -> list[dict[str, Any]]:
         """The queue's bindings from exchanges, without the default exchange's implicit one."""
+        if not addressable(name):
+            rows = self._request(
+                "GET",
+                f"/api/bindings/{_q(vhost)}",
+                what=f"list the bindings of vhost {vhost!r}",
+                missing_ok=True,
+            )
+            return [
+                row
+                for row in rows or []
+                if row.get("source")
+                and row.get("destination_type") == "queue"
+                and row.get("destination") == name
+            ]
         rows = self._request(
             "GET",
             f"/api/queues/{_q(vhost)}/{_q(name)}/bindings",
@@ -194,7 +210,19 @@ class ManagementClient:
         return [row for row in rows or [] if row.get("source")]
 
     def queue_details(self, vhost: str, name: str) -> dict[str, Any] | None:
-        """The queue with its consumer details and message rates (None when missing)."""
+        """The queue with its consumer details and message rates (None when missing).
+
+        A queue named `.` or `..` comes from the vhost's listing: its message rates,
+        no consumer details.
+        """
+        if not addressable(name):
+            rows = self._request(
+                "GET",
+                f"/api/queues/{_q(vhost)}",
+                what=f"list the queues of vhost {vhost!r}",
+                missing_ok=True,
+            )
+            return _named(rows or [], name)
         result: dict[str, Any] | None = self._request(
             "GET",
             f"/api/queues/{_q(vhost)}/{_q(name)}",
@@ -205,6 +233,14 @@ class ManagementClient:
 
     def exchange(self, vhost: str, name: str) -> dict[str, Any] | None:
         """The exchange's definition (type, durability, arguments), None when missing."""
+        if not addressable(name):
+            rows = self._request(
+                "GET",
+                f"/api/exchanges/{_q(vhost)}",
+                what=f"list the exchanges of vhost {vhost!r}",
+                missing_ok=True,
+            )
+            return _named(rows or [], name)
         result: dict[str, Any] | None = self._request(
             "GET",
             f"/api/exchanges/{_q(vhost)}/{_q(name)}",
@@ -215,6 +251,18 @@ class ManagementClient:
 
     def exchange_bindings_in(self, vhost: str, name: str) -> list[dict[str, Any]]:
         """Bindings whose destination is this exchange (exchange-to-exchange)."""
+        if not addressable(name):
+            rows = self._request(
+                "GET",
+                f"/api/bindings/{_q(vhost)}",
+                what=f"list the bindings of vhost {vhost!r}",
+                missing_ok=True,
+            )
+            return [
+                row
+                for row in rows or []
+                if row.get("destination_type") == "exchange" and row.get("destination") == name
+            ]
         rows = self._request(
             "GET",
             f"/api/exchanges/{_q(vhost)}/{_q(name)}/bindings/destination",
@@ -253,6 +301,7 @@ class ManagementClient:
         self, vhost: str, exchange: str, queue: str, routing_key: str, arguments: dict[str, Any]
     ) -> None:
         """Bind the queue to the exchange; binding twice is a no-op in RabbitMQ."""
+        self._require_addressable(vhost, exchange, queue)
         self._request(
             "POST",
             f"/api/bindings/{_q(vhost)}/e/{_q(exchange)}/q/{_q(queue)}",
@@ -262,6 +311,7 @@ class ManagementClient:
 
     def unbind_queue(self, vhost: str, exchange: str, queue: str, properties_key: str) -> None:
         """Delete one binding (named by the API's properties_key); a missing one is fine."""
+        self._require_addressable(vhost, exchange, queue)
         self._request(
             "DELETE",
             f"/api/bindings/{_q(vhost)}/e/{_q(exchange)}/q/{_q(queue)}/{_q(properties_key)}",
@@ -274,6 +324,7 @@ class ManagementClient:
 
         A queue that is already gone is fine.
         """
+        self._require_addressable(vhost, name)
         self._request(
             "DELETE",
             f"/api/queues/{_q(vhost)}/{_q(name)}{'?if-empty=true' if if_empty else ''}",
@@ -313,6 +364,7 @@ class ManagementClient:
         internal: bool,
         arguments: dict[str, Any],
     ) -> None:
+        self._require_addressable(vhost, name)
         self._request(
             "PUT",
             f"/api/exchanges/{_q(vhost)}/{_q(name)}",
@@ -352,6 +404,8 @@ class ManagementClient:
     def declare_queue(
         self, vhost: str, name: str, *, durable: bool, arguments: dict[str, Any]
     ) -> None:
+        """Declare a queue (migrate's helper queues; pre-flight declares over AMQP)."""
+        self._require_addressable(vhost, name)
         self._request(
             "PUT",
             f"/api/queues/{_q(vhost)}/{_q(name)}",
@@ -360,6 +414,16 @@ class ManagementClient:
         )
 
     # -- plumbing -------------------------------------------------------------------
+
+    def _require_addressable(self, vhost: str, *names: str) -> None:
+        """A write naming `.` or `..` in its path would reach another resource, or none."""
+        for name in names:
+            if not addressable(name):
+                raise DiscoveryError(
+                    f"cluster {self.cluster_name} vhost {vhost!r}: the management API cannot "
+                    f"name {name!r} in a URL path (a dot segment, removed before the broker "
+                    "sees it); expected a name other than '.' or '..' here"
+                )
 
     def _request(
         self,
@@ -481,6 +545,25 @@ def _reason(exc: requests.RequestException) -> str:
         if known in text:
             return said
     return type(exc).__name__
+
+
+def addressable(name: str) -> bool:
+    """Whether a name can be a management API URL path segment.
+
+    `.` and `..` are dot segments (RFC 3986): requests and the broker's HTTP server
+    remove them, so `/api/queues/%2F/.` asks for the vhost's list and
+    `/api/queues/%2F/..` for every vhost's; percent-encoding them (%2E) does not
+    help, requests decodes it back. Such names are read from the listings instead.
+
+    >>> addressable("orders"), addressable("."), addressable(".."), addressable("...")
+    (True, False, False, True)
+    """
+    return name not in (".", "..")
+
+
+def _named(rows: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """The row of that name in a listing; None when there is none."""
+    return next((row for row in rows if row.get("name") == name), None)
 
 
 def _q(segment: str) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rmq_spark.model import QueueTransfer, queues_at_once, task_count
-from rmq_spark.planning.discovery import queue_mode_applies
 from rmq_spark.planning.plan import assign_partitions
+from rmq_spark.planning.rules import queue_mode_applies
 from tests.support.builders import transfer
 
 

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 from rmq_spark.errors import RmqSparkError
-from rmq_spark.planning.topology import (
-    CopyRequest,
+from rmq_spark.planning.topology import CopyRequest, TopologyCopy
+from rmq_spark.planning.topology_rules import (
     ExchangeSpec,
     PolicySpec,
-    TopologyCopy,
     exchange_differences,
     policy_differences,
     translate_policy,

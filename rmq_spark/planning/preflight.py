@@ -1,0 +1,477 @@
+"""Pre-flight: gather the brokers' facts, collect every problem, then create.
+
+The steps, and what each problem says, are described in rmq_spark.planning.discovery.
+Every problem is collected and raised as one error, one line each, naming the
+cluster, vhost and queue. Only when there is none are missing destinations created
+(and, with topology: copy, their policies, exchanges and bindings).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rmq_spark.broker import declare
+from rmq_spark.broker.connection import amqp_username
+from rmq_spark.broker.counts import probe_vhost
+from rmq_spark.broker.delivery_limit import source_delivery_limit
+from rmq_spark.broker.management import ManagementClient, Permissions
+from rmq_spark.config import JobConfig, RouteConfig
+from rmq_spark.errors import (
+    BrokerUnreachableError,
+    RmqSparkError,
+)
+from rmq_spark.model import QueueTransfer
+from rmq_spark.planning import rules
+from rmq_spark.planning.topology import CopyRequest, TopologyCopy
+from rmq_spark.planning.topology_rules import BindingSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BrokerFacts:
+    """What pre-flight learned from the brokers, each asked once.
+
+    The rules (rmq_spark.planning.rules) judge these; nothing here is a judgement.
+    """
+
+    #: cluster -> whether the user is an administrator (the API then shows permissions).
+    administrator: dict[str, bool] = field(default_factory=dict)
+    #: cluster -> the vhosts the user can see (None: the listing failed, reported).
+    vhosts: dict[str, list[str] | None] = field(default_factory=dict)
+    #: (cluster, vhost) -> the management API's queue rows, by name (None: the listing
+    #: failed, reported).
+    queues: dict[tuple[str, str], dict[str, dict[str, Any]] | None] = field(default_factory=dict)
+    #: cluster -> RabbitMQ version (management API overview).
+    versions: dict[str, str] = field(default_factory=dict)
+    #: (cluster, vhost) -> exact depths, for the vhosts that opened over AMQP.
+    opened: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    #: clusters whose AMQP did not answer (reported once).
+    unreachable: set[str] = field(default_factory=set)
+    #: (cluster, vhost) -> the user's permissions (None: none shown, or not asked).
+    permissions: dict[tuple[str, str], Permissions | None] = field(default_factory=dict)
+
+
+@dataclass
+class _Candidate:
+    """A selected source queue, with what the management API said about it."""
+
+    transfer: QueueTransfer
+    source: dict[str, Any]
+
+
+@dataclass
+class _Destination:
+    """A destination queue: what exists, and how to declare it when it does not."""
+
+    candidate: _Candidate
+    existing: dict[str, Any] | None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    create: bool = False
+
+
+class _Preflight:
+    """Collects every problem of the plan; `raise_problems` raises them as one error."""
+
+    def __init__(self, config: JobConfig, clients: Mapping[str, ManagementClient]) -> None:
+        self._config = config
+        self._clients = clients
+        self._problems: list[RmqSparkError] = []
+        self.facts = BrokerFacts()
+        self._topology = TopologyCopy(
+            clients, version_of=self._rabbitmq_version, problem=self.problem
+        )
+
+    # -- collecting -----------------------------------------------------------------
+
+    def problem(self, error: RmqSparkError) -> None:
+        log.debug("pre-flight problem: %s", error)
+        self._problems.append(error)
+
+    def raise_problems(self) -> None:
+        """One error for everything found so far: its kind, or PreflightError if mixed."""
+        error = rules.one_error(self._problems)
+        if error is not None:
+            raise error from self._problems[0]
+
+    def problems(self, errors: Iterable[RmqSparkError]) -> None:
+        for error in errors:
+            self.problem(error)
+
+    def _rabbitmq_version(self, cluster: str) -> str:
+        """The cluster's RabbitMQ version (management API overview), asked once."""
+        if cluster not in self.facts.versions:
+            overview = self._clients[cluster].overview()
+            self.facts.versions[cluster] = str(overview.get("rabbitmq_version") or "unknown")
+        return self.facts.versions[cluster]
+
+    # -- 1. clusters ----------------------------------------------------------------
+
+    def check_clusters(self) -> None:
+        """Each cluster of the plan answers and accepts the login; stops here if not."""
+        for name in self._clusters_in_plan():
+            client = self._clients[name]
+            try:
+                self.facts.administrator[name] = client.whoami().is_administrator
+            except RmqSparkError as exc:
+                self.problem(exc)
+                continue
+            if not self.facts.administrator[name]:
+                log.info(
+                    "cluster %s: user %r is not an administrator, so the API does not show "
+                    "permissions; a missing one stops its queue when the job runs",
+                    name,
+                    client.username,
+                )
+        self.raise_problems()  # without the management API there is nothing to plan
+
+    def _clusters_in_plan(self) -> list[str]:
+        names: dict[str, None] = {}
+        for route in self._config.routes:
+            names[route.source.cluster] = None
+            names[route.destination.cluster] = None
+        return list(names)
+
+    def _visible_vhosts(self, cluster: str) -> list[str] | None:
+        if cluster not in self.facts.vhosts:
+            try:
+                self.facts.vhosts[cluster] = self._clients[cluster].vhosts()
+            except RmqSparkError as exc:
+                self.problem(exc)
+                self.facts.vhosts[cluster] = None
+        return self.facts.vhosts[cluster]
+
+    def _queue_rows(self, cluster: str, vhost: str) -> dict[str, dict[str, Any]] | None:
+        """One listing per vhost, however many queues of it move or arrive there."""
+        if (cluster, vhost) not in self.facts.queues:
+            try:
+                rows = self._clients[cluster].queues(vhost)
+                self.facts.queues[(cluster, vhost)] = {q["name"]: q for q in rows}
+            except RmqSparkError as exc:
+                self.problem(exc)
+                self.facts.queues[(cluster, vhost)] = None
+        return self.facts.queues[(cluster, vhost)]
+
+    # -- 2. sources -----------------------------------------------------------------
+
+    def source_candidates(self) -> list[_Candidate]:
+        """The queues each route selects, with exact depths where the vhost opened."""
+        candidates: list[_Candidate] = []
+        for route in self._config.routes:
+            candidates.extend(self._route_candidates(route))
+        by_vhost: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for c in candidates:
+            by_vhost[(c.transfer.source_cluster, c.transfer.source_vhost)].append(
+                c.transfer.source_queue
+            )
+        self._probe(by_vhost, role="source")
+        result = []
+        for c in candidates:
+            t = c.transfer
+            depths = self.facts.opened.get((t.source_cluster, t.source_vhost))
+            if depths is None:
+                result.append(c)  # the vhost did not open (reported): sampled depth
+            elif t.source_queue in depths:
+                result.append(_Candidate(replace(t, messages=depths[t.source_queue]), c.source))
+            # else: reported by the probe (gone since the API listed it)
+        return result
+
+    def _route_candidates(self, route: RouteConfig) -> list[_Candidate]:
+        selector = route.source
+        client = self._clients[selector.cluster]
+        visible = self._visible_vhosts(selector.cluster)
+        if visible is None:
+            return []
+        if "*" in selector.vhosts:
+            vhosts = visible
+        else:
+            vhosts = []
+            for vhost in selector.vhosts:
+                if vhost in visible:
+                    vhosts.append(vhost)
+                else:
+                    self.problem(rules.missing_source_vhost(route, vhost, client.username))
+        result: list[_Candidate] = []
+        for vhost in vhosts:
+            rows = self._queue_rows(selector.cluster, vhost)
+            if rows is None:
+                continue
+            queues = list(rows.values())
+            if selector.queues is not None:
+                chosen, problems = rules.named_queues(route, vhost, queues)
+                self.problems(problems)
+            else:
+                chosen = rules.matching_queues(route, queues)
+            result.extend(_Candidate(rules.queue_transfer(route, vhost, q), q) for q in chosen)
+        return result
+
+    def _probe(self, by_vhost: Mapping[tuple[str, str], Iterable[str]], *, role: str) -> None:
+        """Open each vhost over AMQP and passive-declare its queues (login, exact depth)."""
+        for (cluster, vhost), names in by_vhost.items():
+            if cluster in self.facts.unreachable:
+                continue
+            wanted = sorted(set(names))
+            try:
+                probe = probe_vhost(cluster, self._config.clusters[cluster], vhost, wanted)
+            except BrokerUnreachableError as exc:
+                self.problem(exc)
+                self.facts.unreachable.add(cluster)  # once per cluster, not once per vhost
+                continue
+            except RmqSparkError as exc:
+                self.problem(exc)
+                continue
+            known = self.facts.opened.setdefault((cluster, vhost), {})
+            known.update(probe.depths)
+            self.problems(rules.refused_passive_declares(cluster, vhost, probe.refused, role=role))
+
+    def select(self, candidates: list[_Candidate]) -> list[_Candidate]:
+        """Drop queues below their route's min_messages (exact depth where known)."""
+        selected = []
+        for c in candidates:
+            route = self._route(c.transfer.route)
+            if c.transfer.messages >= route.source.min_messages:
+                selected.append(c)
+            elif route.source.queues is not None:
+                log.info(
+                    "%s: %d ready message(s), below min_messages %d; skipped",
+                    c.transfer.describe(),
+                    c.transfer.messages,
+                    route.source.min_messages,
+                )
+        return selected
+
+    def with_delivery_limits(self, selected: list[_Candidate]) -> list[_Candidate]:
+        """Each quorum source with the delivery limit its broker applies (argument,
+        policy and operator policy, or the version's default), for the movers."""
+        result = []
+        for c in selected:
+            if rules.queue_type(c.source) != "quorum":
+                result.append(c)
+                continue
+            found = source_delivery_limit(
+                c.source, self._rabbitmq_version(c.transfer.source_cluster)
+            )
+            log.info("%s: %s", c.transfer.source_label, found.describe())
+            transfer = replace(
+                c.transfer, source_delivery_limit=found.limit, source_past_limit=found.past_limit
+            )
+            result.append(_Candidate(transfer, c.source))
+        return result
+
+    # -- 3. the plan as a whole -----------------------------------------------------
+
+    def check_plan(self, selected: list[_Candidate]) -> None:
+        """No loops, no queue selected twice, one source per destination, no chains."""
+        self.problems(rules.check_plan(c.transfer for c in selected))
+
+    # -- 4. destinations ------------------------------------------------------------
+
+    def check_destinations(self, selected: list[_Candidate]) -> list[_Destination]:
+        """Each destination exists and fits its source, or may be created like it."""
+        destinations: list[_Destination] = []
+        missing_vhosts: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for c in selected:
+            t = c.transfer
+            site = (t.destination_cluster, t.destination_vhost)
+            visible = self._visible_vhosts(t.destination_cluster)
+            if visible is None:
+                continue
+            if t.destination_vhost not in visible:
+                missing_vhosts[site].append(t.route)
+                continue
+            existing = self._queue_rows(*site)
+            if existing is not None:
+                destinations.append(_Destination(c, existing.get(t.destination_queue)))
+        for (cluster, vhost), routes in missing_vhosts.items():
+            username = self._clients[cluster].username
+            self.problem(rules.missing_destination_vhost(cluster, vhost, username, routes))
+        by_vhost: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for d in destinations:
+            t = d.candidate.transfer
+            names = by_vhost[(t.destination_cluster, t.destination_vhost)]
+            if d.existing is not None:
+                names.append(t.destination_queue)
+        self._probe(by_vhost, role="destination")
+        for d in destinations:
+            self._check_destination(d)
+        return destinations
+
+    def _check_destination(self, d: _Destination) -> None:
+        t = d.candidate.transfer
+        site = (t.destination_cluster, t.destination_vhost)
+        if site not in self.facts.opened:
+            return  # the vhost did not open; that problem is already reported
+        version = self._rabbitmq_version(t.destination_cluster)
+        check = rules.check_destination(
+            t,
+            self._route(t.route),
+            d.candidate.source,
+            d.existing,
+            destination_depth=self.facts.opened[site].get(t.destination_queue),
+            destination_version=version,
+        )
+        self.problems(check.problems)
+        if check.problems:
+            return
+        for decision in check.decisions:
+            if decision.action in ("dropped", "translated"):
+                log.info(
+                    "cluster %s vhost %r queue %r (route %r, RabbitMQ %s): source argument %s",
+                    t.destination_cluster,
+                    t.destination_vhost,
+                    t.destination_queue,
+                    t.route,
+                    version,
+                    decision.describe(),
+                )
+        d.arguments, d.create = check.arguments, check.create
+
+    # -- 5. permissions -------------------------------------------------------------
+
+    def check_permissions(
+        self, selected: list[_Candidate], destinations: list[_Destination]
+    ) -> None:
+        """Read on sources, write on the default exchange, configure where we create.
+
+        Only where the API shows permissions (administrators) and the vhost opened; a
+        user without permission entries there is authorised some other way (LDAP...).
+        """
+        reads: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for c in selected:
+            t = c.transfer
+            reads[(t.source_cluster, t.source_vhost)].append(t.source_queue)
+        writes: dict[tuple[str, str], list[_Destination]] = defaultdict(list)
+        for d in destinations:
+            t = d.candidate.transfer
+            writes[(t.destination_cluster, t.destination_vhost)].append(d)
+        for (cluster, vhost), queues in reads.items():
+            permissions = self._permissions(cluster, vhost)
+            if permissions is not None:
+                user = amqp_username(self._config.clusters[cluster])
+                self.problems(rules.read_problems(cluster, vhost, user, permissions, queues))
+        for (cluster, vhost), group in writes.items():
+            permissions = self._permissions(cluster, vhost)
+            if permissions is not None:
+                user = amqp_username(self._config.clusters[cluster])
+                wanted = [(d.candidate.transfer.destination_queue, d.create) for d in group]
+                self.problems(rules.write_problems(cluster, vhost, user, permissions, wanted))
+
+    def _permissions(self, cluster: str, vhost: str) -> Permissions | None:
+        if not self.facts.administrator.get(cluster) or (cluster, vhost) not in self.facts.opened:
+            return None
+        if (cluster, vhost) not in self.facts.permissions:
+            user = amqp_username(self._config.clusters[cluster])
+            try:
+                found = self._clients[cluster].permissions(vhost, user)
+            except RmqSparkError as exc:
+                self.problem(exc)
+                found = None
+            self.facts.permissions[(cluster, vhost)] = found
+        return self.facts.permissions[(cluster, vhost)]
+
+    # -- 4b. topology (destination.topology: copy) ----------------------------------
+
+    def check_topology(self, destinations: list[_Destination]) -> None:
+        """The exchanges, bindings and policy each copied destination needs, checked."""
+        requests = []
+        for d in destinations:
+            t = d.candidate.transfer
+            site = (t.destination_cluster, t.destination_vhost)
+            copy = self._route(t.route).destination.topology == "copy"
+            if not copy or site not in self.facts.opened:
+                continue
+            existing = d.existing or {}
+            held = self.facts.opened[site].get(t.destination_queue) or 0
+            requests.append(
+                CopyRequest(
+                    route=t.route,
+                    source_cluster=t.source_cluster,
+                    source_vhost=t.source_vhost,
+                    source_queue=t.source_queue,
+                    source_policy=d.candidate.source.get("policy") or None,
+                    destination_cluster=t.destination_cluster,
+                    destination_vhost=t.destination_vhost,
+                    destination_queue=t.destination_queue,
+                    destination_exists=d.existing is not None,
+                    messages_after=t.messages + held,
+                    bytes_after=t.message_bytes + int(existing.get("message_bytes_ready") or 0),
+                )
+            )
+        if requests:
+            self._topology.plan(requests)
+
+    def declare_topology(self) -> None:
+        """Create the copied policies and exchanges (after all checks passed)."""
+        try:
+            self._topology.declare()
+        except RmqSparkError as exc:
+            self.problem(exc)
+        self.raise_problems()
+
+    def bind_topology(self) -> None:
+        """Bind the destinations like their sources (once they exist), over AMQP."""
+
+        def bind_queues(cluster: str, vhost: str, bindings: list[BindingSpec]) -> None:
+            declare.bind_queues(
+                cluster,
+                self._config.clusters[cluster],
+                vhost,
+                [
+                    declare.QueueBinding(b.exchange, b.queue, b.routing_key, b.arguments)
+                    for b in bindings
+                ],
+            )
+
+        try:
+            self._topology.bind(bind_queues)
+        except RmqSparkError as exc:
+            self.problem(exc)
+        self.raise_problems()
+
+    # -- creating -------------------------------------------------------------------
+
+    def create_missing(self, destinations: list[_Destination]) -> None:
+        """Declare every missing destination like its source (after all checks passed).
+
+        Over AMQP, one connection per destination vhost (rmq_spark.broker.declare: the
+        management API cannot name a queue `.` or `..`). A quorum destination is
+        durable whatever its source (quorum queues are).
+        """
+        by_vhost: dict[tuple[str, str], list[declare.QueueDeclaration]] = defaultdict(list)
+        for d in destinations:
+            if d.create:
+                t = d.candidate.transfer
+                by_vhost[(t.destination_cluster, t.destination_vhost)].append(
+                    declare.QueueDeclaration(
+                        t.destination_queue,
+                        durable=rules.destination_durable(d.arguments, d.candidate.source),
+                        arguments=d.arguments,
+                    )
+                )
+        for (cluster, vhost), queues in by_vhost.items():
+            try:
+                refused = declare.declare_queues(
+                    cluster, self._config.clusters[cluster], vhost, queues
+                )
+            except RmqSparkError as exc:
+                self.problem(exc)
+                continue
+            for queue in queues:
+                if queue.name in refused:
+                    self.problem(refused[queue.name])
+                else:
+                    log.info(
+                        "cluster %s vhost %r queue %r: created (%s)",
+                        cluster,
+                        vhost,
+                        queue.name,
+                        dict(queue.arguments),
+                    )
+        self.raise_problems()
+
+    def _route(self, name: str) -> RouteConfig:
+        return next(route for route in self._config.routes if route.name == name)
