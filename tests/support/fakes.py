@@ -47,6 +47,7 @@ class ManualTimers:
         self.clock = clock
         self._due: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
+        self._stopped = False
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> object:
         entry = (self.clock.now + delay, next(self._order), callback)
@@ -57,10 +58,13 @@ class ManualTimers:
         self.call_later(0, callback)
 
     def start(self) -> None:
-        self.run_due()
+        """Run timers in time order, moving the clock, until `stop` or none is left."""
+        self._stopped = False
+        while self._due and not self._stopped:
+            self.advance(max(0.0, self._due[0][0] - self.clock.now))
 
     def stop(self) -> None:
-        return None
+        self._stopped = True
 
     def close(self) -> None:
         return None
