@@ -171,3 +171,37 @@ def test_held_bytes_past_the_window_pause_the_source_until_acked() -> None:
     rig.lanes.finish("ledger")
     assert rig.source.acked_tags == [1, 2, 3]
     assert not rig.source.paused
+
+
+def test_a_source_consumer_timeout_is_a_lost_session_not_a_failure() -> None:
+    rig = mover_rig()
+    rig.open_session()
+    rig.source.events.on_channel_closed(
+        "source", 406, "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out"
+    )
+    rig.timers.run_due()
+    rig.timers.advance(MoverConfig().backoff_seconds)
+    assert len(rig.connector.links) == 2  # a new session
+    assert rig.results == []
+
+
+def test_a_message_too_large_for_the_destination_is_refused_and_fails_the_queue() -> None:
+    rig = mover_rig()
+    rig.open_session()
+    rig.receive(b"small", b"x" * 64)
+    rig.destination.events.on_channel_closed(
+        "destination", 406, "PRECONDITION_FAILED - message size 64 is larger than max size 16"
+    )
+    rig.timers.run_due()
+    rig.lanes.finish("ledger")
+    (outcome,) = rig.results
+    assert isinstance(outcome, MoveOutcome)
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert "64 bytes" in outcome.error
+    assert "source position 1" in outcome.error
+    assert "max_message_size 16" in outcome.error
+    assert [row.position for row in rig.ledger.rows] == [0]  # "small" is uncertain; 64 never
+    assert rig.ledger.rows[0].state is DeliveryState.UNCERTAIN
+    assert rig.source.acks == []
+    assert len(rig.connector.links) == 1  # no new session: it would meet the same answer
