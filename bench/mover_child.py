@@ -27,8 +27,9 @@ from pydantic import SecretStr
 from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.config import ClusterConfig
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
+from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint
 from rmq_spark.transfer.executor import ExecutorSettings, move_queue
-from rmq_spark.transfer.mover import Endpoint, QueueMover
+from rmq_spark.transfer.mover import NoIntents, QueueMover
 
 
 class DiscardingLedger:
@@ -76,13 +77,18 @@ def move_without_ledger(row: dict[str, Any], settings: ExecutorSettings) -> Move
         )
         return Endpoint(cluster, vhost, queue, tuple(params))
 
-    return QueueMover(
-        key,
+    connector = Amqp091Connector(
         endpoint(key.source_cluster, key.source_vhost, key.source_queue, "consumer"),
         endpoint(
             key.destination_cluster, key.destination_vhost, key.destination_queue, "publisher"
         ),
+    )
+    # No ledger and, by name, no intent log: what the ledger costs is the difference.
+    return QueueMover(
+        key,
+        connector,
         DiscardingLedger(),
+        NoIntents(),
         window_messages=settings.window_messages,
         window_bytes=settings.window_bytes,
     ).run()

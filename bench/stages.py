@@ -52,8 +52,11 @@ from bench.workload import (
 )
 from rmq_spark.ledger import tables
 from rmq_spark.model import MoveOutcome
+from rmq_spark.transfer.amqp091.links import event_loop
 from rmq_spark.transfer.executor import queue_mover
-from rmq_spark.transfer.mover import QueueMover, WindowStages, run_movers
+from rmq_spark.transfer.lanes import run_movers
+from rmq_spark.transfer.mover import QueueMover
+from rmq_spark.transfer.stages import WindowStages
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 VHOST = "stages"
@@ -104,7 +107,7 @@ def sampled_move(mover: QueueMover) -> tuple[MoveOutcome, list[Sample]]:
     sampler = threading.Thread(target=sample, name="bench-stages-sampler", daemon=True)
     sampler.start()
     try:
-        (outcome,) = run_movers([lambda: mover])
+        (outcome,) = run_movers([lambda: mover], ioloop=event_loop())
     finally:
         done.set()
         sampler.join()

@@ -15,7 +15,7 @@ byte window itself, from the sizes it actually receives, in two parts:
    the recent deliveries (this generation and the last, a generation being one
    prefetch's worth). Within `window.messages`. The prefetch changes only when the
    new one is `CHANGE_FACTOR` times larger or smaller than the current one: a
-   change means consuming again (see `QueueMover._follow_sizes`), so a steady queue
+   change means consuming again (see `Consumer.follow_sizes`), so a steady queue
    changes once, and sizes that wander a little change nothing. Between changes the
    source may send up to that factor more bytes than the window; the hard bound
    below keeps them out of the executor's memory.

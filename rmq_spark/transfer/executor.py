@@ -19,7 +19,9 @@ from rmq_spark.broker.delivery_limit import ReturnGuard, attempt_number
 from rmq_spark.config import ClusterConfig, MoverConfig
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, next_position
 from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
-from rmq_spark.transfer.mover import Endpoint, QueueMover, run_movers
+from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
+from rmq_spark.transfer.lanes import run_movers
+from rmq_spark.transfer.mover import QueueMover
 
 if TYPE_CHECKING:
     from pyspark import Broadcast
@@ -67,7 +69,9 @@ def move_queues(
     """
     at_once = queues_at_once(settings.max_active, settings.mover.queues_per_task)
     return run_movers(
-        [partial(queue_mover, row, settings, attempt) for row in rows], concurrent=at_once
+        [partial(queue_mover, row, settings, attempt) for row in rows],
+        ioloop=event_loop(),
+        concurrent=at_once,
     )
 
 
@@ -110,16 +114,15 @@ def queue_mover(row: dict[str, object], settings: ExecutorSettings, attempt: str
     )
     return QueueMover(
         key,
-        source,
-        destination,
+        Amqp091Connector(source, destination),
         MessageLedgerWriter(settings.ledger_path, settings.run_id, key, attempt),
+        # The mover closes it: kept on disk if the mover dies, so a retry names
+        # every copy that may have arrived.
+        IntentLog(settings.ledger_path, settings.run_id, key, attempt),
         window_messages=settings.window_messages,
         window_bytes=settings.window_bytes,
         first_position=next_position(settings.ledger_path, settings.run_id, key),
         limits=settings.mover,
-        # The mover closes it: kept on disk if the mover dies, so a retry names
-        # every copy that may have arrived.
-        intents=IntentLog(settings.ledger_path, settings.run_id, key, attempt),
         delivery_guard=guard,
     )
 

@@ -134,7 +134,8 @@ def test_a_failing_queue_does_not_stop_the_others_on_its_loop(
 
 
 def test_concurrency_must_be_positive() -> None:
-    from rmq_spark.transfer.mover import run_movers
+    from rmq_spark.transfer.amqp091.links import event_loop
+    from rmq_spark.transfer.lanes import run_movers
 
     with pytest.raises(ValueError, match="concurrent must be >= 1"):
-        run_movers([], concurrent=0)
+        run_movers([], ioloop=event_loop(), concurrent=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.stages import stage_times
-from rmq_spark.transfer.mover import WindowStages
+from rmq_spark.transfer.stages import WindowStages
 
 
 def steady(count: int, *, logging: int, destination: int, ledger: int, rate: float):

@@ -1,4 +1,4 @@
-"""pika's version range, and the private pika hooks wire.py and inbound.py use."""
+"""pika's version range, and the private pika hooks wire.py, inbound.py and links.py use."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_installed_pika_is_supported() -> None:
 
 
 def test_the_private_pika_hooks_exist() -> None:
-    """Every private name wire.py and inbound.py replace, call or read."""
+    """Every private name wire.py, inbound.py and links.py replace, call or read."""
     # wire.py: property decoding and the transport's write loop
     assert pika.spec.props[pika.spec.BasicProperties.INDEX] is not None
     assert callable(pika.frame.decode_frame)
@@ -60,3 +60,7 @@ def test_the_private_pika_hooks_exist() -> None:
     for attribute in ("self._cancelled", "self._consumers", "self._consumers_with_noack"):
         assert attribute in channel_init
     assert callable(pika.channel.Channel._on_deliver)
+    # links.py: a batch of publishes handed to the output buffer as one chunk, its
+    # bodies cut at the connection's frame size
+    assert callable(connection._output_marshaled_frames)
+    assert "self._body_max_length" in inspect.getsource(connection)

@@ -1,0 +1,283 @@
+"""Deliveries on their way out of one session: batching, intents first, publishing.
+
+No pika. Deliveries are taken in batches (one I/O loop iteration's worth, or
+INTENT_BATCH): a batch gets its positions and sequence numbers from the window, is
+logged as intents on the loop's intents lane, and only then published, in one write
+(`ports.DestinationLink.publish`). A nacked publish is sent again after a backoff,
+through the same lane, so frames leave in the order sequence numbers were given out.
+When the session ends, what still waits for its intents is withdrawn: never sent,
+so it cannot have arrived, and it goes back to the source.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from functools import partial
+from hashlib import sha256
+from typing import Protocol
+
+from rmq_spark.broker.delivery_limit import ReturnGuard
+from rmq_spark.config import MoverConfig
+from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.transfer.byte_window import ByteWindow
+from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.lanes import INTENTS
+from rmq_spark.transfer.ports import (
+    Connector,
+    DestinationLink,
+    DurableJob,
+    EngineLoop,
+    IntentSink,
+)
+from rmq_spark.transfer.window import TransferWindow
+
+log = logging.getLogger(__name__)
+
+# A batch of deliveries is handed to the intents lane once this many are waiting, or
+# at the end of the I/O loop iteration that received them. While a batch is being
+# logged, what arrives waits for the next one, which may then be larger (group commit).
+INTENT_BATCH = 256
+
+
+def backoff_seconds(attempt: int, limits: MoverConfig) -> float:
+    """Exponential backoff: first, double, double... capped."""
+    return float(min(limits.backoff_seconds * 2 ** (attempt - 1), limits.max_backoff_seconds))
+
+
+class OutboundHost(Protocol):
+    """What the outbound side needs of its session."""
+
+    @property
+    def closing(self) -> bool: ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        """A timer that fires only while the session lasts."""
+
+    def fail(self, reason: str) -> None:
+        """The transfer fails: no new deliveries; what is confirmed still settles."""
+
+    def write_failed(self, error: BaseException) -> None:
+        """A durable write failed: the session ends, and the transfer with it."""
+
+
+class _Outgoing:
+    """Deliveries to publish once their intents are durable."""
+
+    def __init__(self, deliveries: list[Delivery], *, logs_intents: bool) -> None:
+        self.deliveries = deliveries
+        self.logs_intents = logs_intents  # a new batch (False: a republish)
+        self.withdrawn = False
+
+
+def _nothing_to_log() -> None:
+    return None
+
+
+class Outbound:
+    """Received deliveries until their publish, for one session's window."""
+
+    def __init__(
+        self,
+        host: OutboundHost,
+        *,
+        key: TransferKey,
+        window: TransferWindow,
+        destination: DestinationLink,
+        consumer: Consumer,
+        loop: EngineLoop,
+        connector: Connector,
+        intents: IntentSink,
+        flow: ByteWindow,
+        guard: ReturnGuard,
+        limits: MoverConfig,
+        window_bytes: int,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._host = host
+        self._key = key
+        self._label = key.describe()
+        self._window = window
+        self._destination = destination
+        self._consumer = consumer
+        self._loop = loop
+        self._intents = intents
+        self._flow = flow
+        self._guard = guard
+        self._limits = limits
+        self._window_bytes = window_bytes
+        self._clock = clock
+        self._message_id_of = connector.message_id_of
+        self._delivery_count_of = connector.delivery_count_of
+        self._digest_properties = connector.digest_properties
+        # Deliveries received but not yet logged and published (one loop iteration's worth).
+        self._pending: list[tuple[int, bool, bytes, bytes]] = []
+        self._pending_bytes = 0
+        self._pending_largest = 0
+        self._flush_scheduled = False
+        self.last_intents: DurableJob | None = None  # the lane's jobs finish in order
+        # Batches whose intents are being logged; published in this order when durable.
+        self._outgoing: list[_Outgoing] = []
+        self._logging_intents = False
+        self.peak_held_bytes = 0
+
+    @property
+    def empty(self) -> bool:
+        """Nothing received waits to be logged and published."""
+        return not self._pending
+
+    def held_bytes(self) -> int:
+        """Body bytes received and not yet acked at the source (the byte window's measure)."""
+        return self._pending_bytes + self._window.in_flight_bytes
+
+    def waiting(self) -> tuple[int, int]:
+        """Deliveries not yet logged, and those being logged (a `WindowStages` sample)."""
+        return len(self._pending), sum(len(o.deliveries) for o in list(self._outgoing))
+
+    def on_delivery(self, tag: int, redelivered: bool, body: bytes, properties: bytes) -> bool:
+        """A source delivery (`inbound.DeliveryReader`, per message). It is published
+        with its batch (`publish_pending`).
+
+        Returns whether the reader may go on: False once the bytes held pass the byte
+        window, and the reader pauses until `Settlement.send_acks` resumes it.
+        """
+        size = len(body)
+        self._pending.append((tag, redelivered, body, properties))
+        self._pending_bytes += size
+        self._pending_largest = max(self._pending_largest, size)
+        if self._guard.active and self._guard.observe(self._delivery_count_of(properties)):
+            self._host.fail(delivery_limit_reason(self._key, self._guard))
+        held = self._pending_bytes + self._window.in_flight_bytes
+        self.peak_held_bytes = max(self.peak_held_bytes, held)
+        if len(self._pending) >= INTENT_BATCH:
+            self.publish_pending()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._host.call_later(0, self.publish_pending)
+        # Closing: the connection must read its close-ok; what arrives goes back anyway.
+        return held <= self._window_bytes or self._host.closing
+
+    def publish_pending(self) -> None:
+        """Log the batch as intents (durable, on the intents lane), then publish
+        each delivery unchanged.
+
+        Logging first means a process killed after a publish still leaves a row for it.
+        One batch is logged at a time: what arrives meanwhile waits and goes out as the
+        next batch, so a slow fsync means larger batches, not a queue of small ones
+        (group commit). Dropped or withdrawn batches (the session is ending) are never
+        acked: they go back to the source, and since they are the newest deliveries no
+        multiple ack can cover them.
+        """
+        self._flush_scheduled = False
+        if self._logging_intents:
+            return  # _send_logged calls again when the batch being logged is out
+        pending, self._pending = self._pending, []
+        self._flow.observe(len(pending), self._pending_largest)
+        self._pending_bytes = self._pending_largest = 0
+        if not pending:
+            return
+        self._consumer.drain.received()
+        if self._host.closing or not self._destination.is_open:
+            return
+        on_publish = self._window.on_publish
+        consumed_at = self._clock()  # one reading per batch: they arrived together
+        digest_properties = self._digest_properties
+        message_id_of = self._message_id_of
+        batch = [
+            on_publish(
+                tag,
+                redelivered=redelivered,
+                body_size=len(body),
+                body_sha256=sha256(body).hexdigest(),
+                properties_sha256=digest_properties(property_bytes),
+                message_id=message_id_of(property_bytes),
+                body=body,
+                properties=property_bytes,
+                consumed_at=consumed_at,
+            )
+            for tag, redelivered, body, property_bytes in pending
+        ]
+        intents = self._intents
+        self._logging_intents = True
+        self._send_when_durable(batch, lambda: intents.append(batch))
+        self._consumer.follow_sizes()
+
+    def _send_when_durable(
+        self, deliveries: list[Delivery], log_intents: Callable[[], None]
+    ) -> None:
+        """Publish `deliveries` once `log_intents` has run on the intents lane.
+
+        Every publish goes through the intents lane (a republish with nothing to log
+        too), so frames leave in the order sequence numbers were given out, which is
+        the order the destination numbers its confirms.
+        """
+        outgoing = _Outgoing(deliveries, logs_intents=log_intents is not _nothing_to_log)
+        self._outgoing.append(outgoing)
+        self.last_intents = self._loop.submit(
+            INTENTS, log_intents, partial(self._send_logged, outgoing)
+        )
+
+    def _send_logged(self, outgoing: _Outgoing, error: BaseException | None) -> None:
+        """Loop: the intents of `outgoing` are durable (or failed): publish, in order."""
+        if outgoing.withdrawn:
+            return  # the session ended and withdrew it
+        self._outgoing.remove(outgoing)
+        if error is not None or self._host.closing or not self._destination.is_open:
+            self._window.withdraw(outgoing.deliveries)
+            outgoing.withdrawn = True
+            if error is not None:
+                self._host.write_failed(error)
+            return
+        self._destination.publish(outgoing.deliveries)
+        if self._logging_intents and outgoing.logs_intents:
+            self._logging_intents = False
+            if self._pending:
+                self.publish_pending()
+
+    def retry_or_refuse(self, delivery: Delivery) -> None:
+        """A nacked publish: send it again after a backoff, or give up on it."""
+        limits = self._limits
+        if delivery.attempts > limits.nack_retries:
+            self._window.refuse(delivery, "nacked by the destination")
+            self._host.fail(
+                f"the destination refused (nacked) the message at source position "
+                f"{delivery.position} {delivery.attempts} time(s); it stays in the source"
+            )
+            return
+        delay = backoff_seconds(delivery.attempts, limits)
+        log.warning(
+            "%s: destination nacked position %d; publishing it again in %.2fs",
+            self._label,
+            delivery.position,
+            delay,
+        )
+        self._host.call_later(delay, partial(self._republish, delivery))
+
+    def _republish(self, delivery: Delivery) -> None:
+        """Timer: publish a nacked delivery again (same bytes, same position)."""
+        if self._host.closing or not self._destination.is_open:
+            return  # the session ended; the source redelivers it
+        self._window.republish(delivery)
+        self._send_when_durable([delivery], _nothing_to_log)  # its intent is logged already
+
+    def withdraw_unsent(self) -> None:
+        """Session end: publishes still waiting for their intents will never be sent."""
+        for outgoing in self._outgoing:
+            self._window.withdraw(outgoing.deliveries)
+            outgoing.withdrawn = True
+        self._outgoing.clear()
+
+
+def delivery_limit_reason(key: TransferKey, guard: ReturnGuard) -> str:
+    """A delivery's return count leaves no room for another lost session: take no
+    more messages. What is held is still moved (and acked); the rest stays in the
+    source, returned no more than the limit allows."""
+    return (
+        f"stopped before the delivery limit of cluster {key.source_cluster} vhost "
+        f"{key.source_vhost!r} queue {key.source_queue!r}: a message arrived with "
+        f"x-delivery-count {guard.highest_count} (returns it has had) and the limit is "
+        f"{guard.limit} (past it a message is {guard.past_limit}); another lost session could "
+        f"pass it, so the rest stays in the source. Find what returned them (lost "
+        f"connections, consumers that requeue) or raise the limit, then run again"
+    )

@@ -1,0 +1,402 @@
+"""One session of a transfer: one pair of links and one `TransferWindow`.
+
+No pika: the session drives `ports.SourceLink` and `ports.DestinationLink` and is
+their `ports.SessionEvents`. Every decision about what may be acked lives in
+`window.TransferWindow`; this module turns link events into calls on it:
+
+    source delivery ──► batch ──► intent log (durable) ──► publish the batch ──► window
+    destination ack/nack/return ──► window ──► ledger write (durable) ──► source ack
+
+A source message is acked only after the destination confirmed it AND its ledger
+row is durable. A nacked publish is sent again after a backoff, a few times; then,
+like a returned one, it is refused: never acked, back to the source when the
+channel closes, and the transfer fails with an error naming the queue.
+
+A session is built fresh for each pair of connections, so nothing of an ended
+session can act on the next one. It ends (`SessionEnd`) when both connections are
+closed: finished (drained, or the transfer failed), lost (a connection went; a new
+session follows after a backoff) or fatal (access refused, a durable write failed).
+On the way out, confirmed deliveries are written (and acked if the source is still
+there), unsent publishes are withdrawn, and unconfirmed ones are written as
+"uncertain" rows because they may have arrived.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from hashlib import sha256
+from typing import Literal
+
+from rmq_spark.broker.delivery_limit import ReturnGuard
+from rmq_spark.config import MoverConfig
+from rmq_spark.errors import RmqSparkError
+from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.transfer import refusals
+from rmq_spark.transfer.byte_window import ByteWindow
+from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.drain import STOP_CONFIRM_TIMEOUT_SECONDS, DrainStep
+from rmq_spark.transfer.outbound import Outbound
+from rmq_spark.transfer.ports import (
+    DESTINATION,
+    SOURCE,
+    Connector,
+    DestinationLink,
+    EngineLoop,
+    IntentSink,
+    LedgerSink,
+    Side,
+    SourceLink,
+)
+from rmq_spark.transfer.settlement import Settlement
+from rmq_spark.transfer.stages import WindowStages
+from rmq_spark.transfer.window import TransferWindow
+
+log = logging.getLogger(__name__)
+
+# How often the loop flushes a slow trickle of confirms and re-checks an idle queue.
+TICK_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """How a session ended, once both its connections are closed."""
+
+    how: Literal["finished", "lost", "fatal"]
+    next_position: int  # where the next session numbers its deliveries
+    error: str | None  # the transfer failed (outcome "failed"): why
+    lost: str | None = None  # why the session was lost
+    fatal: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every session of one transfer uses (`mover.QueueMover` makes one)."""
+
+    key: TransferKey
+    loop: EngineLoop
+    connector: Connector
+    ledger: LedgerSink
+    intents: IntentSink
+    flow: ByteWindow  # learned sizes outlive a session: a reconnect starts there
+    guard: ReturnGuard  # a quorum source's delivery limit (delivery_limit.py)
+    limits: MoverConfig
+    window_bytes: int
+    clock: Callable[[], datetime]
+    monotonic: Callable[[], float]
+
+
+class Session:
+    """One pair of connections moving deliveries through one `TransferWindow`.
+
+    Usage (by `mover.QueueMover`)::
+
+        Session(number, shared, first_position=..., error=..., on_end=after).start()
+    """
+
+    # The source link calls this per delivery: it is `Outbound.on_delivery` itself, so
+    # the hot path makes no extra call (set in `start`, before any link can deliver).
+    on_delivery: Callable[[int, bool, bytes, bytes], bool]
+
+    def __init__(
+        self,
+        number: int,
+        shared: Shared,
+        *,
+        first_position: int,
+        error: str | None,
+        on_end: Callable[[SessionEnd], None],
+    ) -> None:
+        self._shared = shared
+        self._key = shared.key
+        self._label = shared.key.describe()
+        self._on_end = on_end
+        self._window = TransferWindow(
+            shared.flow.granted, first_position=first_position, session=number, clock=shared.clock
+        )
+        self._error = error  # the transfer's failure; it outlives the session
+        self._closing = False
+        self._ended = False
+        self._lost: str | None = None
+        self._fatal: BaseException | None = None
+
+    def start(self) -> None:
+        """Open both links; the consumer starts once both sides are ready."""
+        shared, window = self._shared, self._window
+        self._source: SourceLink
+        self._destination: DestinationLink
+        self._source, self._destination = shared.connector.connect(
+            self, shared.loop.ioloop, self._label
+        )
+        self._consumer = Consumer(
+            self,
+            self._source,
+            flow=shared.flow,
+            window=window,
+            label=self._label,
+            monotonic=shared.monotonic,
+        )
+        self.outbound = Outbound(
+            self,
+            key=shared.key,
+            window=window,
+            destination=self._destination,
+            consumer=self._consumer,
+            loop=shared.loop,
+            connector=shared.connector,
+            intents=shared.intents,
+            flow=shared.flow,
+            guard=shared.guard,
+            limits=shared.limits,
+            window_bytes=shared.window_bytes,
+            clock=shared.clock,
+        )
+        self.on_delivery = self.outbound.on_delivery
+        self.settlement = Settlement(
+            self,
+            window=window,
+            source=self._source,
+            consumer=self._consumer,
+            loop=shared.loop,
+            ledger=shared.ledger,
+            window_bytes=shared.window_bytes,
+        )
+        self.call_later(TICK_SECONDS, self._on_tick)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        """A timer that fires only while this session lasts: sessions share the loop,
+        and an ended one must not act (publish on its closed channel, tick on)."""
+
+        def fire() -> None:
+            if not self._ended:
+                callback()
+
+        self._shared.loop.ioloop.call_later(delay, fire)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    @property
+    def failing(self) -> bool:
+        return self._error is not None
+
+    def held_bytes(self) -> int:
+        return self.outbound.held_bytes()
+
+    def write_failed(self, error: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = error
+        if not self._closing:
+            self._close()
+
+    def idle(self) -> bool:
+        """Nothing received that is not yet acked (published or waiting to be)."""
+        return self._window.in_flight == 0 and self.outbound.empty
+
+    def stages(self, moved_before: int) -> WindowStages:
+        """Where this session's deliveries are; safe from another thread (lengths and
+        counters, each consistent on its own, so a sample may be off by a batch)."""
+        unlogged, being_logged = self.outbound.waiting()
+        # Batches being logged are already publishes to the window (seq numbers given).
+        unconfirmed = self._window.unconfirmed
+        return WindowStages(
+            logging=unlogged + being_logged,
+            destination=max(0, unconfirmed - being_logged),
+            ledger=self._window.in_flight - unconfirmed,
+            moved=moved_before + self.settlement.moved_messages,
+        )
+
+    # -- the links' events ----------------------------------------------------------
+
+    def on_ready(self, side: Side) -> None:
+        if side == SOURCE:
+            self._consumer.source_ready()
+        else:
+            self._consumer.destination_ready()
+
+    def on_prefetch_set(self) -> None:
+        self._consumer.on_prefetch_set()
+
+    def on_depth(self, ready: int, consumers: int) -> None:
+        self._consumer.on_depth(ready, consumers)
+
+    def on_cancel_ok(self) -> None:
+        self._consumer.on_cancel_ok()
+
+    def on_got(
+        self, tag: int, redelivered: bool, body: bytes, properties: bytes, remaining: int
+    ) -> None:
+        self._consumer.on_got(tag, redelivered, body, properties, remaining)
+
+    def on_get_empty(self) -> None:
+        self._consumer.on_get_empty()
+
+    def on_confirm(self, seq: int, *, multiple: bool, ack: bool) -> None:
+        """The destination's basic.ack or basic.nack for one or more publishes."""
+        if ack:
+            self._window.on_confirm(seq, multiple=multiple)
+        else:
+            for delivery in self._window.on_nack(seq, multiple=multiple):
+                self.outbound.retry_or_refuse(delivery)
+        self.settlement.settle()
+
+    def on_return(self, body: bytes, properties: bytes, reason: str) -> None:
+        """A mandatory publish was routed nowhere (destination queue missing)."""
+        returned = self._window.on_return(
+            sha256(body).hexdigest(), sha256(properties).hexdigest(), reason
+        )
+        position = returned.position if returned else "?"
+        self.fail(f"a message was {reason} (source position {position}); is the queue there?")
+
+    def on_consumer_cancelled(self) -> None:
+        """The broker cancelled our consumer (source queue deleted, the quorum queue's
+        leader moved, a 4.3 quorum queue's consumer timeout). A new session consumes
+        again; a deleted queue then fails its passive declare."""
+        self._consumer.on_cancelled_by_broker()
+        self._connection_lost("the broker cancelled the source consumer")
+
+    def on_channel_closed(self, side: Side, code: int, text: str) -> None:
+        """The broker closed a channel: for a missing queue or no access. Not retryable
+        by a new session or task attempt, so the transfer fails with the reason."""
+        if self._closing:
+            return
+        if side == SOURCE and refusals.consumer_timed_out(code, text):
+            # 3.10, 4.0 and 4.3.6: the source held a delivery past consumer_timeout (e.g.
+            # the destination was blocked); what it held goes back, a new session goes on.
+            self._connection_lost(f"the source consumer timed out ({code} {text})")
+            return
+        too_large = refusals.oversize(code, text) if side == DESTINATION else None
+        if self._error is None:
+            if too_large is not None:
+                refused = self._window.refuse_oversized(
+                    too_large.message_bytes, "larger than the destination's max_message_size"
+                )
+                self._error = oversize_error(self._key, too_large, refused)
+            else:
+                self._error = channel_closed_error(self._key, side, code, text)
+            log.error("%s", self._error)
+        self._close()
+
+    def on_lost(self, side: Side, reason: str) -> None:
+        self._connection_lost(reason)
+
+    def on_refused(self, side: Side, error: RmqSparkError) -> None:
+        self._fatal = error
+        self._close()
+
+    def on_closed(self, side: Side) -> None:
+        self._end_if_closed()
+
+    # -- stopping and ending --------------------------------------------------------
+
+    def _on_tick(self) -> None:
+        """Timer: flush slow confirms, check whether an idle queue is drained, or finish."""
+        if self._closing:
+            return
+        self.settlement.settle()
+        now = self._shared.monotonic()
+        if self._consumer.stopping:
+            self._finish_if_settled(now)
+        else:
+            self._consumer.tick(now)
+        if not self._closing:
+            self.call_later(TICK_SECONDS, self._on_tick)
+
+    def _finish_if_settled(self, now: float) -> None:
+        window = self._window
+        settled = self.outbound.empty and window.unconfirmed == 0 and window.settled
+        step = self._consumer.drain.finish(now, settled=settled)
+        if step is DrainStep.NOTHING:
+            return
+        if step is DrainStep.TIMED_OUT and self._error is None:
+            self._error = (
+                f"{self._label}: {window.unconfirmed} publish(es) were not "
+                f"confirmed within {STOP_CONFIRM_TIMEOUT_SECONDS:.0f}s; they stay in the source"
+            )
+        self._close()
+
+    def fail(self, reason: str) -> None:
+        """Stop this transfer: no new deliveries; confirmed ones are still written and acked."""
+        if self._error is None:
+            self._error = f"{self._label}: {reason}"
+            log.error("%s", self._error)
+        self._consumer.stop()
+
+    def _connection_lost(self, reason: str) -> None:
+        """A connection is gone: settle what can be settled, then end the session."""
+        if self._lost is None and self._fatal is None:
+            self._lost = reason
+        self._close()
+
+    def _close(self) -> None:
+        """Close both connections; what the source has not acked goes back to its queue.
+
+        Confirmed deliveries are in the destination whether or not they can still be
+        acked, so their rows are written (and acked, if the source is still open)
+        first. Unconfirmed publishes may have arrived too: their rows are written
+        without a confirm time, so a copy that did arrive is named.
+        """
+        if not self._closing:
+            self._closing = True
+            if self.outbound.last_intents is not None:
+                self.outbound.last_intents.wait()
+            self.settlement.write_confirmed_now()
+            if self._source.is_open:
+                self.settlement.send_acks()
+            self.outbound.withdraw_unsent()  # never sent: they cannot have arrived
+            # Normally nothing is unconfirmed here; after a lost connection, a channel
+            # closed by the broker or a confirm timeout, these may have arrived.
+            uncertain = self._window.mark_uncertain()
+            if uncertain:
+                self._shared.ledger.write(uncertain)
+            self._source.resume()  # a paused source could not read its close-ok
+        self._source.close()
+        self._destination.close()
+        self._end_if_closed()
+
+    def _end_if_closed(self) -> None:
+        if self._ended or not (self._source.is_closed and self._destination.is_closed):
+            return
+        self._ended = True
+        position = self._window.next_position
+        if self._fatal is not None:
+            end = SessionEnd("fatal", position, self._error, fatal=self._fatal)
+        elif self._lost is not None:
+            end = SessionEnd("lost", position, self._error, lost=self._lost)
+        else:
+            end = SessionEnd("finished", position, self._error)
+        self._on_end(end)
+
+
+# -- what a failed transfer says ---------------------------------------------------------
+
+
+def oversize_error(key: TransferKey, too_large: refusals.Oversize, refused: Delivery | None) -> str:
+    """The destination refused a message for its size: name it, the size, the limit."""
+    position = refused.position if refused is not None else "?"
+    return (
+        f"{key.describe()}: the destination cluster {key.destination_cluster} vhost "
+        f"{key.destination_vhost!r} queue {key.destination_queue!r} refused (closed its "
+        f"channel, {refusals.PRECONDITION_FAILED} PRECONDITION_FAILED) a message of "
+        f"{too_large.message_bytes} bytes from cluster {key.source_cluster} vhost "
+        f"{key.source_vhost!r} queue {key.source_queue!r} (source position {position}): larger "
+        f"than the destination's max_message_size {too_large.max_message_size}. It stays "
+        f"in the source, never acked; raise max_message_size on the destination (4.0 "
+        f"lowered the default to 16 MiB) or move it another way"
+    )
+
+
+def channel_closed_error(key: TransferKey, side: Side, code: int, text: str) -> str:
+    """The broker closed a channel: name the side's cluster, vhost and queue, and why."""
+    if side == SOURCE:
+        cluster, vhost, queue = key.source_cluster, key.source_vhost, key.source_queue
+    else:
+        cluster, vhost = key.destination_cluster, key.destination_vhost
+        queue = key.destination_queue
+    return (
+        f"{key.describe()}: the broker closed the channel on cluster {cluster} vhost "
+        f"{vhost!r} queue {queue!r} ({code} {text})"
+    )

@@ -1,0 +1,120 @@
+"""Settling one session's confirmed deliveries: ledger rows first, then source acks.
+
+No pika. A confirmed delivery is acked at the source only once its ledger row is
+durable: rows are written on the loop's ledger lane (`lanes.MoverLoop`), one write at
+a time per session, and each durable write lets `window.TransferWindow` hand out the
+acks that are now safe.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Protocol
+
+from rmq_spark.model import Delivery
+from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.lanes import LEDGER
+from rmq_spark.transfer.ports import DurableJob, EngineLoop, LedgerSink, SourceLink
+from rmq_spark.transfer.window import TransferWindow
+
+
+class SettlementHost(Protocol):
+    """What settling needs of its session."""
+
+    @property
+    def closing(self) -> bool: ...
+
+    def held_bytes(self) -> int:
+        """Body bytes received and not yet acked at the source (the byte window's measure)."""
+
+    def write_failed(self, error: BaseException) -> None:
+        """A durable write failed: the session ends, and the transfer with it."""
+
+
+class Settlement:
+    """Rows, then acks, for one session's window."""
+
+    def __init__(
+        self,
+        host: SettlementHost,
+        *,
+        window: TransferWindow,
+        source: SourceLink,
+        consumer: Consumer,
+        loop: EngineLoop,
+        ledger: LedgerSink,
+        window_bytes: int,
+    ) -> None:
+        self._host = host
+        self._window = window
+        self._source = source
+        self._consumer = consumer
+        self._loop = loop
+        self._ledger = ledger
+        self._window_bytes = window_bytes
+        self._writing_rows = False  # a ledger write of this session is under way
+        self._last_write: DurableJob | None = None  # the lane's jobs finish in order
+        self.moved_messages = 0
+        self.moved_bytes = 0
+
+    def settle(self) -> None:
+        """Start writing ledger rows for confirmed deliveries; ack what is already durable."""
+        if not self._source.is_open or self._host.closing:
+            return
+        if self._window.should_flush(draining=self._consumer.stopping):
+            self._write_confirmed_async()
+        self.send_acks()
+
+    def send_acks(self) -> None:
+        acks = self._window.take_acks()
+        source = self._source
+        if acks:
+            source.ack(acks)
+        if source.paused and self._host.held_bytes() <= self._window_bytes:
+            source.resume()
+        if self._consumer.changing_prefetch:
+            self._consumer.consume_with_new_prefetch()
+
+    def _write_confirmed_async(self) -> None:
+        """Hand the rows of every confirmed delivery to the ledger lane (one write).
+
+        One write at a time per session: confirms arriving meanwhile go into the next
+        write as soon as this one is durable (group commit), so acks flow continuously
+        when writes are fast and writes grow when they are slow.
+        """
+        if self._writing_rows:
+            return  # _on_rows_durable settles again
+        rows = self._window.rows_to_write()
+        if not rows:
+            return
+        ledger = self._ledger
+        self._writing_rows = True
+        self._last_write = self._loop.submit(
+            LEDGER, lambda: ledger.write(rows), partial(self._on_rows_durable, rows)
+        )
+
+    def _on_rows_durable(self, rows: list[Delivery], error: BaseException | None) -> None:
+        """Loop: a ledger write is durable (or failed). Its deliveries may now be acked."""
+        self._writing_rows = False
+        if error is not None:
+            self._host.write_failed(error)
+            return
+        self._window.mark_durable(rows)
+        self._count_moved(rows)
+        if not self._host.closing and self._source.is_open:
+            self.settle()  # acks these, and writes what was confirmed meanwhile
+
+    def _count_moved(self, rows: list[Delivery]) -> None:
+        self.moved_messages += len(rows)
+        self.moved_bytes += sum(row.body_size for row in rows)
+
+    def write_confirmed_now(self) -> None:
+        """Session end: wait for the write under way, then write the rest here (durable)."""
+        if self._last_write is not None:
+            self._last_write.wait()
+        rows = self._window.rows_to_write()
+        if not rows:
+            return
+        self._ledger.write(rows)
+        self._window.mark_durable(rows)
+        self._count_moved(rows)
