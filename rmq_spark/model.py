@@ -114,8 +114,6 @@ class TransferKey:
             f"{self.destination_cluster}:{self.destination_vhost}:{self.destination_queue}"
         )
 
-    # transfer/mover.py names its transfer with describe(); kept until the engine split.
-    describe = label
 
     @property
     def file_prefix(self) -> str:

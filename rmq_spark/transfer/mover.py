@@ -145,7 +145,7 @@ class QueueMover:
         )
         log.info(
             "moving %s (window %d messages, %d bytes)",
-            self._key.describe(),
+            self._key.label(),
             self._flow.window_messages,
             self._window_bytes,
         )
@@ -198,13 +198,13 @@ class QueueMover:
             if self._failures > self._limits.reconnect_attempts:
                 self._finish(
                     TransferError(
-                        f"{self._key.describe()}: gave up after {self._failures} lost "
+                        f"{self._key.label()}: gave up after {self._failures} lost "
                         f"session(s): {end.lost}; unacked messages stay in the source"
                     )
                 )
                 return
             delay = backoff_seconds(self._failures, self._limits)
-            log.warning("%s: %s; reconnecting in %.1fs", self._key.describe(), end.lost, delay)
+            log.warning("%s: %s; reconnecting in %.1fs", self._key.label(), end.lost, delay)
             self._loop.ioloop.call_later(delay, self._start_session)
 
     def _outcome(self) -> MoveOutcome:
@@ -212,7 +212,7 @@ class QueueMover:
         status = "failed" if self._error else "moved"
         log.info(
             "%s: %s, %d messages, %d bytes in %.2fs (%d session(s))",
-            self._key.describe(),
+            self._key.label(),
             status,
             self._moved_messages,
             self._moved_bytes,

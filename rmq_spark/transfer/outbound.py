@@ -97,7 +97,7 @@ class Outbound:
     ) -> None:
         self._host = host
         self._key = key
-        self._label = key.describe()
+        self._label = key.label()
         self._window = window
         self._destination = destination
         self._consumer = consumer

@@ -111,7 +111,7 @@ class Session:
     ) -> None:
         self._shared = shared
         self._key = shared.key
-        self._label = shared.key.describe()
+        self._label = shared.key.label()
         self._on_end = on_end
         self._window = TransferWindow(
             shared.flow.granted, first_position=first_position, session=number, clock=shared.clock
@@ -378,7 +378,7 @@ def oversize_error(key: TransferKey, too_large: refusals.Oversize, refused: Deli
     """The destination refused a message for its size: name it, the size, the limit."""
     position = refused.position if refused is not None else "?"
     return (
-        f"{key.describe()}: the destination cluster {key.destination_cluster} vhost "
+        f"{key.label()}: the destination cluster {key.destination_cluster} vhost "
         f"{key.destination_vhost!r} queue {key.destination_queue!r} refused (closed its "
         f"channel, {refusals.PRECONDITION_FAILED} PRECONDITION_FAILED) a message of "
         f"{too_large.message_bytes} bytes from cluster {key.source_cluster} vhost "
@@ -397,6 +397,6 @@ def channel_closed_error(key: TransferKey, side: Side, code: int, text: str) -> 
         cluster, vhost = key.destination_cluster, key.destination_vhost
         queue = key.destination_queue
     return (
-        f"{key.describe()}: the broker closed the channel on cluster {cluster} vhost "
+        f"{key.label()}: the broker closed the channel on cluster {cluster} vhost "
         f"{vhost!r} queue {queue!r} ({code} {text})"
     )
