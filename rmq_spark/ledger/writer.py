@@ -257,7 +257,7 @@ class IntentLog:
             os.fsync(self._file.fileno())
         except OSError as exc:
             raise LedgerError(
-                f"ledger: cannot log intents for {self._key.describe()} ({exc})"
+                f"ledger: cannot log intents for {self._key.label()} ({exc})"
             ) from exc
 
     def close(self, *, finished: bool) -> None:
@@ -329,7 +329,7 @@ class MessageLedgerWriter:
                 self._roll()
         except OSError as exc:
             raise LedgerError(
-                f"ledger {self._rows_dir}: cannot write rows for {self._key.describe()} ({exc})"
+                f"ledger {self._rows_dir}: cannot write rows for {self._key.label()} ({exc})"
             ) from exc
 
     def close(self) -> None:
@@ -339,7 +339,7 @@ class MessageLedgerWriter:
                 self._roll()
         except OSError as exc:
             raise LedgerError(
-                f"ledger {self._dir}: cannot write rows for {self._key.describe()} ({exc})"
+                f"ledger {self._dir}: cannot write rows for {self._key.label()} ({exc})"
             ) from exc
 
     def _open_stream(self) -> tuple[BinaryIO, pa.ipc.RecordBatchStreamWriter]:
