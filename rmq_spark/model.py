@@ -114,7 +114,6 @@ class TransferKey:
             f"{self.destination_cluster}:{self.destination_vhost}:{self.destination_queue}"
         )
 
-
     @property
     def file_prefix(self) -> str:
         """Data files of this transfer start with this, so a retried task finds its own.
