@@ -1,0 +1,51 @@
+"""The package's shape, kept by a test: modules and engine classes stay small enough to read.
+
+Issue 14 set the limits: no module in the package over ~600 lines, no class in the engine
+(transfer/) over ~300. A module that grows past them is a sign a concept wants its own home.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "rmq_spark"
+MAX_MODULE_LINES = 600
+MAX_ENGINE_CLASS_LINES = 300
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_package_has_modules_to_measure() -> None:
+    assert len(modules()) > 20, f"found only {len(modules())} modules under {PACKAGE}"
+
+
+@pytest.mark.parametrize("module", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_is_longer_than_the_limit(module: Path) -> None:
+    lines = len(module.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_MODULE_LINES, (
+        f"{module.relative_to(PACKAGE.parent)} has {lines} lines; the limit is "
+        f"{MAX_MODULE_LINES}: split it along its concepts"
+    )
+
+
+def engine_classes() -> list[tuple[str, int]]:
+    found = []
+    for module in sorted((PACKAGE / "transfer").rglob("*.py")):
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                found.append((f"{module.relative_to(PACKAGE.parent)}:{node.name}", length))
+    return found
+
+
+def test_no_engine_class_is_longer_than_the_limit() -> None:
+    classes = engine_classes()
+    assert classes, "no classes found under rmq_spark/transfer"
+    too_long = {name: length for name, length in classes if length > MAX_ENGINE_CLASS_LINES}
+    assert not too_long, f"engine classes over {MAX_ENGINE_CLASS_LINES} lines: {too_long}"
