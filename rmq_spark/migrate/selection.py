@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from rmq_spark.broker.management import ManagementClient
+from rmq_spark.broker.management import ManagementClient, addressable
 from rmq_spark.config import (
     JobConfig,
     RouteConfig,
@@ -299,6 +299,12 @@ def _new_plan(
         plan.problems.append(f"{where}: not durable; quorum queues are always durable (refused)")
     if queue.get("exclusive"):
         plan.problems.append(f"{where}: exclusive to one connection; refused")
+    if not addressable(name):
+        plan.problems.append(
+            f"{where}: the management API cannot name a queue {name!r} in its URL paths, "
+            "and a migration deletes and re-declares the queue through them; refused "
+            "(move its messages with `rmq-spark transfer` instead)"
+        )
     if queue.get("auto_delete"):
         plan.problems.append(
             f"{where}: auto-delete; it would vanish with its last consumer, refused"

@@ -341,6 +341,7 @@ def test_dry_run_names_every_refused_queue_and_changes_nothing(
         channel = connection.channel()
         channel.queue_declare("transient", durable=False)
         channel.queue_declare("autodel", durable=True, auto_delete=True)
+        channel.queue_declare(".", durable=True)
         channel.queue_declare("consumed", durable=True)
         channel.basic_consume("consumed", lambda *_: None)
         wait_until(
@@ -361,6 +362,7 @@ def test_dry_run_names_every_refused_queue_and_changes_nothing(
         "queue 'odd': argument x-something-new=1: refused",
         "queue 'transient': not durable",
         "queue 'autodel': auto-delete",
+        "queue '.': the management API cannot name a queue '.' in its URL paths",
         "queue 'consumed': 1 consumer(s) attached",
         "--replicas 5 but only 3 node(s) run",
     ):
