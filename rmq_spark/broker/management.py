@@ -188,15 +188,9 @@ class ManagementClient:
     def queue_bindings(self, vhost: str, name: str) -> list[dict[str, Any]]:
         """The queue's bindings from exchanges, without the default exchange's implicit one."""
         if not addressable(name):
-            rows = self._request(
-                "GET",
-                f"/api/bindings/{_q(vhost)}",
-                what=f"list the bindings of vhost {vhost!r}",
-                missing_ok=True,
-            )
             return [
                 row
-                for row in rows or []
+                for row in self._vhost_bindings(vhost)
                 if row.get("source")
                 and row.get("destination_type") == "queue"
                 and row.get("destination") == name
@@ -215,58 +209,52 @@ class ManagementClient:
         A queue named `.` or `..` comes from the vhost's listing: its message rates,
         no consumer details.
         """
-        if not addressable(name):
-            rows = self._request(
-                "GET",
-                f"/api/queues/{_q(vhost)}",
-                what=f"list the queues of vhost {vhost!r}",
-                missing_ok=True,
-            )
-            return _named(rows or [], name)
-        result: dict[str, Any] | None = self._request(
-            "GET",
-            f"/api/queues/{_q(vhost)}/{_q(name)}",
-            what=f"read queue {name!r} in vhost {vhost!r}",
-            missing_ok=True,
-        )
-        return result
+        return self._one("queues", "queue", vhost, name)
 
     def exchange(self, vhost: str, name: str) -> dict[str, Any] | None:
         """The exchange's definition (type, durability, arguments), None when missing."""
-        if not addressable(name):
-            rows = self._request(
-                "GET",
-                f"/api/exchanges/{_q(vhost)}",
-                what=f"list the exchanges of vhost {vhost!r}",
-                missing_ok=True,
-            )
-            return _named(rows or [], name)
-        result: dict[str, Any] | None = self._request(
-            "GET",
-            f"/api/exchanges/{_q(vhost)}/{_q(name)}",
-            what=f"read exchange {name!r} in vhost {vhost!r}",
-            missing_ok=True,
-        )
-        return result
+        return self._one("exchanges", "exchange", vhost, name)
 
     def exchange_bindings_in(self, vhost: str, name: str) -> list[dict[str, Any]]:
         """Bindings whose destination is this exchange (exchange-to-exchange)."""
         if not addressable(name):
-            rows = self._request(
-                "GET",
-                f"/api/bindings/{_q(vhost)}",
-                what=f"list the bindings of vhost {vhost!r}",
-                missing_ok=True,
-            )
             return [
                 row
-                for row in rows or []
+                for row in self._vhost_bindings(vhost)
                 if row.get("destination_type") == "exchange" and row.get("destination") == name
             ]
         rows = self._request(
             "GET",
             f"/api/exchanges/{_q(vhost)}/{_q(name)}/bindings/destination",
             what=f"list the bindings into exchange {name!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
+        return list(rows or [])
+
+    def _one(self, kind: str, noun: str, vhost: str, name: str) -> dict[str, Any] | None:
+        """One queue or exchange by name (None when missing). A name the API's URL paths
+        cannot hold (`addressable`) is looked up in the vhost's listing instead."""
+        if not addressable(name):
+            rows = self._request(
+                "GET",
+                f"/api/{kind}/{_q(vhost)}",
+                what=f"list the {kind} of vhost {vhost!r}",
+                missing_ok=True,
+            )
+            return _named(rows or [], name)
+        result: dict[str, Any] | None = self._request(
+            "GET",
+            f"/api/{kind}/{_q(vhost)}/{_q(name)}",
+            what=f"read {noun} {name!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
+        return result
+
+    def _vhost_bindings(self, vhost: str) -> list[dict[str, Any]]:
+        rows = self._request(
+            "GET",
+            f"/api/bindings/{_q(vhost)}",
+            what=f"list the bindings of vhost {vhost!r}",
             missing_ok=True,
         )
         return list(rows or [])
