@@ -32,6 +32,7 @@ from tests.support.brokers import (
     drain_fingerprints,
     fresh_vhost,
     queue_depth,
+    queue_names,
 )
 
 SOURCE_MESSAGES = 5
@@ -283,7 +284,7 @@ def test_bad_input_gives_one_error_and_moves_nothing(
     if case.password is not None:
         monkeypatch.setenv(PASSWORD_ENV, case.password)
     config = _write_config(case, setup)
-    before = _queue_names(brokers.main, vhost)
+    before = queue_names(brokers.main, vhost)
     started = time.monotonic()
 
     exit_code = transfer_main(["--config", str(config), "--run-id", "bad-input"])
@@ -299,7 +300,7 @@ def test_bad_input_gives_one_error_and_moves_nothing(
     assert seconds < UNREACHABLE_SECONDS, f"took {seconds:.1f}s"
     for queue in ("orders", "prio"):
         assert _depth(brokers, "dr", vhost, queue) == SOURCE_MESSAGES
-    assert _queue_names(brokers.main, vhost) == before  # nothing declared
+    assert queue_names(brokers.main, vhost) == before  # nothing declared
     for queue in case.destination_queues:
         assert _depth(brokers, "main", vhost, queue) == 0
 
@@ -406,16 +407,6 @@ def _management(node: Any, method: str, path: str, body: dict[str, Any] | None =
         timeout=10,
     )
     response.raise_for_status()
-
-
-def _queue_names(node: Any, vhost: str) -> list[str]:
-    response = requests.get(
-        f"{node.management_url}/api/queues/{quote(vhost, safe='')}?columns=name",
-        auth=(node.username, node.password),
-        timeout=10,
-    )
-    response.raise_for_status()
-    return sorted(row["name"] for row in response.json())
 
 
 def _depth(brokers: Brokers, label: str, vhost: str, queue: str) -> int:

@@ -19,7 +19,15 @@ from rmq_spark.config import load_config
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.errors import AccessRefusedError
 from rmq_spark.pipeline import run_transfer
-from tests.support.brokers import Brokers, cluster_block, depth, fresh_vhost, seed, write_config
+from tests.support.brokers import (
+    Brokers,
+    cluster_block,
+    depth,
+    fresh_vhost,
+    queue_names,
+    seed,
+    write_config,
+)
 
 DOT_QUEUES = {".": 40, "..": 25}
 # Management-tagged (not administrator, so pre-flight cannot read its permissions), and
@@ -42,7 +50,7 @@ def test_queues_named_dot_and_dot_dot_are_created_moved_and_verified(
             ledger=tmp_path / "ledger",
         )
     )
-    assert _queue_names(brokers.main, vhost) == []
+    assert queue_names(brokers.main, vhost) == []
 
     result = run_transfer(spark, config, run_id="dot-names-1")
 
@@ -51,7 +59,7 @@ def test_queues_named_dot_and_dot_dot_are_created_moved_and_verified(
     assert result.verification.verified, result.verification
     assert result.verification.messages == sum(DOT_QUEUES.values())
     assert result.verification.lost == 0
-    assert _queue_names(brokers.main, vhost) == [".", ".."]
+    assert queue_names(brokers.main, vhost) == [".", ".."]
     for queue, count in DOT_QUEUES.items():
         assert depth(brokers.main, vhost, queue) == count
         assert depth(brokers.dr, vhost, queue) == 0
@@ -88,7 +96,7 @@ def test_declare_refused_by_the_broker_is_one_error_and_nothing_moves(
         ) in message
     assert message.count("\n  ") == 2  # one line per problem
     assert brokers.main.password not in message
-    assert _queue_names(brokers.main, vhost) == []
+    assert queue_names(brokers.main, vhost) == []
     for queue, count in DOT_QUEUES.items():
         assert depth(brokers.dr, vhost, queue) == count
 
@@ -120,13 +128,3 @@ def _management(node: LocalNode, method: str, path: str, **body: str) -> None:
         timeout=10,
     )
     response.raise_for_status()
-
-
-def _queue_names(node: LocalNode, vhost: str) -> list[str]:
-    response = requests.get(
-        f"{node.management_url}/api/queues/{quote(vhost, safe='')}?columns=name",
-        auth=(node.username, node.password),
-        timeout=10,
-    )
-    response.raise_for_status()
-    return sorted(row["name"] for row in response.json())

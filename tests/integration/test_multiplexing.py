@@ -12,7 +12,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 
 from rmq_spark.config import JobConfig, MoverConfig
 from rmq_spark.ledger import tables
@@ -131,11 +130,3 @@ def test_a_failing_queue_does_not_stop_the_others_on_its_loop(
         assert found == expected_fingerprints(vhost, queue, MESSAGES), queue
     left = drain_fingerprints(lambda: brokers.connect(brokers.dr, vhost), "refused")
     assert left == expected_fingerprints(vhost, "refused", MESSAGES)  # nothing lost
-
-
-def test_concurrency_must_be_positive() -> None:
-    from rmq_spark.transfer.amqp091.links import event_loop
-    from rmq_spark.transfer.lanes import run_movers
-
-    with pytest.raises(ValueError, match="concurrent must be >= 1"):
-        run_movers([], ioloop=event_loop(), concurrent=0)

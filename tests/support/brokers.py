@@ -75,14 +75,15 @@ def fresh_vhost(brokers: Brokers, name: str) -> str:
         connection = brokers.connect(node, name)
         try:
             channel = connection.channel()
-            for queue in _queues(node, name):
+            for queue in queue_names(node, name):
                 channel.queue_delete(queue)
         finally:
             connection.close()
     return name
 
 
-def _queues(node: LocalNode, vhost: str) -> list[str]:
+def queue_names(node: LocalNode, vhost: str) -> list[str]:
+    """The vhost's queue names, sorted, from the management API."""
     import requests
 
     response = requests.get(
@@ -91,7 +92,7 @@ def _queues(node: LocalNode, vhost: str) -> list[str]:
         timeout=10,
     )
     response.raise_for_status()
-    return [row["name"] for row in response.json()]
+    return sorted(row["name"] for row in response.json())
 
 
 def drain_fingerprints(
