@@ -202,7 +202,7 @@ def test_blocked_longer_than_the_timeout_gives_up_without_loss(
 
     assert isinstance(transfer.error, TransferError)
     assert "gave up after 2 lost session(s)" in str(transfer.error)
-    assert "fault-blocked-timeout/orders" in str(transfer.error)
+    assert "dr:fault-blocked-timeout:orders" in str(transfer.error)
     result = account(transfer, key_ordered_fingerprints(transfer.vhost, "orders", MESSAGES))
     assert_nothing_lost(result, lost_sessions=2)
 
