@@ -9,16 +9,19 @@ from rmq_spark.model import Delivery, QueueTransfer
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def transfer(name: str, messages: int, message_bytes: int | None = None) -> QueueTransfer:
+def transfer(
+    name: str, messages: int, message_bytes: int | None = None, *, vhost: str = "/"
+) -> QueueTransfer:
+    """Queue `name` of `vhost` on cluster dr into the same on main; 1 KiB a message unless told."""
     return QueueTransfer(
         route="r",
         source_cluster="dr",
-        source_vhost="/",
+        source_vhost=vhost,
         source_queue=name,
         source_type="classic",
         source_node="rabbit@dr",
         destination_cluster="main",
-        destination_vhost="/",
+        destination_vhost=vhost,
         destination_queue=name,
         messages=messages,
         message_bytes=messages * 1024 if message_bytes is None else message_bytes,

@@ -21,6 +21,7 @@ from rmq_spark.progress import (
     rate_text,
     snapshot,
 )
+from tests.support import builders
 
 
 def test_moved_is_the_drop_in_ready_messages() -> None:
@@ -53,20 +54,7 @@ def test_log_line_is_structured() -> None:
 
 
 def transfer(queue: str, messages: int, message_bytes: int) -> QueueTransfer:
-    return QueueTransfer(
-        route="r",
-        source_cluster="dr",
-        source_vhost="v",
-        source_queue=queue,
-        source_type="classic",
-        source_node="rabbit@dr",
-        destination_cluster="main",
-        destination_vhost="v",
-        destination_queue=queue,
-        messages=messages,
-        message_bytes=message_bytes,
-        destination_messages=0,
-    )
+    return builders.transfer(queue, messages, message_bytes, vhost="v")
 
 
 @pytest.fixture
