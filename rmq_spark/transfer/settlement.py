@@ -30,6 +30,9 @@ class SettlementHost(Protocol):
     def write_failed(self, error: BaseException) -> None:
         """A durable write failed: the session ends, and the transfer with it."""
 
+    def drain_step(self) -> None:
+        """Acks went out: the window may be idle, so the drain may take its next step."""
+
 
 class Settlement:
     """Rows, then acks, for one session's window."""
@@ -103,6 +106,7 @@ class Settlement:
         self._count_moved(rows)
         if not self._host.closing and self._source.is_open:
             self.settle()  # acks these, and writes what was confirmed meanwhile
+            self._host.drain_step()
 
     def _count_moved(self, rows: list[Delivery]) -> None:
         self.moved_messages += len(rows)
