@@ -384,14 +384,51 @@ def next_position(ledger_path: str, run_id: str, key: TransferKey) -> int:
     Reads the durable rows and intents of earlier attempts, committed to the Delta
     log or not, so positions stay unique across attempts of the same run.
     """
-    highest = -1
-    for prefix in transfer_prefixes(key):
-        for path in _files(run_partition_dir(ledger_path, run_id), f"{prefix}*.parquet"):
-            highest = max(highest, _max_position(data_file_positions(path, key)))
-        for directory in (run_rows_dir(ledger_path, run_id), run_intents_dir(ledger_path, run_id)):
-            for path in _files(directory, f"{prefix}*{STREAM_SUFFIX}"):
-                highest = max(highest, _max_position(rows_of(key, read_stream(path))))
-    return highest + 1
+    return EarlierFiles(ledger_path, run_id).next_position(key)
+
+
+class EarlierFiles:
+    """A run's ledger files (data files, rows streams, intent logs) as a task finds
+    them when it starts, by transfer: where each of the task's transfers continues
+    numbering (`next_position`).
+
+    One listing of three directories per task, not per transfer: a task moving 1,000
+    queues listed them 1,000 times, each listing as long as the run's files. Files
+    written after the listing do not matter: a task moves each of its transfers once,
+    and the attempts before it, whose files do, are over (speculation is off).
+    """
+
+    def __init__(self, ledger_path: str, run_id: str) -> None:
+        self._files: dict[str, list[Path]] = {}
+        for directory, suffix in (
+            (run_partition_dir(ledger_path, run_id), ".parquet"),
+            (run_rows_dir(ledger_path, run_id), STREAM_SUFFIX),
+            (run_intents_dir(ledger_path, run_id), STREAM_SUFFIX),
+        ):
+            if not directory.is_dir():
+                continue
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.name.endswith(suffix):
+                        prefix = entry.name[:_PREFIX_LENGTH]
+                        self._files.setdefault(prefix, []).append(Path(entry.path))
+
+    def next_position(self, key: TransferKey) -> int:
+        highest = -1
+        for prefix in transfer_prefixes(key):
+            for path in sorted(self._files.get(prefix[:_PREFIX_LENGTH], ())):
+                if not path.name.startswith(prefix):
+                    continue
+                if path.name.endswith(".parquet"):
+                    positions = data_file_positions(path, key)
+                else:
+                    positions = rows_of(key, read_stream(path))
+                highest = max(highest, _max_position(positions))
+        return highest + 1
+
+
+# "part-" and 16 hex digits and "-": the length of TransferKey.file_prefix.
+_PREFIX_LENGTH = 22
 
 
 def transfer_prefixes(key: TransferKey) -> tuple[str, ...]:
@@ -419,10 +456,6 @@ def rows_of(key: TransferKey, table: pa.Table) -> pa.Table:
         match = pc.equal(table[name], getattr(key, name))
         keep = match if keep is None else pc.and_(keep, match)
     return table.filter(keep) if keep is not None else table
-
-
-def _files(directory: Path, pattern: str) -> list[Path]:
-    return sorted(directory.glob(pattern)) if directory.is_dir() else []
 
 
 def _max_position(table: pa.Table) -> int:
