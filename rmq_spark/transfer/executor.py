@@ -17,9 +17,10 @@ from rmq_spark.broker.colocation import preferred_uri
 from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.broker.delivery_limit import ReturnGuard, attempt_number
 from rmq_spark.config import ClusterConfig, MoverConfig
-from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, next_position
+from rmq_spark.ledger.writer import EarlierFiles, IntentLog, MessageLedgerWriter
 from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
+from rmq_spark.transfer.amqp091.pool import ConnectionPool
 from rmq_spark.transfer.lanes import run_movers
 from rmq_spark.transfer.mover import QueueMover
 
@@ -68,10 +69,15 @@ def move_queues(
     comes, so it numbers its deliveries after what earlier attempts made durable.
     """
     at_once = queues_at_once(settings.max_active, settings.mover.queues_per_task)
+    # The task's transfers of one vhost share a connection per side (a channel each).
+    connections = ConnectionPool()
+    # Earlier attempts' files, listed once for the task (not once per queue).
+    earlier = EarlierFiles(settings.ledger_path, settings.run_id)
     return run_movers(
-        [partial(queue_mover, row, settings, attempt) for row in rows],
+        [partial(queue_mover, row, settings, attempt, connections, earlier) for row in rows],
         ioloop=event_loop(),
         concurrent=at_once,
+        connections=connections,
     )
 
 
@@ -80,8 +86,16 @@ def move_queue(row: dict[str, object], settings: ExecutorSettings, attempt: str)
     return move_queues([row], settings, attempt)[0]
 
 
-def queue_mover(row: dict[str, object], settings: ExecutorSettings, attempt: str) -> QueueMover:
-    """The mover for one plan row, with its ledger writer and intent log."""
+def queue_mover(
+    row: dict[str, object],
+    settings: ExecutorSettings,
+    attempt: str,
+    connections: ConnectionPool | None = None,
+    earlier: EarlierFiles | None = None,
+) -> QueueMover:
+    """The mover for one plan row, with its ledger writer and intent log; its links
+    open channels on `connections` (the task's), or on connections of its own, and it
+    numbers on after the files `earlier` lists (listed now when not given)."""
     key = TransferKey(
         source_cluster=str(row["source_cluster"]),
         source_vhost=str(row["source_vhost"]),
@@ -114,14 +128,16 @@ def queue_mover(row: dict[str, object], settings: ExecutorSettings, attempt: str
     )
     return QueueMover(
         key,
-        Amqp091Connector(source, destination),
+        Amqp091Connector(source, destination, connections),
         MessageLedgerWriter(settings.ledger_path, settings.run_id, key, attempt),
         # The mover closes it: kept on disk if the mover dies, so a retry names
         # every copy that may have arrived.
         IntentLog(settings.ledger_path, settings.run_id, key, attempt),
         window_messages=settings.window_messages,
         window_bytes=settings.window_bytes,
-        first_position=next_position(settings.ledger_path, settings.run_id, key),
+        first_position=(
+            earlier or EarlierFiles(settings.ledger_path, settings.run_id)
+        ).next_position(key),
         limits=settings.mover,
         delivery_guard=guard,
     )
@@ -135,7 +151,8 @@ def _endpoint(
         cluster,
         settings.clusters[cluster],
         vhost,
-        purpose=f"{settings.run_id} {role} {queue}",
+        # Named for what it carries: the task's queues of one vhost (pool.py).
+        purpose=f"{settings.run_id} {role} vhost {vhost}",
         blocked_timeout=settings.mover.blocked_timeout_seconds,
         prefer=preferred_uri(settings.node_uris, cluster, node),
     )

@@ -16,7 +16,7 @@ from functools import partial
 from typing import Protocol
 
 from rmq_spark.model import MoveOutcome
-from rmq_spark.transfer.ports import EventLoop
+from rmq_spark.transfer.ports import Connections, EventLoop
 
 # The durability lanes: intent-log appends (which publishes wait for) and ledger rows
 # (which acks wait for). Each lane is one thread, so its jobs finish in order; the two
@@ -119,7 +119,11 @@ class Startable(Protocol):
 
 
 def run_movers(
-    movers: Sequence[Callable[[], Startable]], *, ioloop: EventLoop, concurrent: int = 1
+    movers: Sequence[Callable[[], Startable]],
+    *,
+    ioloop: EventLoop,
+    concurrent: int = 1,
+    connections: Connections | None = None,
 ) -> list[MoveOutcome]:
     """Run transfers on `ioloop`, at most `concurrent` at a time, in the given order.
 
@@ -127,6 +131,8 @@ def run_movers(
     the outcomes in the same order. After an error (refused access, connections lost
     through every reconnect attempt) no further transfer starts; those running finish,
     then the first error is raised (Spark retries the task; drained queues are quick).
+    `connections` (those the movers' links share) close once the last mover is done,
+    before the loop stops.
     """
     if concurrent < 1:
         ioloop.close()
@@ -135,6 +141,7 @@ def run_movers(
     waiting = deque(enumerate(movers))
     outcomes: dict[int, MoveOutcome] = {}
     errors: list[BaseException] = []
+    stopping: list[bool] = []
     active = 0
 
     def start_next() -> None:
@@ -147,8 +154,12 @@ def run_movers(
 
             except Exception as exc:
                 finished(index, exc)
-        if active == 0:
-            ioloop.stop()
+        if active == 0 and not stopping:
+            stopping.append(True)
+            if connections is not None:
+                connections.close(ioloop.stop)
+            else:
+                ioloop.stop()
 
     def finished(index: int, result: MoveOutcome | BaseException) -> None:
         nonlocal active

@@ -120,7 +120,11 @@ class QueueMover:
         the messages). Raises AccessRefusedError at once, and TransferError when
         connections stay lost through every reconnect attempt (Spark then retries).
         """
-        return run_movers([lambda: self], ioloop=self._connector.event_loop())[0]
+        return run_movers(
+            [lambda: self],
+            ioloop=self._connector.event_loop(),
+            connections=self._connector.connections,
+        )[0]
 
     def start(
         self, loop: EngineLoop, on_finished: Callable[[MoveOutcome | BaseException], None]

@@ -92,7 +92,7 @@ class SourceLink(Protocol):
 
     @property
     def is_closed(self) -> bool:
-        """The connection is closed, or was never made."""
+        """The channel is closed (with its connection, or alone), or never opened."""
 
     @property
     def paused(self) -> bool:
@@ -121,7 +121,8 @@ class SourceLink(Protocol):
         """basic.get; answered by `SessionEvents.on_got` or `on_get_empty`."""
 
     def close(self) -> None:
-        """Close the connection (one still opening closes once it opens)."""
+        """Close the channel (one still opening closes once it opens); the connection
+        stays for the task's other transfers."""
 
 
 class DestinationLink(Protocol):
@@ -133,13 +134,14 @@ class DestinationLink(Protocol):
 
     @property
     def is_closed(self) -> bool:
-        """The connection is closed, or was never made."""
+        """The channel is closed (with its connection, or alone), or never opened."""
 
     def publish(self, deliveries: Sequence[Delivery]) -> None:
         """basic.publish each (mandatory, the exact bytes received), in order, in one write."""
 
     def close(self) -> None:
-        """Close the connection (one still opening closes once it opens)."""
+        """Close the channel (one still opening closes once it opens); the connection
+        stays for the task's other transfers."""
 
 
 class SessionEvents(Protocol):
@@ -180,8 +182,16 @@ class SessionEvents(Protocol):
         """A connection was refused for good (access refused)."""
 
     def on_closed(self, side: Side) -> None:
-        """A connection is closed (after `on_lost` when unasked), or gave up opening
-        after `close`: the session ends once both links are closed."""
+        """A link is closed (after `on_lost` or `on_channel_closed` when unasked), or
+        gave up opening after `close`: the session ends once both links are closed."""
+
+
+class Connections(Protocol):
+    """The connections a task's links share (`amqp091.pool.ConnectionPool`)."""
+
+    def close(self, done: Callable[[], None]) -> None:
+        """Close every connection (the task's movers are done); `done()` once all are
+        closed, on the loop."""
 
 
 class Connector(Protocol):
@@ -194,6 +204,10 @@ class Connector(Protocol):
     message_id_of: Callable[[bytes], str | None]
     delivery_count_of: Callable[[bytes], int]
     digest_properties: Callable[[bytes], str]
+
+    @property
+    def connections(self) -> Connections:
+        """Where the links' connections live: shared by the transfers of a task."""
 
     def connect(
         self, events: SessionEvents, ioloop: EventLoop, label: str

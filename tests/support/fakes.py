@@ -252,11 +252,23 @@ class FakeDestinationLink(_FakeLink):
         return [body for batch in self.batches for body in batch]
 
 
+class FakeConnections:
+    """`ports.Connections` of fake links: nothing to close but the count."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self, done: Callable[[], None]) -> None:
+        self.closed += 1
+        done()
+
+
 class FakeConnector:
     """Hands out a fresh pair of fake links per session (`ports.Connector`)."""
 
     def __init__(self, timers: ManualTimers) -> None:
         self._timers = timers
+        self.connections = FakeConnections()
         self.links: list[tuple[FakeSourceLink, FakeDestinationLink]] = []
         self.message_id_of: Callable[[bytes], str | None] = lambda _properties: None
         self.delivery_count_of: Callable[[bytes], int] = lambda _properties: 0

@@ -1,8 +1,9 @@
 """AMQP 0-9-1 links over pika's SelectConnection: the engine's protocol adapter.
 
 The counterpart of the Shovel's `rabbit_amqp091_shovel`: it opens one session's
-two connections (trying each URI of an endpoint in turn), turns pika's callbacks
-into `ports.SessionEvents` calls, and sends what the session asks for. It decides
+two channels, each on a connection the task's transfers share (`pool.py`, which
+tries each URI of an endpoint in turn), turns pika's callbacks into
+`ports.SessionEvents` calls, and sends what the session asks for. It decides
 nothing about the transfer; every decision is in `session.Session`.
 
 The hot path is pika's private surface, as before the split: the source channel's
@@ -25,12 +26,12 @@ import pika.connection
 import pika.exceptions
 import pika.frame
 import pika.spec
-from pika.adapters.select_connection import IOLoop, SelectConnection
+from pika.adapters.select_connection import IOLoop
 
-from rmq_spark.broker.connection import open_error
 from rmq_spark.errors import AccessRefusedError
 from rmq_spark.model import Delivery
 from rmq_spark.transfer.amqp091 import inbound, wire
+from rmq_spark.transfer.amqp091.pool import ConnectionPool, SharedConnection
 from rmq_spark.transfer.ports import DESTINATION, SOURCE, EventLoop, SessionEvents, Side
 from rmq_spark.transfer.window import Ack
 
@@ -54,14 +55,19 @@ def event_loop() -> EventLoop:
 
 
 class Amqp091Connector:
-    """Opens each session's two links to `source` and `destination` (`ports.Connector`)."""
+    """Opens each session's two links to `source` and `destination` (`ports.Connector`),
+    each a channel on a connection of `connections` (the task's pool, `pool.py`)."""
 
-    def __init__(self, source: Endpoint, destination: Endpoint) -> None:
+    def __init__(
+        self, source: Endpoint, destination: Endpoint, connections: ConnectionPool | None = None
+    ) -> None:
         # The patches are process-wide and idempotent; applied here, explicitly, before
         # any connection of ours can receive a delivery.
         wire.install()
         self.source = source
         self.destination = destination
+        # Without a task's pool (a mover run alone), the transfer's sessions share one.
+        self.connections = connections if connections is not None else ConnectionPool()
         self.message_id_of: Callable[[bytes], str | None] = wire.message_id_of
         self.delivery_count_of: Callable[[bytes], int] = wire.delivery_count_of
         # One per transfer, as the messages of a queue often share their property bytes.
@@ -71,8 +77,8 @@ class Amqp091Connector:
         self, events: SessionEvents, ioloop: EventLoop, label: str
     ) -> tuple[SourceLink, DestinationLink]:
         return (
-            SourceLink(self.source, events, ioloop, label),
-            DestinationLink(self.destination, events, ioloop, label),
+            SourceLink(self.source, events, ioloop, label, self.connections),
+            DestinationLink(self.destination, events, ioloop, label, self.connections),
         )
 
     def event_loop(self) -> EventLoop:
@@ -80,109 +86,141 @@ class Amqp091Connector:
 
 
 class _Link:
-    """One connection and its channel; what both sides share."""
+    """One channel on a shared connection (`pool.SharedConnection`); what both sides share.
+
+    The link is closed when its channel is (by us, by the broker, or with its
+    connection), or when its connection could not open: `SessionEvents.on_closed`
+    tells the session, as a connection's close did when each link had its own.
+    """
 
     side: Side
 
-    def __init__(self, endpoint: Endpoint, events: SessionEvents, ioloop: Any, label: str) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        events: SessionEvents,
+        ioloop: Any,
+        label: str,
+        connections: ConnectionPool,
+    ) -> None:
         self._endpoint = endpoint
         self._events = events
-        self._ioloop = ioloop
         self._label = label
-        self._connection: SelectConnection | None = None
         self._channel: pika.channel.Channel | None = None
         self._closing = False
-        self._connect(0)
+        self._closed = False
+        self._shared: SharedConnection = connections.join(
+            self.side,
+            endpoint.cluster,
+            endpoint.vhost,
+            endpoint.parameters,
+            ioloop=ioloop,
+            user=self,
+        )
 
     @property
     def is_open(self) -> bool:
-        return self._channel is not None and self._channel.is_open
+        return not self._closed and self._channel is not None and self._channel.is_open
 
     @property
     def is_closed(self) -> bool:
-        return self._connection is None or self._connection.is_closed
+        return self._closed
 
     def close(self) -> None:
-        """Close the connection; what the source has not acked goes back to its queue.
+        """Close the channel; what the source has not acked goes back to its queue.
 
-        A connection still opening is left to finish: pika's connect workflow
-        cannot be closed mid-way. Its open (or open-error) callback closes it.
+        A channel (or connection) still opening is left to finish: its open
+        callback closes it.
         """
         self._closing = True
-        connection = self._connection
-        if connection is not None and connection.is_open:
-            connection.close()
+        channel = self._channel
+        if channel is not None and channel.is_open and not self._closed:
+            channel.close()
 
-    def _connect(self, index: int) -> None:
-        connection = SelectConnection(
-            self._endpoint.parameters[index],
-            on_open_callback=self._on_open,
-            on_open_error_callback=lambda _c, exc: self._on_open_error(index, exc),
-            on_close_callback=self._on_connection_closed,
-            custom_ioloop=self._ioloop,
-        )
-        connection.add_on_connection_blocked_callback(self._on_blocked)
-        connection.add_on_connection_unblocked_callback(self._on_unblocked)
-        self._connection = connection
+    # -- the shared connection's news (pool.ChannelUser) ----------------------------
 
-    def _on_open_error(self, index: int, exc: BaseException) -> None:
-        """pika: a connection could not open. Try the next URI; refused access is final."""
+    def connection_open(self, connection: pika.connection.Connection) -> None:
+        """The connection is open: open this link's channel (unless ending)."""
+        if self._closed:
+            return
+        if self._closing:
+            self._ended()
+            return
+        connection.channel(on_open_callback=self._channel_opened)
+
+    def connection_failed(self, error: Exception) -> None:
+        """No URI opened the connection; refused access is final."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shared.leave(self)
         if self._closing:
             self._events.on_closed(self.side)
-            return
-        endpoint = self._endpoint
-        if index + 1 < len(endpoint.parameters):
-            self._connect(index + 1)
-            return
-        error = open_error(endpoint.cluster, endpoint.vhost, endpoint.parameters[index], exc)
-        if isinstance(error, AccessRefusedError):
+        elif isinstance(error, AccessRefusedError):
             self._events.on_refused(self.side, error)
         else:
             self._events.on_lost(self.side, str(error))
 
-    def _on_open(self, connection: pika.connection.Connection) -> None:
-        """pika: the connection is open; open its channel next (unless ending)."""
-        if self._closing:
-            connection.close()
+    def connection_lost(self, reason: str) -> None:
+        """The connection closed: expected when closing; otherwise the session is lost."""
+        if self._closed:
             return
-        connection.channel(on_open_callback=self._on_channel_open)
+        self._forget_channel()
+        self._closed = True
+        self._shared.leave(self)
+        if not self._closing:
+            self._events.on_lost(self.side, reason)
+        self._events.on_closed(self.side)
+
+    def connection_blocked(self, blocked: bool) -> None:
+        """The broker blocked publishing (memory or disk alarm), or unblocked it.
+
+        Nothing to do but wait: publishes stay buffered, confirms stop, so acks stop and
+        the prefetch window stops new deliveries. pika closes the connection if the
+        block outlasts blocked_timeout_seconds, which ends every session on it as lost.
+        """
+        if blocked:
+            log.warning("%s: %s connection blocked by a broker alarm", self._label, self.side)
+        else:
+            log.info("%s: %s connection unblocked", self._label, self.side)
+
+    # -- the channel ------------------------------------------------------------------
+
+    def _channel_opened(self, channel: pika.channel.Channel) -> None:
+        """pika: the channel is open; set it up (`_on_channel_open`) unless ending."""
+        self._channel = channel
+        channel.add_on_close_callback(self._on_channel_closed)
+        if self._closing:
+            channel.close()
+            return
+        self._on_channel_open(channel)
 
     def _on_channel_open(self, channel: pika.channel.Channel) -> None:
         raise NotImplementedError
 
-    def _on_blocked(self, _connection: pika.connection.Connection, _frame: Any) -> None:
-        """pika: the broker blocked publishing (memory or disk alarm).
+    def _forget_channel(self) -> None:
+        """The channel is gone: the connection's reader stops reading for it."""
 
-        Nothing to do but wait: publishes stay buffered, confirms stop, so acks stop and
-        the prefetch window stops new deliveries. pika closes the connection if the
-        block outlasts blocked_timeout_seconds, which ends the session as lost.
-        """
-        log.warning("%s: %s connection blocked by a broker alarm", self._label, self.side)
-
-    def _on_unblocked(self, _connection: pika.connection.Connection, _frame: Any) -> None:
-        """pika: the alarm cleared; publishing resumes by itself."""
-        log.info("%s: %s connection unblocked", self._label, self.side)
-
-    def _on_connection_closed(self, _connection: pika.connection.Connection, reason: Any) -> None:
-        """pika: the connection closed. Expected when closing; otherwise the session is lost."""
-        if not self._closing:
-            side = self._endpoint
-            self._events.on_lost(
-                self.side,
-                f"connection to cluster {side.cluster} vhost {side.vhost!r} was lost ({reason})",
-            )
+    def _ended(self) -> None:
+        self._forget_channel()
+        self._closed = True
+        self._shared.leave(self)
         self._events.on_closed(self.side)
 
     def _on_channel_closed(self, _channel: pika.channel.Channel, reason: Any) -> None:
-        """pika: the channel closed. The broker does that for a missing queue or no access.
-
-        A channel closed because its connection went is handled as a lost session.
-        """
-        if self._closing:
+        """pika: the channel closed: we closed it, or the broker did (a missing queue,
+        no access, a 406), or its connection went (`connection_lost` follows)."""
+        if self._closed:
             return
-        if not isinstance(reason, pika.exceptions.ChannelClosedByBroker):
-            return  # the connection is closing; _on_connection_closed follows
-        self._events.on_channel_closed(self.side, reason.reply_code, reason.reply_text)
+        if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+            self._forget_channel()
+            self._closed = True
+            self._shared.leave(self)
+            if not self._closing:
+                self._events.on_channel_closed(self.side, reason.reply_code, reason.reply_text)
+            self._events.on_closed(self.side)
+        elif isinstance(reason, pika.exceptions.ChannelClosedByClient):
+            self._ended()
 
 
 class SourceLink(_Link):
@@ -190,10 +228,17 @@ class SourceLink(_Link):
 
     side = SOURCE
 
-    def __init__(self, endpoint: Endpoint, events: SessionEvents, ioloop: Any, label: str) -> None:
-        self._reader: inbound.DeliveryReader | None = None
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        events: SessionEvents,
+        ioloop: Any,
+        label: str,
+        connections: ConnectionPool,
+    ) -> None:
+        self._reader: inbound.ChannelReader | None = None
         self._consumer_tag: str | None = None
-        super().__init__(endpoint, events, ioloop, label)
+        super().__init__(endpoint, events, ioloop, label, connections)
 
     @property
     def paused(self) -> bool:
@@ -206,12 +251,14 @@ class SourceLink(_Link):
 
     def _on_channel_open(self, channel: pika.channel.Channel) -> None:
         """pika: source channel is open; the session asks for its prefetch next."""
-        self._channel = channel
         self._reader = inbound.install(channel.connection, channel, self._events.on_delivery)
-        channel.add_on_close_callback(self._on_channel_closed)
         channel.add_on_cancel_callback(self._on_consumer_cancelled_by_broker)
         channel.add_callback(self._on_get_empty, [pika.spec.Basic.GetEmpty], one_shot=False)
         self._events.on_ready(SOURCE)
+
+    def _forget_channel(self) -> None:
+        if self._reader is not None:
+            self._reader.remove()
 
     def set_prefetch(self, prefetch: int) -> None:
         assert self._channel is not None
@@ -300,13 +347,19 @@ class DestinationLink(_Link):
 
     side = DESTINATION
 
-    def __init__(self, endpoint: Endpoint, events: SessionEvents, ioloop: Any, label: str) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        events: SessionEvents,
+        ioloop: Any,
+        label: str,
+        connections: ConnectionPool,
+    ) -> None:
         self._publish_frames: wire.PublishFrames | None = None
-        super().__init__(endpoint, events, ioloop, label)
+        super().__init__(endpoint, events, ioloop, label, connections)
 
     def _on_channel_open(self, channel: pika.channel.Channel) -> None:
         """pika: destination channel is open; turn on publisher confirms."""
-        self._channel = channel
         self._publish_frames = wire.PublishFrames(
             channel.channel_number,
             exchange="",
@@ -314,8 +367,6 @@ class DestinationLink(_Link):
             mandatory=True,
             max_body_frame=channel.connection._body_max_length,
         )
-        channel.add_on_close_callback(self._on_channel_closed)
-
         channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(self._on_confirm, callback=self._on_confirm_select_ok)
 
@@ -329,9 +380,11 @@ class DestinationLink(_Link):
         Same frames as `Channel.basic_publish` with `wire.ForwardedProperties`, a
         fraction of the Python work (see `wire.PublishFrames`).
         """
-        assert self._connection is not None
+        assert self._channel is not None
         assert self._publish_frames is not None
-        self._connection._output_marshaled_frames((self._publish_frames.marshal_all(deliveries),))
+        self._channel.connection._output_marshaled_frames(
+            (self._publish_frames.marshal_all(deliveries),)
+        )
 
     def _on_confirm(self, frame: pika.frame.Method) -> None:
         """pika: the destination's basic.ack or basic.nack for one or more publishes."""

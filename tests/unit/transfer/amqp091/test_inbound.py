@@ -53,7 +53,7 @@ def reader() -> tuple[StandInConnection, StandInChannel]:
     return connection, channel
 
 
-def installed_reader() -> tuple[StandInConnection, StandInChannel, inbound.DeliveryReader]:
+def installed_reader() -> tuple[StandInConnection, StandInChannel, inbound.ChannelReader]:
     connection, channel = StandInConnection(), StandInChannel()
 
     def on_delivery(tag: int, redelivered: bool, body: bytes, props: bytes) -> bool:
@@ -65,7 +65,13 @@ def installed_reader() -> tuple[StandInConnection, StandInChannel, inbound.Deliv
 
 
 def delivery_frames(
-    tag: int, body: bytes, properties: bytes, *, redelivered: bool = False, consumer: str = "ctag"
+    tag: int,
+    body: bytes,
+    properties: bytes,
+    *,
+    redelivered: bool = False,
+    consumer: str = "ctag",
+    channel: int = CHANNEL,
 ) -> bytes:
     deliver = spec.Basic.Deliver(
         consumer_tag=consumer,
@@ -75,11 +81,11 @@ def delivery_frames(
         routing_key="rk",
     )
     parts = [
-        frame.Method(CHANNEL, deliver).marshal(),
-        frame.Header(CHANNEL, len(body), wire.ForwardedProperties(properties)).marshal(),
+        frame.Method(channel, deliver).marshal(),
+        frame.Header(channel, len(body), wire.ForwardedProperties(properties)).marshal(),
     ]
     parts += [
-        frame.Body(CHANNEL, body[start : start + FRAME_MAX_BODY]).marshal()
+        frame.Body(channel, body[start : start + FRAME_MAX_BODY]).marshal()
         for start in range(0, len(body), FRAME_MAX_BODY)
     ]
     return b"".join(parts)
@@ -264,3 +270,72 @@ def test_a_consumer_cancelled_to_change_its_prefetch_keeps_its_deliveries() -> N
     connection._on_data_available(delivery_frames(9, b"x", PROPERTIES))
     assert channel.rejected == []
     assert connection.events == [("delivery", 9, False, b"x", PROPERTIES)]
+
+
+def test_channels_sharing_a_connection_each_get_their_own_deliveries() -> None:
+    """Two transfers' channels on one source connection (`pool.py`): the frames of a
+    delivery on one channel may be interleaved with the other's; each gets its own."""
+    connection = StandInConnection()
+    got: dict[int, list[tuple[int, bytes]]] = {1: [], 2: []}
+
+    def on(number: int) -> inbound.OnDelivery:
+        def on_delivery(tag: int, redelivered: bool, body: bytes, props: bytes) -> bool:
+            got[number].append((tag, body))
+            return True
+
+        return on_delivery
+
+    first = inbound.install(connection, StandInChannel(channel_number=1), on(1))
+    second = inbound.install(connection, StandInChannel(channel_number=2), on(2))
+    assert first._reader is second._reader  # one reader per connection
+    big = bytes(range(256)) * 40  # several body frames
+    one = delivery_frames(1, big, PROPERTIES, channel=1)
+    two = delivery_frames(1, b"two", PROPERTIES, channel=2)
+    method_and_header = len(delivery_frames(1, b"", PROPERTIES, channel=1))
+    # Channel 2's whole delivery arrives between channel 1's header and its body.
+    stream = one[:method_and_header] + two + one[method_and_header:]
+    feed(connection, stream, [5, 100, len(stream) - 3])
+    assert got == {1: [(1, big)], 2: [(1, b"two")]}
+    assert connection.events == []  # nothing for pika
+
+    second.remove()  # its channel closed: its frames are pika's again
+    connection._on_data_available(delivery_frames(2, b"late", PROPERTIES, channel=2))
+    assert got[2] == [(1, b"two")]
+    assert [event[0] for event in connection.events] == ["pika", "pika", "pika"]
+
+
+def test_a_paused_channel_pauses_the_connection_until_it_resumes_or_leaves() -> None:
+    connection = StandInConnection()
+    loop = StandInLoop()
+    transport = StandInTransport(loop)
+    loop.readers[7] = transport._on_socket_readable
+    connection.ioloop = loop  # type: ignore[attr-defined]
+    connection._transport = transport  # type: ignore[attr-defined]
+    got: list[tuple[int, int]] = []
+    room = {1: 1, 2: 10}
+
+    def on(number: int) -> inbound.OnDelivery:
+        def on_delivery(tag: int, redelivered: bool, body: bytes, props: bytes) -> bool:
+            got.append((number, tag))
+            room[number] -= 1
+            return room[number] > 0
+
+        return on_delivery
+
+    first = inbound.install(connection, StandInChannel(channel_number=1), on(1))
+    second = inbound.install(connection, StandInChannel(channel_number=2), on(2))
+    stream = b"".join(
+        delivery_frames(tag, b"m", PROPERTIES, channel=number)
+        for tag in (1, 2)
+        for number in (1, 2)
+    )
+    connection._on_data_available(stream)
+    assert got == [(1, 1)]  # channel 1 is full: nothing more is read, for either channel
+    assert first.paused
+    assert not second.paused
+    loop.run_callbacks()
+    assert 7 not in loop.readers
+    first.remove()  # its session closed: the others read on
+    assert 7 in loop.readers
+    loop.run_callbacks()
+    assert got == [(1, 1), (2, 1), (2, 2)]  # channel 1's later delivery went to pika
