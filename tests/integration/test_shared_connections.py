@@ -1,0 +1,174 @@
+"""One task's queues of one vhost share a connection per side, a channel per queue.
+
+Each check is the brokers' view or an independent consumer's: the management API
+lists the task's connections while it runs, an independent consumer reads every
+destination and source queue, and the ledger's data files name every copy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from rmq_spark.config import JobConfig, MoverConfig
+from rmq_spark.ledger import tables
+from rmq_spark.ledger.writer import run_partition_dir
+from rmq_spark.model import MoveOutcome
+from rmq_spark.transfer.executor import ExecutorSettings, move_queues
+from tests.support.brokers import Brokers, declare, depth, drain_fingerprints, fresh_vhost, seed
+from tests.support.faults import (
+    close_mover_connections,
+    expected_fingerprints,
+    fault_config,
+    mover_connections,
+    wait_until,
+)
+
+WINDOW = 200
+
+
+def plan_row(vhost: str, queue: str, messages: int) -> dict[str, object]:
+    return {
+        "source_cluster": "dr",
+        "source_vhost": vhost,
+        "source_queue": queue,
+        "destination_cluster": "main",
+        "destination_vhost": vhost,
+        "destination_queue": queue,
+        "messages": messages,
+        "message_bytes": messages * 1024,
+    }
+
+
+def settings_for(config: JobConfig, run_id: str, *, at_once: int) -> ExecutorSettings:
+    tables.ensure_tables(config.ledger.path)
+    return ExecutorSettings(
+        run_id=run_id,
+        ledger_path=config.ledger.path,
+        clusters=dict(config.clusters),
+        window_messages=WINDOW,
+        window_bytes=1 << 30,
+        mover=MoverConfig(**(config.mover.model_dump() | {"queues_per_task": at_once})),
+        max_active=at_once,
+    )
+
+
+class MoveInBackground(threading.Thread):
+    """`move_queues` on a thread, so the test can watch the brokers meanwhile."""
+
+    def __init__(self, rows: list[dict[str, object]], settings: ExecutorSettings) -> None:
+        super().__init__(daemon=True)
+        self._rows, self._settings = rows, settings
+        self.outcomes: list[MoveOutcome] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.outcomes = move_queues(self._rows, self._settings, "local")
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_queues_of_one_vhost_share_one_connection_per_side(
+    brokers: Brokers, password_env: str, tmp_path: Path
+) -> None:
+    vhost = fresh_vhost(brokers, "shared-connections")
+    queues = [f"q{index}" for index in range(6)]
+    for queue in queues:
+        seed(brokers.dr, vhost, queue, 3000)
+        declare(brokers.main, vhost, queue)
+    config = fault_config(tmp_path, brokers, vhost)
+    move = MoveInBackground(
+        [plan_row(vhost, q, 3000) for q in queues], settings_for(config, "shared", at_once=3)
+    )
+    seen: dict[str, set[str]] = {"consumer": set(), "publisher": set()}
+
+    move.start()
+    while move.is_alive():  # what the brokers list while the task runs
+        for role, node in (("consumer", brokers.dr), ("publisher", brokers.main)):
+            seen[role] |= {c["name"] for c in mover_connections(node, role, "shared")}
+        move.join(0.1)
+
+    assert move.error is None, repr(move.error)
+    assert [(o.status, o.messages) for o in move.outcomes] == [("moved", 3000)] * len(queues)
+    assert {role: len(names) for role, names in seen.items()} == {"consumer": 1, "publisher": 1}
+    for queue in queues:
+        found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
+        assert found == expected_fingerprints(vhost, queue, 3000), queue
+        assert depth(brokers.dr, vhost, queue) == 0
+    # The task closed its connections when its movers were done.
+    wait_until(lambda: not mover_connections(brokers.dr, "consumer", "shared"), "closed")
+
+
+def test_a_shared_connection_closed_mid_run_ends_every_session_on_it_without_loss(
+    brokers: Brokers, password_env: str, tmp_path: Path
+) -> None:
+    vhost = fresh_vhost(brokers, "shared-lost")
+    queues = [f"q{index}" for index in range(4)]
+    count = 15_000
+    for queue in queues:
+        seed(brokers.dr, vhost, queue, count)
+        declare(brokers.main, vhost, queue)
+    config = fault_config(tmp_path, brokers, vhost)
+    move = MoveInBackground(
+        [plan_row(vhost, q, count) for q in queues], settings_for(config, "lost", at_once=4)
+    )
+
+    move.start()
+    wait_until(
+        lambda: all(depth(brokers.main, vhost, q) >= count // 10 for q in queues),
+        "a tenth of every queue to arrive",
+    )
+    assert close_mover_connections(brokers.dr, "consumer", "lost") == 1  # one for all four
+    move.join()
+
+    assert move.error is None, repr(move.error)
+    assert [o.status for o in move.outcomes] == ["moved"] * len(queues)
+    assert all(o.sessions >= 2 for o in move.outcomes)  # every queue on it was lost, and resumed
+    rows = pq.read_table(run_partition_dir(config.ledger.path, "lost")).to_pylist()
+    for queue in queues:
+        found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
+        left = drain_fingerprints(lambda: brokers.connect(brokers.dr, vhost), queue)
+        expected = expected_fingerprints(vhost, queue, count)
+        assert left == Counter(), f"{queue} was not drained"
+        assert expected - found == Counter(), f"{queue}: messages lost"
+        named = Counter(
+            (row["body_sha256"], row["properties_sha256"])
+            for row in rows
+            if row["source_queue"] == queue
+        )
+        assert found - named == Counter(), f"{queue}: a destination copy has no ledger row"
+        assert sum((found - expected).values()) <= WINDOW, f"{queue}: more duplicates than a window"
+
+
+def test_a_channel_the_broker_closes_fails_only_its_queue(
+    brokers: Brokers, password_env: str, tmp_path: Path
+) -> None:
+    """A missing source queue: the broker closes that consumer's channel (404); the
+    other queues on the same source connection carry on."""
+    vhost = fresh_vhost(brokers, "shared-404")
+    for queue in ("ok-a", "ok-b"):
+        seed(brokers.dr, vhost, queue, 2000)
+        declare(brokers.main, vhost, queue)
+    declare(brokers.main, vhost, "missing")
+    config = fault_config(tmp_path, brokers, vhost)
+    rows = [
+        plan_row(vhost, "ok-a", 2000),
+        plan_row(vhost, "missing", 0),
+        plan_row(vhost, "ok-b", 2000),
+    ]
+
+    outcomes = move_queues(rows, settings_for(config, "shared-404", at_once=3), "local")
+
+    statuses = {o.key.source_queue: o.status for o in outcomes}
+    assert statuses == {"ok-a": "moved", "missing": "failed", "ok-b": "moved"}
+    failed = next(o for o in outcomes if o.status == "failed")
+    assert "404" in (failed.error or "")
+    assert "'missing'" in (failed.error or "")
+    assert all(o.sessions == 1 for o in outcomes)  # no session of the others was lost
+    for queue in ("ok-a", "ok-b"):
+        found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
+        assert found == expected_fingerprints(vhost, queue, 2000), queue
