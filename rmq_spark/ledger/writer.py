@@ -230,31 +230,45 @@ def write_file(directory: Path, name: str, content: bytes) -> None:
 class IntentLog:
     """Rows of deliveries about to be published, appended and fsynced per batch.
 
-    One Arrow IPC stream file per transfer and task attempt. A batch torn by a crash
-    is never read back: its deliveries were not published, since publishing waits
-    for `append` to return.
+    One Arrow IPC stream file per transfer and task attempt, created with the first
+    batch: a transfer that publishes nothing (an empty queue, a refused one) creates,
+    fsyncs and removes no file. A batch torn by a crash is never read back: its
+    deliveries were not published, since publishing waits for `append` to return.
     """
 
     def __init__(self, ledger_path: str, run_id: str, key: TransferKey, task_attempt: str) -> None:
-        directory = run_intents_dir(ledger_path, run_id)
+        self._dir = run_intents_dir(ledger_path, run_id)
         self._key = key
         self._task_attempt = task_attempt
+        self._file: BinaryIO | None = None
+        self._stream: pa.ipc.RecordBatchStreamWriter | None = None
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            name = f"{key.file_prefix}{task_attempt}-{uuid.uuid4().hex}.arrows"
-            self._file = open(directory / name, "wb")  # noqa: SIM115 - lives as long as the log
-            self._stream = pa.ipc.new_stream(self._file, DATA_SCHEMA)
-            _fsync_dir(directory)
+            self._dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise LedgerError(f"ledger {directory}: cannot start the intent log ({exc})") from exc
+            raise LedgerError(f"ledger {self._dir}: cannot start the intent log ({exc})") from exc
+
+    def _open(self) -> tuple[BinaryIO, pa.ipc.RecordBatchStreamWriter]:
+        try:
+            name = f"{self._key.file_prefix}{self._task_attempt}-{uuid.uuid4().hex}.arrows"
+            file = open(self._dir / name, "wb")  # noqa: SIM115 - lives as long as the log
+            stream = pa.ipc.new_stream(file, DATA_SCHEMA)
+            # Before the first intent counts as logged: the file survives a crash.
+            _fsync_dir(self._dir)
+        except OSError as exc:
+            raise LedgerError(f"ledger {self._dir}: cannot start the intent log ({exc})") from exc
+        self._file, self._stream = file, stream
+        return file, stream
 
     def append(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
+        file, stream = self._file, self._stream
+        if file is None or stream is None:
+            file, stream = self._open()
         try:
-            self._stream.write_table(rows_table(self._key, self._task_attempt, deliveries))
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            stream.write_table(rows_table(self._key, self._task_attempt, deliveries))
+            file.flush()
+            os.fsync(file.fileno())
         except OSError as exc:
             raise LedgerError(
                 f"ledger: cannot log intents for {self._key.label()} ({exc})"
@@ -267,6 +281,8 @@ class IntentLog:
         (confirmed, or uncertain after a lost connection); its other intents were
         refused by the destination, so they must not become uncertain rows.
         """
+        if self._file is None or self._stream is None:
+            return
         self._stream.close()
         self._file.close()
         if finished:
@@ -354,17 +370,20 @@ class MessageLedgerWriter:
         assert self._file is not None
         self._stream.close()
         self._file.close()
-        stream_to_data_file(Path(self._file.name), self._dir)
+        # One directory fsync per transfer fewer: the data file is durable first.
+        stream_to_data_file(Path(self._file.name), self._dir, sync_removal=False)
         self._file = self._stream = None
         self._stream_rows = 0
 
 
-def stream_to_data_file(stream: Path, partition: Path) -> int:
+def stream_to_data_file(stream: Path, partition: Path, *, sync_removal: bool = True) -> int:
     """Turn a rows stream into the Parquet data file of the same name, then remove it.
 
     Idempotent: a data file of that name is complete (it is renamed into place), so a
-    crash between the two steps leaves a stream that is only removed. Returns the
-    rows of the data file it wrote (0 if it wrote none).
+    crash between the two steps leaves a stream that is only removed. For the same
+    reason the removal need not be durable (`sync_removal=False`, the executors): a
+    stream a crash brings back is removed by the commit. Returns the rows of the
+    data file it wrote (0 if it wrote none).
     """
     data_file = partition / f"{stream.name.removesuffix(STREAM_SUFFIX)}.parquet"
     rows = 0
@@ -374,7 +393,8 @@ def stream_to_data_file(stream: Path, partition: Path) -> int:
             write_data_file(partition, data_file.name, table)
             rows = table.num_rows
     stream.unlink(missing_ok=True)
-    _fsync_dir(stream.parent)
+    if sync_removal:
+        _fsync_dir(stream.parent)
     return rows
 
 

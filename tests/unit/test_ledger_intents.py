@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.writer import (
+    EarlierFiles,
     IntentLog,
     MessageLedgerWriter,
     next_position,
@@ -131,3 +132,25 @@ def test_old_prefix_intents_become_uncertain_rows_once_beside_their_rows(tmp_pat
         (3, True),
         (4, False),
     ]
+
+
+def test_an_intent_log_that_logs_nothing_leaves_no_file(tmp_path: Path) -> None:
+    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
+    assert list(run_intents_dir(str(tmp_path), "r1").iterdir()) == []
+    intents.close(finished=False)  # even a mover that died: nothing was published
+    assert list(run_intents_dir(str(tmp_path), "r1").iterdir()) == []
+
+
+def test_one_listing_gives_every_transfer_its_next_position(tmp_path: Path) -> None:
+    other = TransferKey("dr", "/", "payments", "main", "/", "payments")
+    MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0").write([delivery(p) for p in range(3)])
+    writer = MessageLedgerWriter(str(tmp_path), "r1", other, "0.0.0")
+    writer.write([delivery(p) for p in range(5)])
+    writer.close()  # a data file
+    IntentLog(str(tmp_path), "r1", KEY, "0.0.0").append([delivery(8, confirmed=False)])
+
+    earlier = EarlierFiles(str(tmp_path), "r1")
+    assert earlier.next_position(KEY) == next_position(str(tmp_path), "r1", KEY) == 9
+    assert earlier.next_position(other) == 5
+    unseen = TransferKey("dr", "/", "refunds", "main", "/", "refunds")
+    assert earlier.next_position(unseen) == 0
