@@ -77,12 +77,15 @@ def test_queues_of_one_vhost_share_one_connection_per_side(
 ) -> None:
     vhost = fresh_vhost(brokers, "shared-connections")
     queues = [f"q{index}" for index in range(6)]
+    # Enough for a run of several seconds: the management API lists a connection once
+    # its first statistics are in (every second on the harness's nodes).
+    count = 15_000
     for queue in queues:
-        seed(brokers.dr, vhost, queue, 3000)
+        seed(brokers.dr, vhost, queue, count)
         declare(brokers.main, vhost, queue)
     config = fault_config(tmp_path, brokers, vhost)
     move = MoveInBackground(
-        [plan_row(vhost, q, 3000) for q in queues], settings_for(config, "shared", at_once=3)
+        [plan_row(vhost, q, count) for q in queues], settings_for(config, "shared", at_once=3)
     )
     seen: dict[str, set[str]] = {"consumer": set(), "publisher": set()}
 
@@ -93,11 +96,11 @@ def test_queues_of_one_vhost_share_one_connection_per_side(
         move.join(0.1)
 
     assert move.error is None, repr(move.error)
-    assert [(o.status, o.messages) for o in move.outcomes] == [("moved", 3000)] * len(queues)
+    assert [(o.status, o.messages) for o in move.outcomes] == [("moved", count)] * len(queues)
     assert {role: len(names) for role, names in seen.items()} == {"consumer": 1, "publisher": 1}
     for queue in queues:
         found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
-        assert found == expected_fingerprints(vhost, queue, 3000), queue
+        assert found == expected_fingerprints(vhost, queue, count), queue
         assert depth(brokers.dr, vhost, queue) == 0
     # The task closed its connections when its movers were done.
     wait_until(lambda: not mover_connections(brokers.dr, "consumer", "shared"), "closed")
