@@ -98,7 +98,8 @@ class SharedConnection:
 
     def join(self, user: ChannelUser) -> None:
         self.users.append(user)
-        if self.opened and self.connection is not None:
+        # A connection the broker is closing is not gone yet: the link hears of it then.
+        if self.opened and self.connection is not None and self.connection.is_open:
             user.connection_open(self.connection)
 
     def leave(self, user: ChannelUser) -> None:
