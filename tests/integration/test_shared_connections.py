@@ -121,6 +121,8 @@ def test_a_shared_connection_closed_mid_run_ends_every_session_on_it_without_los
     )
 
     move.start()
+    # Listed by the management API once its first statistics are in (about a second).
+    wait_until(lambda: bool(mover_connections(brokers.dr, "consumer", "lost")), "listed")
     wait_until(
         lambda: all(depth(brokers.main, vhost, q) >= count // 10 for q in queues),
         "a tenth of every queue to arrive",
