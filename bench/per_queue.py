@@ -5,13 +5,14 @@ nodes (dr, main), seeds ``queues`` durable classic queues of ``messages`` demo
 messages spread over ``vhosts`` vhosts, declares their destinations, and moves
 them all with `rmq_spark.transfer.executor.move_queues`, the function one executor
 task runs (ledger and intent log on, fsynced), ``--at-once`` queues at a time. It
-prints one JSON line: wall seconds of the move, queues/s, ms per queue, client
-CPU seconds (this process: the loop and both durability threads), and checks every
-destination holds its messages. ``--profile FILE`` writes cProfile stats of the
+prints one JSON line (and writes it to ``--output``): wall seconds of the move,
+queues/s, ms per queue, client CPU seconds (this process: the loop and both
+durability threads), and checks every destination holds its messages. ``--profile FILE`` writes cProfile stats of the
 move (``python -m pstats FILE``). Run it under the shared lock: it starts brokers.
 
 Only `move_queues`, `ExecutorSettings` and the harness are used, so the same script
-measures an older checkout: ``PYTHONPATH=/path/to/checkout python -m bench.per_queue``.
+measures an older build: copy it into that checkout's ``bench/`` and run it from there
+(the working directory comes first on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -167,10 +168,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--vhosts", type=int, default=5)
     parser.add_argument("--at-once", type=int, default=2, help="queues moving at once")
     parser.add_argument("--profile", help="write cProfile stats of the move here")
+    parser.add_argument("--output", help="also write the figures here (bench/results/...)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rmq-spark-per-queue-") as base:
         result = run(args, Path(base))
     print(json.dumps(result))
+    if args.output:
+        Path(args.output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0 if result["ok"] else 1
 
 
