@@ -8,7 +8,8 @@ task runs (ledger and intent log on, fsynced), ``--at-once`` queues at a time. I
 prints one JSON line (and writes it to ``--output``): wall seconds of the move,
 queues/s, ms per queue, client CPU seconds (this process: the loop and both
 durability threads), and checks every destination holds its messages.
-``--profile FILE`` writes cProfile stats of the move (``python -m pstats FILE``). Run it under the shared lock: it starts brokers.
+``--profile FILE`` writes cProfile stats of the move (``python -m pstats FILE``).
+Run it under the shared lock: it starts brokers.
 
 Only `move_queues`, `ExecutorSettings` and the harness are used, so the same script
 measures an older build: copy it into that checkout's ``bench/`` and run it from there
