@@ -12,10 +12,10 @@ row is durable. A nacked publish is sent again after a backoff, a few times; the
 like a returned one, it is refused: never acked, back to the source when the
 channel closes, and the transfer fails with an error naming the queue.
 
-A session is built fresh for each pair of connections, so nothing of an ended
-session can act on the next one. It ends (`SessionEnd`) when both connections are
-closed: finished (drained, or the transfer failed), lost (a connection went; a new
-session follows after a backoff) or fatal (access refused, a durable write failed).
+A session is built fresh for each pair of links (a channel each, on connections the
+task shares), so nothing of an ended session can act on the next one. It ends
+(`SessionEnd`) when both links are closed: finished (drained, or the transfer
+failed), lost (a connection went; a new session follows after a backoff) or fatal (access refused, a durable write failed).
 On the way out, confirmed deliveries are written (and acked if the source is still
 there), unsent publishes are withdrawn, and unconfirmed ones are written as
 "uncertain" rows because they may have arrived.
@@ -62,7 +62,7 @@ TICK_SECONDS = 0.05
 
 @dataclass(frozen=True)
 class SessionEnd:
-    """How a session ended, once both its connections are closed."""
+    """How a session ended, once both its links are closed."""
 
     how: Literal["finished", "lost", "fatal"]
     next_position: int  # where the next session numbers its deliveries
@@ -89,7 +89,7 @@ class Shared:
 
 
 class Session:
-    """One pair of connections moving deliveries through one `TransferWindow`.
+    """One pair of links moving deliveries through one `TransferWindow`.
 
     Usage (by `mover.QueueMover`)::
 
@@ -346,7 +346,7 @@ class Session:
         self._close()
 
     def _close(self) -> None:
-        """Close both connections; what the source has not acked goes back to its queue.
+        """Close both links; what the source has not acked goes back to its queue.
 
         Confirmed deliveries are in the destination whether or not they can still be
         acked, so their rows are written (and acked, if the source is still open)

@@ -85,7 +85,7 @@ class TransferWindow:
         self._unwritten: list[Delivery] = []
         self._next_seq = 1
         self._next_position = first_position
-        self._session = session  # a window lives for one pair of connections
+        self._session = session  # a window lives for one pair of links
         # Set by the first nack or refusal: only then can single acks be needed, so
         # the common case never scans the whole window on every confirm.
         self._ever_blocked = False
