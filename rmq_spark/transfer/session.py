@@ -15,10 +15,10 @@ channel closes, and the transfer fails with an error naming the queue.
 A session is built fresh for each pair of links (a channel each, on connections the
 task shares), so nothing of an ended session can act on the next one. It ends
 (`SessionEnd`) when both links are closed: finished (drained, or the transfer
-failed), lost (a connection went; a new session follows after a backoff) or fatal (access refused, a durable write failed).
-On the way out, confirmed deliveries are written (and acked if the source is still
-there), unsent publishes are withdrawn, and unconfirmed ones are written as
-"uncertain" rows because they may have arrived.
+failed), lost (a connection went; a new session follows after a backoff) or fatal
+(access refused, a durable write failed). On the way out, confirmed deliveries are
+written (and acked if the source is still there), unsent publishes are withdrawn,
+and unconfirmed ones are written as "uncertain" rows because they may have arrived.
 """
 
 from __future__ import annotations
