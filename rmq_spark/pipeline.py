@@ -25,7 +25,7 @@ from rmq_spark.broker.colocation import node_uris
 from rmq_spark.broker.delivery_limit import budget_problem, task_attempts
 from rmq_spark.broker.federation import paused_federation
 from rmq_spark.broker.management import ManagementClient, management_clients
-from rmq_spark.config import JobConfig, validate_run_id
+from rmq_spark.config import JobConfig, RateLimits, validate_run_id
 from rmq_spark.errors import ConfigError, DeliveryLimitError, RmqSparkError
 from rmq_spark.ledger import schema, tables
 from rmq_spark.ledger.committers import committer_for
@@ -35,6 +35,7 @@ from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_rows
 from rmq_spark.progress import ProgressReporter, amqp_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
+from rmq_spark.transfer.rate_limit import route_rate_limits
 from rmq_spark.verify import DESTINATION_SHARED, Verification, verify_ledger_run
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,14 @@ def run_transfer(
         paused_federation(config, clients),
         ProgressReporter(to_move, amqp_sampler(config, to_move)),
     ):
-        outcomes = move(spark, plan, config, run_id, node_uris(config, clients))
+        outcomes = move(
+            spark,
+            plan,
+            config,
+            run_id,
+            node_uris(config, clients),
+            rate_limits=route_rate_limits(config, len(to_move)),
+        )
     # Spark's own Delta writer where the session has it (Databricks), else delta-rs.
     committer = committer_for(spark)
     log.info("run %s: ledger commits with %s", run_id, committer.name)
@@ -260,6 +268,8 @@ def move(
     config: JobConfig,
     run_id: str,
     nodes: dict[str, dict[str, str]] | None = None,
+    *,
+    rate_limits: dict[str, RateLimits] | None = None,
 ) -> list[MoveOutcome]:
     """Run the movers on the executors; one outcome per planned queue.
 
@@ -277,6 +287,7 @@ def move(
             max_active=config.max_active,
             task_attempts=spark_task_attempts(spark),
             node_uris=nodes or {},
+            rate_limits=rate_limits or {},
         )
     )
     try:

@@ -26,13 +26,14 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from rmq_spark.broker.delivery_limit import ReturnGuard
-from rmq_spark.config import MoverConfig
+from rmq_spark.config import MoverConfig, RateLimits
 from rmq_spark.errors import TransferError
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.lanes import LEDGER, run_movers
 from rmq_spark.transfer.outbound import backoff_seconds
 from rmq_spark.transfer.ports import Connector, EngineLoop, IntentSink, LedgerSink
+from rmq_spark.transfer.rate_limit import RateBrake
 from rmq_spark.transfer.session import Session, SessionEnd, Shared
 from rmq_spark.transfer.stages import NOTHING_YET, WindowStages
 
@@ -85,6 +86,7 @@ class QueueMover:
         clock: Callable[[], datetime] = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
         delivery_guard: ReturnGuard | None = None,
+        rate_limits: RateLimits | None = None,
     ) -> None:
         self._key = key
         self._connector = connector
@@ -100,6 +102,8 @@ class QueueMover:
         self._monotonic = monotonic
         # A quorum source's delivery limit (delivery_limit.py); inactive when unlimited.
         self._guard = delivery_guard or ReturnGuard(None)
+        self._rate_limits = rate_limits if rate_limits and not rate_limits.unlimited else None
+        self._brake: RateBrake | None = None
         self._sessions = 0
         self._session: Session | None = None  # the current one, or the last
         self._moved_before_session = 0
@@ -130,6 +134,9 @@ class QueueMover:
         self._on_finished = on_finished
         self._started = self._monotonic()
         self._failures = 0
+        if self._rate_limits is not None:
+            # Tokens and time held outlive a session: a reconnect does not start a burst.
+            self._brake = RateBrake(self._rate_limits, now=self._started)
         self._shared = Shared(
             key=self._key,
             loop=loop,
@@ -142,6 +149,7 @@ class QueueMover:
             window_bytes=self._window_bytes,
             clock=self._clock,
             monotonic=self._monotonic,
+            brake=self._brake,
         )
         log.info(
             "moving %s (window %d messages, %d bytes)",
@@ -230,6 +238,10 @@ class QueueMover:
             seconds=seconds,
             sessions=self._sessions,
             peak_held_bytes=self._peak_held_bytes,
+            rate_limits=self._rate_limits,
+            rate_held_seconds=(
+                0.0 if self._brake is None else self._brake.held_seconds(self._monotonic())
+            ),
         )
 
     def _finish(self, result: MoveOutcome | BaseException) -> None:

@@ -31,6 +31,7 @@ from rmq_spark.transfer.ports import (
     EngineLoop,
     IntentSink,
 )
+from rmq_spark.transfer.rate_limit import RateBrake
 from rmq_spark.transfer.window import TransferWindow
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,9 @@ class OutboundHost(Protocol):
 
     def write_failed(self, error: BaseException) -> None:
         """A durable write failed: the session ends, and the transfer with it."""
+
+    def read_again(self) -> None:
+        """The rate brake let its held publishes go: the source may be read again."""
 
 
 class _Outgoing:
@@ -94,6 +98,8 @@ class Outbound:
         limits: MoverConfig,
         window_bytes: int,
         clock: Callable[[], datetime],
+        brake: RateBrake | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self._host = host
         self._key = key
@@ -121,6 +127,14 @@ class Outbound:
         self._outgoing: list[_Outgoing] = []
         self._logging_intents = False
         self.peak_held_bytes = 0
+        self._brake = brake
+        self._monotonic = monotonic
+        self._brake_timer_set = False
+
+    @property
+    def braking(self) -> bool:
+        """The rate brake holds received deliveries back: the source is not read."""
+        return self._brake is not None and self._brake.holding
 
     @property
     def empty(self) -> bool:
@@ -156,7 +170,7 @@ class Outbound:
             self._flush_scheduled = True
             self._host.call_later(0, self.publish_pending)
         # Closing: the connection must read its close-ok; what arrives goes back anyway.
-        return held <= self._window_bytes or self._host.closing
+        return (held <= self._window_bytes and not self.braking) or self._host.closing
 
     def publish_pending(self) -> None:
         """Log the batch as intents (durable, on the intents lane), then publish
@@ -172,9 +186,12 @@ class Outbound:
         self._flush_scheduled = False
         if self._logging_intents:
             return  # _send_logged calls again when the batch being logged is out
-        pending, self._pending = self._pending, []
-        self._flow.observe(len(pending), self._pending_largest)
-        self._pending_bytes = self._pending_largest = 0
+        if self._brake is None:
+            pending, self._pending = self._pending, []
+            self._flow.observe(len(pending), self._pending_largest)
+            self._pending_bytes = self._pending_largest = 0
+        else:
+            pending = self._admitted()
         if not pending:
             return
         self._consumer.drain.received()
@@ -202,6 +219,32 @@ class Outbound:
         self._logging_intents = True
         self._send_when_durable(batch, lambda: intents.append(batch))
         self._consumer.follow_sizes()
+
+    def _admitted(self) -> list[tuple[int, bool, bytes, bytes]]:
+        """What the rate brake lets go now, taken from the pending deliveries; the rest
+        wait for a timer (and the source is not read meanwhile: `on_delivery`)."""
+        assert self._brake is not None
+        assert self._monotonic is not None
+        now = self._monotonic()
+        waiting = self._pending
+        allowed = self._brake.admit(now, [len(body) for _tag, _red, body, _props in waiting])
+        taken, self._pending = waiting[:allowed], waiting[allowed:]
+        if taken:
+            self._flow.observe(len(taken), max(len(body) for _t, _r, body, _p in taken))
+        self._pending_bytes = sum(len(body) for _t, _r, body, _p in self._pending)
+        self._pending_largest = max((len(body) for _t, _r, body, _p in self._pending), default=0)
+        if self._pending and not self._brake_timer_set:
+            self._brake_timer_set = True
+            self._host.call_later(self._brake.wait_seconds(now), self._on_brake_timer)
+        return taken
+
+    def _on_brake_timer(self) -> None:
+        """Timer: tokens for the next held deliveries have come in; publish them, and
+        read the source again once nothing is held back."""
+        self._brake_timer_set = False
+        self.publish_pending()
+        if not self.braking:
+            self._host.read_again()
 
     def _send_when_durable(
         self, deliveries: list[Delivery], log_intents: Callable[[], None]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from rmq_spark.config import MoverConfig
+from rmq_spark.config import MoverConfig, RateLimits
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.ports import DESTINATION, SOURCE, SessionEvents, Side
@@ -357,6 +357,7 @@ def mover_rig(
     window_messages: int = 8,
     window_bytes: int = 1 << 30,  # 8 messages of 128 MiB: the prefetch starts at 8
     limits: MoverConfig | None = None,
+    rate_limits: RateLimits | None = None,
 ) -> MoverRig:
     clock = FakeClock()
     timers = ManualTimers(clock)
@@ -373,6 +374,7 @@ def mover_rig(
         limits=limits,
         clock=clock.utc,
         monotonic=clock.monotonic,
+        rate_limits=rate_limits,
     )
     rig = MoverRig(clock, timers, lanes, connector, ledger, intents, mover)
     mover.start(lanes, rig.results.append)
