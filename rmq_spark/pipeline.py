@@ -28,6 +28,7 @@ from rmq_spark.broker.management import ManagementClient, management_clients
 from rmq_spark.config import JobConfig, RateLimits, validate_run_id
 from rmq_spark.errors import ConfigError, DeliveryLimitError, RmqSparkError
 from rmq_spark.ledger import schema, tables
+from rmq_spark.ledger.brakes import BrakeRecord, HeldBack, write_brakes
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey
 from rmq_spark.planning.discovery import discover, measure_depths
@@ -35,7 +36,7 @@ from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_rows
 from rmq_spark.progress import ProgressReporter, amqp_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
-from rmq_spark.transfer.rate_limit import route_rate_limits
+from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force, route_rate_limits
 from rmq_spark.verify import DESTINATION_SHARED, Verification, verify_ledger_run
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ def run_transfer(
     with (
         management_clients(config) as clients,
         paused_federation(config, clients),
-        ProgressReporter(to_move, amqp_sampler(config, to_move)),
+        ProgressReporter(to_move, amqp_sampler(config, to_move), limits=limits_in_force(config)),
     ):
         outcomes = move(
             spark,
@@ -153,6 +154,7 @@ def run_transfer(
             node_uris(config, clients),
             rate_limits=route_rate_limits(config, len(to_move)),
         )
+    record_brakes(config, run_id, outcomes)
     # Spark's own Delta writer where the session has it (Databricks), else delta-rs.
     committer = committer_for(spark)
     log.info("run %s: ledger commits with %s", run_id, committer.name)
@@ -294,6 +296,27 @@ def move(
         return plan.mapPartitions(partial(move_partition, settings=settings)).collect()
     finally:
         settings.unpersist()
+
+
+def record_brakes(config: JobConfig, run_id: str, outcomes: Sequence[MoveOutcome]) -> None:
+    """For the report: the limits in force and how long each limited transfer was
+    held back (ledger/brakes.py); nothing when the config sets no limit."""
+    in_force = limits_in_force(config)
+    if not in_force:
+        return
+    held = tuple(
+        HeldBack(
+            source=f"{o.key.source_cluster}/{o.key.source_vhost}/{o.key.source_queue}",
+            destination=(
+                f"{o.key.destination_cluster}/{o.key.destination_vhost}/{o.key.destination_queue}"
+            ),
+            limits=describe_limits(o.rate_limits),
+            held_seconds=round(o.rate_held_seconds, 3),
+        )
+        for o in outcomes
+        if o.rate_limits is not None
+    )
+    write_brakes(config.ledger.path, run_id, BrakeRecord(in_force, held))
 
 
 def counters_rows(

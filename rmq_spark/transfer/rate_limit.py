@@ -184,3 +184,27 @@ def route_rate_limits(config: JobConfig, transfers: int) -> dict[str, RateLimits
         route.name: transfer_limits(config.limits, route.limits, at_once) for route in config.routes
     }
     return {name: limits for name, limits in resolved.items() if not limits.unlimited}
+
+
+def describe_limits(limits: RateLimits) -> str:
+    """'500 msg/s, 1,000,000 B/s' for progress and reports; 'unlimited' when unset."""
+    parts = []
+    if limits.messages_per_second is not None:
+        parts.append(f"{limits.messages_per_second:,.6g} msg/s")
+    if limits.bytes_per_second is not None:
+        parts.append(f"{limits.bytes_per_second:,.0f} B/s")
+    return ", ".join(parts) or "unlimited"
+
+
+def limits_in_force(config: JobConfig) -> str:
+    """The config's limits in one line ('' when none): the job's, then each limited
+    route's per queue."""
+    parts = []
+    if not config.limits.unlimited:
+        parts.append(f"job {describe_limits(config.limits)}")
+    parts.extend(
+        f"route {route.name} per queue {describe_limits(route.limits)}"
+        for route in config.routes
+        if not route.limits.unlimited
+    )
+    return "; ".join(parts)

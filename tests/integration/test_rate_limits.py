@@ -1,0 +1,111 @@
+"""The brake for live destinations on real brokers: the rates the ledger's confirm
+times show, over sliding windows, stay within 5% of the limits once running.
+
+Each test moves a backlog through the whole job (Spark, Delta) with a limit well
+below what the brokers can take here, then reads every message's confirm time
+from the committed ledger. The first second is left out (the movers start one after
+the other, and the first batch spends the brake's small burst); every window of
+`WINDOW_SECONDS` that starts after it and ends by the last confirm is counted.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from datetime import datetime
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from rmq_spark.config import RateLimits, load_config
+from rmq_spark.ledger import tables
+from rmq_spark.pipeline import run_transfer
+from tests.support.brokers import Brokers, fresh_vhost, seed, write_config
+
+WINDOW_SECONDS = 3.0
+STEP_SECONDS = 0.1
+TOLERANCE = 0.05
+
+
+def confirm_seconds(ledger: Path, run_id: str, queue: str | None = None) -> list[float]:
+    """Every moved message's confirm time, in seconds after the run's first confirm."""
+    rows = tables.read_arrow(str(ledger), "messages", run_id=run_id).to_pylist()
+    times: list[datetime] = sorted(
+        row["confirmed_at"]
+        for row in rows
+        if row["confirmed_at"] is not None and queue in (None, row["source_queue"])
+    )
+    return [(at - times[0]).total_seconds() for at in times]
+
+
+def window_rates(times: list[float], *, start: float) -> list[float]:
+    """Messages per second in every WINDOW_SECONDS window from `start` (and every
+    STEP_SECONDS after it) that ends by the last confirm."""
+    rates = []
+    begin = start
+    while begin + WINDOW_SECONDS <= times[-1]:
+        count = bisect_left(times, begin + WINDOW_SECONDS) - bisect_left(times, begin)
+        rates.append(count / WINDOW_SECONDS)
+        begin += STEP_SECONDS
+    return rates
+
+
+def assert_held(rates: list[float], limit: float) -> None:
+    assert len(rates) >= 10, f"too few windows to judge: {rates}"
+    worst = max(abs(rate - limit) / limit for rate in rates)
+    assert worst <= TOLERANCE, (
+        f"limit {limit}/s: windows from {min(rates):.1f} to {max(rates):.1f}/s "
+        f"(worst {worst:.1%} off)"
+    )
+
+
+def test_a_route_limit_holds_the_confirm_rate_within_five_percent_over_every_window(
+    brokers: Brokers, password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    vhost = fresh_vhost(brokers, "rate-route")
+    seed(brokers.dr, vhost, "orders", 3000)
+    path = write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "l")
+    config = load_config(path)
+    # The route's 500/s is smaller than the job's 2000/s: the route's wins.
+    route = config.routes[0].model_copy(update={"limits": RateLimits(messages_per_second=500.0)})
+    config = config.model_copy(
+        update={"routes": [route], "limits": RateLimits(messages_per_second=2000.0)}
+    )
+
+    result = run_transfer(spark, config, run_id="rate-route")
+
+    assert result.verification.verified, result.verification
+    (outcome,) = result.outcomes
+    assert outcome.messages == 3000
+    assert outcome.rate_limits == RateLimits(messages_per_second=500.0)
+    assert outcome.rate_held_seconds > 3.0  # held back most of the ~6 s it ran
+    times = confirm_seconds(tmp_path / "l", "rate-route")
+    assert len(times) == 3000
+    assert_held(window_rates(times, start=1.0), 500.0)
+
+
+def test_the_job_limit_is_shared_by_the_queues_moving_at_once(
+    brokers: Brokers, password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    vhost = fresh_vhost(brokers, "rate-job")
+    for queue in ("a", "b"):
+        seed(brokers.dr, vhost, queue, 1500)
+    path = write_config(
+        tmp_path / "job.yaml",
+        brokers,
+        vhosts=[vhost],
+        ledger=tmp_path / "l",
+        limits={"messages_per_second": 600},
+        max_active=2,
+        mover={"queues_per_task": 2},
+    )
+
+    result = run_transfer(spark, load_config(path), run_id="rate-job")
+
+    assert result.verification.verified, result.verification
+    assert sorted(o.messages for o in result.outcomes) == [1500, 1500]
+    assert {o.rate_limits for o in result.outcomes} == {RateLimits(messages_per_second=300.0)}
+    # Both queues move on one task's loop, each at its half: 600/s together.
+    assert_held(window_rates(confirm_seconds(tmp_path / "l", "rate-job"), start=1.0), 600.0)
+    for queue in ("a", "b"):
+        times = confirm_seconds(tmp_path / "l", "rate-job", queue)
+        assert_held(window_rates(times, start=1.0), 300.0)
