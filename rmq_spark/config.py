@@ -184,29 +184,39 @@ class DestinationSpec(_Strict):
         return template
 
 
-class RateLimits(_Strict):
-    """A brake for live destinations: publishes per second, and body bytes per second.
+class Limits(_Strict):
+    """A brake for live destinations: publishes per second, body bytes per second, and
+    a bound on each destination queue's depth.
 
-    Unset (None) is unlimited. For the whole job (`limits`), the limit is shared among
-    the transfers that can run at once; on a route (`routes[].limits`), it holds for
-    each of the route's queues. A transfer keeps to the smaller of the two
-    (`rate_limit.transfer_limits`).
+    Unset (None) is unlimited. For the whole job (`limits`), the rates are shared among
+    the transfers that can run at once; on a route (`routes[].limits`), they hold for
+    each of the route's queues. The depth bound is per destination queue either way.
+    A transfer keeps to the smaller of the two (`rate_limit.transfer_limits`).
     """
 
     messages_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     bytes_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Publishing pauses while the destination queue holds this many ready messages,
+    # and goes on once it is a tenth below (depth_bound.py).
+    destination_max_depth: int | None = Field(default=None, ge=1)
 
-    @field_validator("messages_per_second", "bytes_per_second", mode="before")
+    @field_validator(
+        "messages_per_second", "bytes_per_second", "destination_max_depth", mode="before"
+    )
     @classmethod
     def _not_a_switch(cls, value: Any) -> Any:
         # YAML reads `true` as a bool, which would pass for 1 per second.
         if isinstance(value, bool):
-            raise ValueError(f"expected a number per second, got {value}")
+            raise ValueError(f"expected a number, got {value}")
         return value
 
     @property
     def unlimited(self) -> bool:
-        return self.messages_per_second is None and self.bytes_per_second is None
+        return (
+            self.messages_per_second is None
+            and self.bytes_per_second is None
+            and self.destination_max_depth is None
+        )
 
 
 class RouteConfig(_Strict):
@@ -216,7 +226,7 @@ class RouteConfig(_Strict):
     source: SourceSelector
     destination: DestinationSpec
     # Per queue of this route; the smaller of this and the queue's share of the job's.
-    limits: RateLimits = RateLimits()
+    limits: Limits = Limits()
 
 
 class WindowConfig(_Strict):
@@ -296,7 +306,7 @@ class JobConfig(_Strict):
     # restored afterwards; see federation.py.
     federation: Literal["keep", "pause"] = "keep"
     # For the whole job: split evenly among the transfers that can move at once.
-    limits: RateLimits = RateLimits()
+    limits: Limits = Limits()
 
     @model_validator(mode="after")
     def _routes_name_known_clusters(self) -> JobConfig:

@@ -25,7 +25,7 @@ from rmq_spark.broker.colocation import node_uris
 from rmq_spark.broker.delivery_limit import budget_problem, task_attempts
 from rmq_spark.broker.federation import paused_federation
 from rmq_spark.broker.management import ManagementClient, management_clients
-from rmq_spark.config import JobConfig, RateLimits, validate_run_id
+from rmq_spark.config import JobConfig, Limits, validate_run_id
 from rmq_spark.errors import ConfigError, DeliveryLimitError, RmqSparkError
 from rmq_spark.ledger import schema, tables
 from rmq_spark.ledger.brakes import BrakeRecord, HeldBack, write_brakes
@@ -271,7 +271,7 @@ def move(
     run_id: str,
     nodes: dict[str, dict[str, str]] | None = None,
     *,
-    rate_limits: dict[str, RateLimits] | None = None,
+    rate_limits: dict[str, Limits] | None = None,
 ) -> list[MoveOutcome]:
     """Run the movers on the executors; one outcome per planned queue.
 
@@ -312,6 +312,7 @@ def record_brakes(config: JobConfig, run_id: str, outcomes: Sequence[MoveOutcome
             ),
             limits=describe_limits(o.rate_limits),
             held_seconds=round(o.rate_held_seconds, 3),
+            depth_held_seconds=round(o.depth_held_seconds, 3),
         )
         for o in outcomes
         if o.rate_limits is not None

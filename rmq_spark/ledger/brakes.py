@@ -1,6 +1,6 @@
 """What the brake for live destinations did in a run: a JSON file beside the tables.
 
-The rate limits in force and how long each transfer was held back by them are not
+The limits in force and how long each transfer was held back by them are not
 ledger rows: the tables are the proof of what moved, and their schemas stay as the
 ledgers already out there have them. The driver writes this file after the movers
 return (only when a limit was set) and the HTML report reads it:
@@ -27,7 +27,8 @@ class HeldBack:
     source: str  # cluster/vhost/queue, for display
     destination: str
     limits: str  # rate_limit.describe_limits
-    held_seconds: float  # time the brake held its publishes back
+    held_seconds: float  # time the rate brake held its publishes back
+    depth_held_seconds: float = 0.0  # ...and the destination depth bound
 
 
 @dataclass(frozen=True)

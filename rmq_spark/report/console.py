@@ -92,15 +92,16 @@ def brake_lines(result: RunResult) -> list[str]:
     if not limited:
         return []
     if len(limited) > MAX_BRAKE_LINES:
-        most = max(limited, key=lambda o: o.rate_held_seconds)
+        most = max(limited, key=lambda o: o.rate_held_seconds + o.depth_held_seconds)
         return [
-            f"rate limits: {len(limited)} transfers limited, held back "
-            f"{sum(o.rate_held_seconds for o in limited):,.1f} s in all, the most "
-            f"{most.rate_held_seconds:,.1f} s ({most.key.label()})"
+            f"limits: {len(limited)} transfers limited, held back "
+            f"{sum(o.rate_held_seconds + o.depth_held_seconds for o in limited):,.1f} s in "
+            f"all, the most {most.rate_held_seconds + most.depth_held_seconds:,.1f} s "
+            f"({most.key.label()})"
         ]
     return [
-        f"rate limit {describe_limits(o.rate_limits)}: held back {o.rate_held_seconds:,.1f} s "
-        f"({o.key.label()})"
+        f"limits {describe_limits(o.rate_limits)}: held back {o.rate_held_seconds:,.1f} s by "
+        f"the rate, {o.depth_held_seconds:,.1f} s by the depth ({o.key.label()})"
         for o in limited
     ]
 

@@ -317,17 +317,19 @@ def brakes_section(record: BrakeRecord) -> str:
     """The rate limits in force, and how long each limited transfer was held back."""
     rows = "".join(
         f"<tr><td>{_e(t.source)}</td><td>{_e(t.destination)}</td><td>{_e(t.limits)}</td>"
-        f'<td class="num">{t.held_seconds:,.1f}</td></tr>'
+        f'<td class="num">{t.held_seconds:,.1f}</td>'
+        f'<td class="num">{t.depth_held_seconds:,.1f}</td></tr>'
         for t in record.transfers
     )
     return (
         "<section><h2>Rate limits</h2>"
         f"<p>In force: {_e(record.in_force)}. A transfer keeps to the smaller of its "
-        "route's limit and its share of the job's (the job's divided by the transfers "
-        "that can move at once); held back is the time its publishes waited for the "
-        "limit.</p>"
+        "route's rate and its share of the job's (the job's divided by the transfers "
+        "that can move at once), and publishes only while its destination queue is "
+        "below the depth bound; held back is the time its publishes waited.</p>"
         '<div class="wide"><table class="queues"><thead><tr><th>source</th>'
-        "<th>destination</th><th>limit per transfer</th><th>held back (s)</th></tr></thead>"
+        "<th>destination</th><th>limits per transfer</th><th>held back by<br>the rate (s)</th>"
+        "<th>held back by<br>the depth (s)</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div></section>"
     )
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from rmq_spark.broker.colocation import preferred_uri
 from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.broker.delivery_limit import ReturnGuard, attempt_number
-from rmq_spark.config import ClusterConfig, MoverConfig, RateLimits
+from rmq_spark.config import ClusterConfig, Limits, MoverConfig
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, next_position
 from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
@@ -51,7 +51,7 @@ class ExecutorSettings:
     task_attempts: int = 1
     # route -> the rate limits each of its transfers keeps to (`rate_limit.transfer_limits`,
     # resolved by the driver); a route not named here is unlimited.
-    rate_limits: dict[str, RateLimits] = field(default_factory=dict)
+    rate_limits: dict[str, Limits] = field(default_factory=dict)
 
 
 def move_partition(

@@ -26,10 +26,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from rmq_spark.broker.delivery_limit import ReturnGuard
-from rmq_spark.config import MoverConfig, RateLimits
+from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.errors import TransferError
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
 from rmq_spark.transfer.byte_window import ByteWindow
+from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.lanes import LEDGER, run_movers
 from rmq_spark.transfer.outbound import backoff_seconds
 from rmq_spark.transfer.ports import Connector, EngineLoop, IntentSink, LedgerSink
@@ -86,7 +87,7 @@ class QueueMover:
         clock: Callable[[], datetime] = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
         delivery_guard: ReturnGuard | None = None,
-        rate_limits: RateLimits | None = None,
+        rate_limits: Limits | None = None,
     ) -> None:
         self._key = key
         self._connector = connector
@@ -104,6 +105,8 @@ class QueueMover:
         self._guard = delivery_guard or ReturnGuard(None)
         self._rate_limits = rate_limits if rate_limits and not rate_limits.unlimited else None
         self._brake: RateBrake | None = None
+        bound = None if rate_limits is None else rate_limits.destination_max_depth
+        self._depth = None if bound is None else DepthBound(bound)
         self._sessions = 0
         self._session: Session | None = None  # the current one, or the last
         self._moved_before_session = 0
@@ -134,9 +137,12 @@ class QueueMover:
         self._on_finished = on_finished
         self._started = self._monotonic()
         self._failures = 0
-        if self._rate_limits is not None:
+        limits = self._rate_limits
+        if limits is not None and not (
+            limits.messages_per_second is None and limits.bytes_per_second is None
+        ):
             # Tokens and time held outlive a session: a reconnect does not start a burst.
-            self._brake = RateBrake(self._rate_limits, now=self._started)
+            self._brake = RateBrake(limits, now=self._started)
         self._shared = Shared(
             key=self._key,
             loop=loop,
@@ -150,6 +156,7 @@ class QueueMover:
             clock=self._clock,
             monotonic=self._monotonic,
             brake=self._brake,
+            depth=self._depth,
         )
         log.info(
             "moving %s (window %d messages, %d bytes)",
@@ -241,6 +248,9 @@ class QueueMover:
             rate_limits=self._rate_limits,
             rate_held_seconds=(
                 0.0 if self._brake is None else self._brake.held_seconds(self._monotonic())
+            ),
+            depth_held_seconds=(
+                0.0 if self._depth is None else self._depth.held_seconds(self._monotonic())
             ),
         )
 

@@ -23,6 +23,8 @@ from rmq_spark.config import MoverConfig
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.depth_bound import DepthBound
+from rmq_spark.transfer.gate import PublishGate
 from rmq_spark.transfer.lanes import INTENTS
 from rmq_spark.transfer.ports import (
     Connector,
@@ -99,7 +101,8 @@ class Outbound:
         window_bytes: int,
         clock: Callable[[], datetime],
         brake: RateBrake | None = None,
-        monotonic: Callable[[], float] | None = None,
+        depth: DepthBound | None = None,
+        monotonic: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self._host = host
         self._key = key
@@ -127,14 +130,28 @@ class Outbound:
         self._outgoing: list[_Outgoing] = []
         self._logging_intents = False
         self.peak_held_bytes = 0
-        self._brake = brake
-        self._monotonic = monotonic
-        self._brake_timer_set = False
+        # The rate brake and the depth bound, when the transfer has either (gate.py).
+        self._gate = (
+            PublishGate(
+                brake=brake,
+                depth=depth,
+                destination=destination,
+                timers=host,
+                monotonic=monotonic,
+                on_open=self._on_gate_open,
+            )
+            if brake is not None or depth is not None
+            else None
+        )
 
     @property
     def braking(self) -> bool:
-        """The rate brake holds received deliveries back: the source is not read."""
-        return self._brake is not None and self._brake.holding
+        """The gate holds received deliveries back: the source is not read."""
+        return self._gate is not None and self._gate.holding
+
+    def on_destination_depth(self, ready: int) -> None:
+        if self._gate is not None:
+            self._gate.on_depth(ready)
 
     @property
     def empty(self) -> bool:
@@ -186,7 +203,7 @@ class Outbound:
         self._flush_scheduled = False
         if self._logging_intents:
             return  # _send_logged calls again when the batch being logged is out
-        if self._brake is None:
+        if self._gate is None:
             pending, self._pending = self._pending, []
             self._flow.observe(len(pending), self._pending_largest)
             self._pending_bytes = self._pending_largest = 0
@@ -221,27 +238,23 @@ class Outbound:
         self._consumer.follow_sizes()
 
     def _admitted(self) -> list[tuple[int, bool, bytes, bytes]]:
-        """What the rate brake lets go now, taken from the pending deliveries; the rest
-        wait for a timer (and the source is not read meanwhile: `on_delivery`)."""
-        assert self._brake is not None
-        assert self._monotonic is not None
-        now = self._monotonic()
+        """What the gate lets go now, taken from the pending deliveries; the rest wait
+        for it to reopen (and the source is not read meanwhile: `on_delivery`)."""
+        assert self._gate is not None
         waiting = self._pending
-        allowed = self._brake.admit(now, [len(body) for _tag, _red, body, _props in waiting])
+        allowed = self._gate.admit([len(body) for _tag, _red, body, _props in waiting])
         taken, self._pending = waiting[:allowed], waiting[allowed:]
         if taken:
             self._flow.observe(len(taken), max(len(body) for _t, _r, body, _p in taken))
         self._pending_bytes = sum(len(body) for _t, _r, body, _p in self._pending)
         self._pending_largest = max((len(body) for _t, _r, body, _p in self._pending), default=0)
-        if self._pending and not self._brake_timer_set:
-            self._brake_timer_set = True
-            self._host.call_later(self._brake.wait_seconds(now), self._on_brake_timer)
         return taken
 
-    def _on_brake_timer(self) -> None:
-        """Timer: tokens for the next held deliveries have come in; publish them, and
-        read the source again once nothing is held back."""
-        self._brake_timer_set = False
+    def _on_gate_open(self) -> None:
+        """The gate may let more go (tokens came in, the destination's depth fell):
+        publish what waits, and read the source again once nothing is held back."""
+        if self._host.closing:
+            return
         self.publish_pending()
         if not self.braking:
             self._host.read_again()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rmq_spark.config import JobConfig, RateLimits
+from rmq_spark.config import JobConfig, Limits
 from rmq_spark.model import queues_at_once, task_count
 
 # The burst a bucket holds, in seconds of its rate: small, so the rate over short
@@ -92,7 +92,7 @@ class RateBrake:
     It also keeps the time it held publishes back (`held_seconds`), for the report.
     """
 
-    def __init__(self, limits: RateLimits, *, now: float) -> None:
+    def __init__(self, limits: Limits, *, now: float) -> None:
         self.limits = limits
         self._messages = bucket_for(limits.messages_per_second, now=now, minimum_burst=1)
         self._bytes = bucket_for(limits.bytes_per_second, now=now, minimum_burst=1)
@@ -143,7 +143,7 @@ class RateBrake:
         return self._held_total + current
 
 
-def transfer_limits(job: RateLimits, route: RateLimits, at_once: int) -> RateLimits:
+def transfer_limits(job: Limits, route: Limits, at_once: int) -> Limits:
     """The limits one transfer keeps to: the smaller of its route's and its share of
     the job's.
 
@@ -162,9 +162,12 @@ def transfer_limits(job: RateLimits, route: RateLimits, at_once: int) -> RateLim
         rates = [rate for rate in (share, route_rate) if rate is not None]
         return min(rates) if rates else None
 
-    return RateLimits(
+    depths = [d for d in (job.destination_max_depth, route.destination_max_depth) if d]
+    return Limits(
         messages_per_second=smaller(job.messages_per_second, route.messages_per_second),
         bytes_per_second=smaller(job.bytes_per_second, route.bytes_per_second),
+        # A depth is per destination queue: not shared.
+        destination_max_depth=min(depths) if depths else None,
     )
 
 
@@ -176,7 +179,7 @@ def transfers_at_once(config: JobConfig, transfers: int) -> int:
     return max(1, min(transfers, capacity))
 
 
-def route_rate_limits(config: JobConfig, transfers: int) -> dict[str, RateLimits]:
+def route_rate_limits(config: JobConfig, transfers: int) -> dict[str, Limits]:
     """route name -> the limits each of its transfers keeps to, for a plan of
     `transfers` queues; routes with no limit at all are left out."""
     at_once = transfers_at_once(config, transfers)
@@ -186,13 +189,15 @@ def route_rate_limits(config: JobConfig, transfers: int) -> dict[str, RateLimits
     return {name: limits for name, limits in resolved.items() if not limits.unlimited}
 
 
-def describe_limits(limits: RateLimits) -> str:
+def describe_limits(limits: Limits) -> str:
     """'500 msg/s, 1,000,000 B/s' for progress and reports; 'unlimited' when unset."""
     parts = []
     if limits.messages_per_second is not None:
         parts.append(f"{limits.messages_per_second:,.6g} msg/s")
     if limits.bytes_per_second is not None:
         parts.append(f"{limits.bytes_per_second:,.0f} B/s")
+    if limits.destination_max_depth is not None:
+        parts.append(f"destination depth < {limits.destination_max_depth:,}")
     return ", ".join(parts) or "unlimited"
 
 

@@ -37,6 +37,7 @@ from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.transfer import refusals
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.drain import STOP_CONFIRM_TIMEOUT_SECONDS, DrainStep
 from rmq_spark.transfer.outbound import Outbound
 from rmq_spark.transfer.ports import (
@@ -88,6 +89,7 @@ class Shared:
     clock: Callable[[], datetime]
     monotonic: Callable[[], float]
     brake: RateBrake | None = None  # the rate limits (rate_limit.py); outlives a session
+    depth: DepthBound | None = None  # the destination depth bound (depth_bound.py); likewise
 
 
 class Session:
@@ -155,6 +157,7 @@ class Session:
             window_bytes=shared.window_bytes,
             clock=shared.clock,
             brake=shared.brake,
+            depth=shared.depth,
             monotonic=shared.monotonic,
         )
         self.on_delivery = self.outbound.on_delivery
@@ -232,6 +235,9 @@ class Session:
 
     def on_depth(self, ready: int, consumers: int) -> None:
         self._consumer.on_depth(ready, consumers)
+
+    def on_destination_depth(self, ready: int) -> None:
+        self.outbound.on_destination_depth(ready)
 
     def on_cancel_ok(self) -> None:
         self._consumer.on_cancel_ok()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from rmq_spark.config import RateLimits, load_config
+from rmq_spark.config import Limits, load_config
 from rmq_spark.ledger import tables
 from rmq_spark.pipeline import run_transfer
 from tests.support.brokers import Brokers, fresh_vhost, seed, write_config
@@ -66,9 +66,9 @@ def test_a_route_limit_holds_the_confirm_rate_within_five_percent_over_every_win
     path = write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "l")
     config = load_config(path)
     # The route's 500/s is smaller than the job's 2000/s: the route's wins.
-    route = config.routes[0].model_copy(update={"limits": RateLimits(messages_per_second=500.0)})
+    route = config.routes[0].model_copy(update={"limits": Limits(messages_per_second=500.0)})
     config = config.model_copy(
-        update={"routes": [route], "limits": RateLimits(messages_per_second=2000.0)}
+        update={"routes": [route], "limits": Limits(messages_per_second=2000.0)}
     )
 
     result = run_transfer(spark, config, run_id="rate-route")
@@ -76,7 +76,7 @@ def test_a_route_limit_holds_the_confirm_rate_within_five_percent_over_every_win
     assert result.verification.verified, result.verification
     (outcome,) = result.outcomes
     assert outcome.messages == 3000
-    assert outcome.rate_limits == RateLimits(messages_per_second=500.0)
+    assert outcome.rate_limits == Limits(messages_per_second=500.0)
     assert outcome.rate_held_seconds > 3.0  # held back most of the ~6 s it ran
     times = confirm_seconds(tmp_path / "l", "rate-route")
     assert len(times) == 3000
@@ -103,7 +103,7 @@ def test_the_job_limit_is_shared_by_the_queues_moving_at_once(
 
     assert result.verification.verified, result.verification
     assert sorted(o.messages for o in result.outcomes) == [1500, 1500]
-    assert {o.rate_limits for o in result.outcomes} == {RateLimits(messages_per_second=300.0)}
+    assert {o.rate_limits for o in result.outcomes} == {Limits(messages_per_second=300.0)}
     # Both queues move on one task's loop, each at its half: 600/s together.
     assert_held(window_rates(confirm_seconds(tmp_path / "l", "rate-job"), start=1.0), 600.0)
     for queue in ("a", "b"):

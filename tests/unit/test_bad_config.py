@@ -73,7 +73,7 @@ BAD_CONFIGS = [
     BadConfig(
         "a rate limit that is a switch",
         _append("limits: {bytes_per_second: true}\n"),
-        ("limits.bytes_per_second: Value error, expected a number per second, got True",),
+        ("limits.bytes_per_second: Value error, expected a number, got True",),
     ),
     BadConfig(
         "a route rate limit that is not a number",
@@ -82,6 +82,11 @@ BAD_CONFIGS = [
             "destination: {cluster: main}\n    limits: {messages_per_second: fast}",
         ),
         ("routes.0.limits.messages_per_second: Input should be a valid number", "(route 'back')"),
+    ),
+    BadConfig(
+        "a destination depth bound of zero",
+        _append("limits: {destination_max_depth: 0}\n"),
+        ("limits.destination_max_depth: Input should be greater than or equal to 1",),
     ),
     BadConfig(
         "an unknown rate limit key",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_spark.config import JobConfig, RateLimits
+from rmq_spark.config import JobConfig, Limits
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger.brakes import BrakeRecord, HeldBack, brakes_dir, read_brakes, write_brakes
 from rmq_spark.model import MoveOutcome
@@ -20,7 +20,7 @@ from tests.unit.test_run_report import message, queue_row, run_ledger
 
 RECORD = BrakeRecord(
     in_force="job 600 msg/s",
-    transfers=(HeldBack("dr/orders/a", "main/orders/a", "300 msg/s", 12.345),),
+    transfers=(HeldBack("dr/orders/a", "main/orders/a", "300 msg/s", 12.345, 0.0),),
 )
 
 
@@ -51,7 +51,7 @@ def test_the_page_shows_the_limits_and_the_time_held_back_only_when_limited(
 
     assert "<h2>Rate limits</h2>" in limited
     assert "In force: job 600 msg/s." in limited
-    assert '<td>300 msg/s</td><td class="num">12.3</td>' in limited
+    assert '<td>300 msg/s</td><td class="num">12.3</td><td class="num">0.0</td>' in limited
     assert "Rate limits" not in free
 
 
@@ -63,10 +63,11 @@ def test_the_section_escapes_queue_names() -> None:
 
 
 def test_limits_are_described_in_one_line_for_progress_and_reports() -> None:
-    assert describe_limits(RateLimits()) == "unlimited"
-    assert describe_limits(RateLimits(messages_per_second=2500.0)) == "2,500 msg/s"
+    assert describe_limits(Limits()) == "unlimited"
+    assert describe_limits(Limits(destination_max_depth=5000)) == "destination depth < 5,000"
+    assert describe_limits(Limits(messages_per_second=2500.0)) == "2,500 msg/s"
     assert (
-        describe_limits(RateLimits(messages_per_second=0.5, bytes_per_second=1048576.0))
+        describe_limits(Limits(messages_per_second=0.5, bytes_per_second=1048576.0))
         == "0.5 msg/s, 1,048,576 B/s"
     )
     config = JobConfig.model_validate(
@@ -85,7 +86,7 @@ def test_limits_are_described_in_one_line_for_progress_and_reports() -> None:
         }
     )
     assert limits_in_force(config) == "job 600 msg/s; route slow per queue 1,000 B/s"
-    assert limits_in_force(config.model_copy(update={"limits": RateLimits()})) == (
+    assert limits_in_force(config.model_copy(update={"limits": Limits()})) == (
         "route slow per queue 1,000 B/s"
     )
 
@@ -111,25 +112,23 @@ class _Result:
 
 
 def test_the_console_names_each_limited_transfer_and_its_time_held_back() -> None:
-    limited = replace(
-        OUTCOME, rate_limits=RateLimits(messages_per_second=300.0), rate_held_seconds=4.3
-    )
+    limited = replace(OUTCOME, rate_limits=Limits(messages_per_second=300.0), rate_held_seconds=4.3)
 
     lines = brake_lines(_Result(OUTCOME, limited))  # type: ignore[arg-type]
 
-    assert lines == [f"rate limit 300 msg/s: held back 4.3 s ({KEY.label()})"]
+    assert lines == [
+        f"limits 300 msg/s: held back 4.3 s by the rate, 0.0 s by the depth ({KEY.label()})"
+    ]
     assert brake_lines(_Result(OUTCOME)) == []  # type: ignore[arg-type]
 
 
 def test_the_console_sums_up_many_limited_transfers_in_one_line() -> None:
     many = [
-        replace(
-            OUTCOME, rate_limits=RateLimits(messages_per_second=1.0), rate_held_seconds=float(i)
-        )
+        replace(OUTCOME, rate_limits=Limits(messages_per_second=1.0), rate_held_seconds=float(i))
         for i in range(MAX_BRAKE_LINES + 1)
     ]
 
     (line,) = brake_lines(_Result(*many))  # type: ignore[arg-type]
 
-    assert line.startswith("rate limits: 11 transfers limited, held back 55.0 s in all")
+    assert line.startswith("limits: 11 transfers limited, held back 55.0 s in all")
     assert f"the most 10.0 s ({KEY.label()})" in line

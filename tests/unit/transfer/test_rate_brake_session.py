@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rmq_spark.config import RateLimits
+from rmq_spark.config import Limits
 from tests.support.fakes import MoverRig, mover_rig
 
 
@@ -21,7 +21,7 @@ def publish_for(rig: MoverRig, seconds: float, step: float = 0.005) -> None:
 
 
 def test_a_braked_session_holds_deliveries_and_pauses_the_source_until_the_timer() -> None:
-    rig = mover_rig(window_messages=1000, rate_limits=RateLimits(messages_per_second=100.0))
+    rig = mover_rig(window_messages=1000, rate_limits=Limits(messages_per_second=100.0))
     rig.open_session()
 
     assert all(deliver(rig, 1, 40))  # one loop iteration's worth: not yet braked
@@ -45,7 +45,7 @@ def test_a_braked_session_holds_deliveries_and_pauses_the_source_until_the_timer
 
 
 def test_an_unlimited_transfer_is_never_braked() -> None:
-    rig = mover_rig(window_messages=1000, rate_limits=RateLimits())
+    rig = mover_rig(window_messages=1000, rate_limits=Limits())
     rig.open_session()
 
     assert all(deliver(rig, 1, 200))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from rmq_spark.config import JobConfig, RateLimits
+from rmq_spark.config import JobConfig, Limits
 from rmq_spark.transfer.rate_limit import (
     MIN_WAIT_SECONDS,
     RateBrake,
@@ -65,7 +65,7 @@ def window_totals(
 
 @pytest.mark.parametrize("rate", [2.0, 37.0, 500.0, 20_000.0])
 def test_the_message_rate_holds_within_one_percent_over_every_ten_seconds(rate: float) -> None:
-    brake = RateBrake(RateLimits(messages_per_second=rate), now=0.0)
+    brake = RateBrake(Limits(messages_per_second=rate), now=0.0)
 
     published, _timers = run_backlog(brake, [1024], seconds=120.0)
 
@@ -82,7 +82,7 @@ def test_the_byte_rate_holds_with_mixed_sizes_and_messages_larger_than_the_burst
     # 1 MB/s; a burst is 50 kB, and one message in 50 is 400 kB: it goes when the
     # bucket is out of debt, and the debt it leaves is waited out.
     sizes = [1000] * 49 + [400_000]
-    brake = RateBrake(RateLimits(bytes_per_second=1_000_000.0), now=0.0)
+    brake = RateBrake(Limits(bytes_per_second=1_000_000.0), now=0.0)
 
     published, _timers = run_backlog(brake, sizes, seconds=120.0)
 
@@ -94,7 +94,7 @@ def test_the_byte_rate_holds_with_mixed_sizes_and_messages_larger_than_the_burst
 
 def test_both_limits_together_hold_the_tighter_one() -> None:
     # 100 messages of 10 kB per second would be 1 MB/s; the byte limit allows 200 kB/s.
-    brake = RateBrake(RateLimits(messages_per_second=100.0, bytes_per_second=200_000.0), now=0.0)
+    brake = RateBrake(Limits(messages_per_second=100.0, bytes_per_second=200_000.0), now=0.0)
 
     published, _timers = run_backlog(brake, [10_000], seconds=60.0)
 
@@ -104,7 +104,7 @@ def test_both_limits_together_hold_the_tighter_one() -> None:
 
 def test_the_brake_never_spins_it_asks_for_timers_no_more_often_than_its_minimum_wait() -> None:
     # The backlog offers 256 messages a millisecond, more than twice the limit.
-    brake = RateBrake(RateLimits(messages_per_second=100_000.0), now=0.0)
+    brake = RateBrake(Limits(messages_per_second=100_000.0), now=0.0)
 
     published, timers = run_backlog(brake, [10], seconds=10.0)
 
@@ -113,7 +113,7 @@ def test_the_brake_never_spins_it_asks_for_timers_no_more_often_than_its_minimum
 
 
 def test_a_fresh_brake_allows_only_a_small_burst() -> None:
-    brake = RateBrake(RateLimits(messages_per_second=500.0), now=100.0)
+    brake = RateBrake(Limits(messages_per_second=500.0), now=100.0)
 
     assert brake.admit(100.0, [1] * 1000) == 26  # 50 ms of the rate, and one into debt
     assert brake.admit(100.0, [1] * 974) == 0
@@ -122,7 +122,7 @@ def test_a_fresh_brake_allows_only_a_small_burst() -> None:
 
 
 def test_held_seconds_counts_the_time_publishes_waited() -> None:
-    brake = RateBrake(RateLimits(messages_per_second=10.0), now=0.0)
+    brake = RateBrake(Limits(messages_per_second=10.0), now=0.0)
     assert brake.admit(0.0, [1, 1]) == 2  # the one-message burst, and one into debt
     assert not brake.holding
     assert brake.admit(0.0, [1, 1]) == 0
@@ -142,14 +142,18 @@ def test_a_bucket_refuses_nonsense_rates() -> None:
 
 
 def test_a_transfer_keeps_to_the_smaller_of_its_route_limit_and_its_share_of_the_job() -> None:
-    job = RateLimits(messages_per_second=1000.0, bytes_per_second=8_000_000.0)
-    route = RateLimits(messages_per_second=100.0)
+    job = Limits(messages_per_second=1000.0, bytes_per_second=8_000_000.0)
+    route = Limits(messages_per_second=100.0)
 
     limits = transfer_limits(job, route, at_once=4)
 
     assert limits.messages_per_second == 100.0  # the route's is smaller than 250
     assert limits.bytes_per_second == 2_000_000.0  # a quarter of the job's
-    assert transfer_limits(RateLimits(), RateLimits(), at_once=3).unlimited
+    depth = transfer_limits(
+        Limits(destination_max_depth=500), Limits(destination_max_depth=800), at_once=4
+    )
+    assert depth.destination_max_depth == 500  # per queue: the smaller, never shared
+    assert transfer_limits(Limits(), Limits(), at_once=3).unlimited
     with pytest.raises(ValueError, match="at_once must be >= 1"):
         transfer_limits(job, route, at_once=0)
 
@@ -186,5 +190,5 @@ def test_the_job_limit_is_shared_among_the_transfers_that_can_move_at_once() -> 
     one = route_rate_limits(config, 1)
     assert one["free"].messages_per_second == 600.0  # a lone queue has the whole job's
     assert route_rate_limits(_config(), 100) == {
-        "slow": RateLimits(messages_per_second=50.0)
+        "slow": Limits(messages_per_second=50.0)
     }  # an unlimited route is left out
