@@ -100,9 +100,9 @@ class Outbound:
         limits: MoverConfig,
         window_bytes: int,
         clock: Callable[[], datetime],
+        monotonic: Callable[[], float],
         brake: RateBrake | None = None,
         depth: DepthBound | None = None,
-        monotonic: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self._host = host
         self._key = key
@@ -187,7 +187,10 @@ class Outbound:
             self._flush_scheduled = True
             self._host.call_later(0, self.publish_pending)
         # Closing: the connection must read its close-ok; what arrives goes back anyway.
-        return (held <= self._window_bytes and not self.braking) or self._host.closing
+        gate = self._gate
+        return (
+            held <= self._window_bytes and (gate is None or not gate.holding)
+        ) or self._host.closing
 
     def publish_pending(self) -> None:
         """Log the batch as intents (durable, on the intents lane), then publish
