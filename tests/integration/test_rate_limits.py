@@ -103,7 +103,7 @@ def test_the_job_limit_is_shared_by_the_queues_moving_at_once(
 ) -> None:
     vhost = fresh_vhost(brokers, "rate-job")
     for queue in ("a", "b"):
-        seed(brokers.dr, vhost, queue, 1500)
+        seed(brokers.dr, vhost, queue, 1800)
     path = write_config(
         tmp_path / "job.yaml",
         brokers,
@@ -117,7 +117,7 @@ def test_the_job_limit_is_shared_by_the_queues_moving_at_once(
     result = run_transfer(spark, load_config(path), run_id="rate-job")
 
     assert result.verification.verified, result.verification
-    assert sorted(o.messages for o in result.outcomes) == [1500, 1500]
+    assert sorted(o.messages for o in result.outcomes) == [1800, 1800]
     assert {o.rate_limits for o in result.outcomes} == {Limits(messages_per_second=300.0)}
     # Both queues move on one task's loop, each at its half: 600/s together.
     assert_held(window_rates(confirm_seconds(tmp_path / "l", "rate-job"), start=1.0), 600.0)
