@@ -5,10 +5,11 @@ queue.declare on its own publishing channel, `DestinationLink.ask_depth`) when t
 class says so, and tells it the answer.
 
 Asking the broker before every batch would cost a round trip per batch. So the
-bound keeps an upper estimate instead: the last depth the broker gave, plus what
-was published after that question was sent. The declare travels on the channel
-that carries the publishes, after them, so the broker's count includes every
-publish sent before it (the channel's order). Consumers only lower the real depth,
+bound keeps an upper estimate instead: the last depth the broker gave, plus the
+publishes it may not have counted: those unconfirmed when the question was sent,
+and those sent after it. (The declare follows the publishes on their channel, but a
+classic queue answers its count ahead of the messages waiting in its mailbox, so
+only a confirmed publish is surely counted.) Consumers only lower the real depth,
 so while the estimate is below the bound, the queue is; the mover asks again only
 when the estimate reaches it. Then it holds (the source paused) and asks every
 `POLL_SECONDS` until the depth is a tenth of the bound below it (hysteresis: a slow
@@ -33,7 +34,7 @@ class DepthBound:
 
         bound = DepthBound(10_000)
         bound.session_started()  # the depth is unknown: ask it (`wants_depth`)
-        bound.asked(); ...; bound.answered(ready, now)
+        bound.asked(unconfirmed); ...; bound.answered(ready, now)
         allowed = bound.admit(count, now)  # then bound.published(allowed)
     """
 
@@ -46,6 +47,8 @@ class DepthBound:
         self._published = 0  # publishes in this session
         self._published_at_reading = 0  # ...when the question `_reading` answers was sent
         self._published_at_ask = 0  # ...when the question out now was sent
+        self._unconfirmed_at_reading = 0  # unconfirmed publishes when `_reading` was asked
+        self._unconfirmed_at_ask = 0
         self._asking = False
         self._held_since: float | None = None
         self._held_total = 0.0
@@ -64,17 +67,22 @@ class DepthBound:
         depth is asked again (a hold carries over: it ends as any hold does)."""
         self._reading = None
         self._published = self._published_at_reading = self._published_at_ask = 0
+        self._unconfirmed_at_reading = self._unconfirmed_at_ask = 0
         self._asking = False
 
-    def asked(self) -> None:
+    def asked(self, unconfirmed: int) -> None:
+        """The question is sent; `unconfirmed` publishes of this session were not yet
+        confirmed (the answer may leave them out)."""
         self._asking = True
         self._published_at_ask = self._published
+        self._unconfirmed_at_ask = unconfirmed
 
     def answered(self, ready: int, now: float) -> None:
         """The broker's count of ready messages, as of the question."""
         self._asking = False
         self._reading = ready
         self._published_at_reading = self._published_at_ask
+        self._unconfirmed_at_reading = self._unconfirmed_at_ask
         estimate = self._estimate()
         if estimate >= self.bound or (self.holding and estimate > self.resume_at):
             self._hold(now)
@@ -100,7 +108,12 @@ class DepthBound:
 
     def _estimate(self) -> int:
         assert self._reading is not None
-        return self._reading + self._published - self._published_at_reading
+        return (
+            self._reading
+            + self._unconfirmed_at_reading
+            + self._published
+            - self._published_at_reading
+        )
 
     def _hold(self, now: float) -> None:
         if self._held_since is None:

@@ -35,6 +35,7 @@ class PublishGate:
         destination: DestinationLink,
         timers: GateTimers,
         monotonic: Callable[[], float],
+        unconfirmed: Callable[[], int],
         on_open: Callable[[], None],
     ) -> None:
         self._brake = brake
@@ -42,6 +43,7 @@ class PublishGate:
         self._destination = destination
         self._timers = timers
         self._monotonic = monotonic
+        self._unconfirmed = unconfirmed
         self._on_open = on_open
         self._rate_timer_set = False
         self._poll_set = False
@@ -87,13 +89,15 @@ class PublishGate:
         if brake is not None and brake.holding and not self._rate_timer_set:
             self._rate_timer_set = True
             self._timers.call_later(brake.wait_seconds(now), self._on_rate_timer)
-        if not self._poll_set:
-            self._ask_depth()
+        if not self._poll_set and self._depth is not None and self._depth.wants_depth:
+            # After this batch is handed to the window: the question then counts it as
+            # unconfirmed (it leaves after its intents, so after the question).
+            self._timers.call_later(0, self._ask_depth)
 
     def _ask_depth(self) -> None:
         depth = self._depth
         if depth is not None and depth.wants_depth and self._destination.is_open:
-            depth.asked()
+            depth.asked(self._unconfirmed())
             self._destination.ask_depth()
 
     def _on_rate_timer(self) -> None:

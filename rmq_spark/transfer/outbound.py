@@ -138,6 +138,7 @@ class Outbound:
                 destination=destination,
                 timers=host,
                 monotonic=monotonic,
+                unconfirmed=lambda: window.unconfirmed,
                 on_open=self._on_gate_open,
             )
             if brake is not None or depth is not None
