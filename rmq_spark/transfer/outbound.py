@@ -65,7 +65,7 @@ class OutboundHost(Protocol):
         """A durable write failed: the session ends, and the transfer with it."""
 
     def read_again(self) -> None:
-        """The rate brake let its held publishes go: the source may be read again."""
+        """The gate let its held publishes go: the source may be read again."""
 
 
 class _Outgoing:

@@ -195,7 +195,7 @@ class Session:
         return self.outbound.held_bytes() <= self._shared.window_bytes and not self.outbound.braking
 
     def read_again(self) -> None:
-        """The brake let its held publishes go: read the source again if it may."""
+        """The gate let its held publishes go: read the source again if it may."""
         if self._source.paused and not self._closing and self.may_read():
             self._source.resume()
 
