@@ -184,12 +184,49 @@ class DestinationSpec(_Strict):
         return template
 
 
+class Limits(_Strict):
+    """A brake for live destinations: publishes per second, body bytes per second, and
+    a bound on each destination queue's depth.
+
+    Unset (None) is unlimited. For the whole job (`limits`), the rates are shared among
+    the transfers that can run at once; on a route (`routes[].limits`), they hold for
+    each of the route's queues. The depth bound is per destination queue either way.
+    A transfer keeps to the smaller of the two (`rate_limit.transfer_limits`).
+    """
+
+    messages_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    bytes_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Publishing pauses while the destination queue holds this many ready messages,
+    # and goes on once it is a tenth below (depth_bound.py).
+    destination_max_depth: int | None = Field(default=None, ge=1)
+
+    @field_validator(
+        "messages_per_second", "bytes_per_second", "destination_max_depth", mode="before"
+    )
+    @classmethod
+    def _not_a_switch(cls, value: Any) -> Any:
+        # YAML reads `true` as a bool, which would pass for 1 per second.
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number, got {value}")
+        return value
+
+    @property
+    def unlimited(self) -> bool:
+        return (
+            self.messages_per_second is None
+            and self.bytes_per_second is None
+            and self.destination_max_depth is None
+        )
+
+
 class RouteConfig(_Strict):
     """Queues selected on a source cluster, and where each one goes."""
 
     name: str
     source: SourceSelector
     destination: DestinationSpec
+    # Per queue of this route; the smaller of this and the queue's share of the job's.
+    limits: Limits = Limits()
 
 
 class WindowConfig(_Strict):
@@ -268,6 +305,8 @@ class JobConfig(_Strict):
     # run (their consumers would make federated queues pull from upstream), and
     # restored afterwards; see federation.py.
     federation: Literal["keep", "pause"] = "keep"
+    # For the whole job: split evenly among the transfers that can move at once.
+    limits: Limits = Limits()
 
     @model_validator(mode="after")
     def _routes_name_known_clusters(self) -> JobConfig:
@@ -324,7 +363,7 @@ def parse_config(text: str, environ: dict[str, str], *, origin: str = "<config>"
     try:
         config = JobConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"config file {origin}: {_describe(exc)}") from None
+        raise ConfigError(f"config file {origin}: {_describe(exc, raw)}") from None
     return _with_passwords(config, environ, origin)
 
 
@@ -366,8 +405,8 @@ def _with_passwords(config: JobConfig, environ: dict[str, str], origin: str) -> 
     return config.model_copy(update={"clusters": clusters})
 
 
-def _describe(exc: ValidationError) -> str:
-    """One line per problem, each naming the dotted key."""
+def _describe(exc: ValidationError, raw: Any = None) -> str:
+    """One line per problem, each naming the dotted key (and a route by its name)."""
     problems = []
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"]) or "(top level)"
@@ -376,8 +415,22 @@ def _describe(exc: ValidationError) -> str:
             message = "unknown key"
         elif error["type"] == "missing":
             message = "required key is missing"
-        problems.append(f"{key}: {message}")
+        route = _route_name(raw, error["loc"])
+        where = "" if route is None else f" (route {route!r})"
+        problems.append(f"{key}: {message}{where}")
     return "; ".join(problems)
+
+
+def _route_name(raw: Any, loc: tuple[int | str, ...]) -> str | None:
+    """The name of the route a problem is in, when the file gave it one."""
+    if len(loc) < 2 or loc[0] != "routes" or not isinstance(loc[1], int):
+        return None
+    routes = raw.get("routes") if isinstance(raw, dict) else None
+    if not isinstance(routes, list) or not 0 <= loc[1] < len(routes):
+        return None
+    route = routes[loc[1]]
+    name = route.get("name") if isinstance(route, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def mask_uri(uri: str) -> str:

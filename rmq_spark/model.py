@@ -202,6 +202,11 @@ class MoveOutcome:
     # Most body bytes held at once (received, not yet acked at the source): the byte
     # window's bound is window.bytes plus one message (byte_window.py).
     peak_held_bytes: int = 0
+    # The limits this transfer kept to (a config.Limits; None: unlimited), and how
+    # long the rate brake and the destination depth bound held its publishes back.
+    rate_limits: Any = None
+    rate_held_seconds: float = 0.0
+    depth_held_seconds: float = 0.0
 
 
 # The capacity rule both sides use: the driver plans task_count partitions, each

@@ -25,9 +25,10 @@ from rmq_spark.broker.colocation import node_uris
 from rmq_spark.broker.delivery_limit import budget_problem, task_attempts
 from rmq_spark.broker.federation import paused_federation
 from rmq_spark.broker.management import ManagementClient, management_clients
-from rmq_spark.config import JobConfig, validate_run_id
+from rmq_spark.config import JobConfig, Limits, validate_run_id
 from rmq_spark.errors import ConfigError, DeliveryLimitError, RmqSparkError
 from rmq_spark.ledger import schema, tables
+from rmq_spark.ledger.brakes import BrakeRecord, HeldBack, write_brakes
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey
 from rmq_spark.planning.discovery import discover, measure_depths
@@ -35,6 +36,7 @@ from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_rows
 from rmq_spark.progress import ProgressReporter, amqp_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
+from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force, route_rate_limits
 from rmq_spark.verify import DESTINATION_SHARED, Verification, verify_ledger_run
 
 log = logging.getLogger(__name__)
@@ -142,9 +144,17 @@ def run_transfer(
     with (
         management_clients(config) as clients,
         paused_federation(config, clients),
-        ProgressReporter(to_move, amqp_sampler(config, to_move)),
+        ProgressReporter(to_move, amqp_sampler(config, to_move), limits=limits_in_force(config)),
     ):
-        outcomes = move(spark, plan, config, run_id, node_uris(config, clients))
+        outcomes = move(
+            spark,
+            plan,
+            config,
+            run_id,
+            node_uris(config, clients),
+            rate_limits=route_rate_limits(config, len(to_move)),
+        )
+    record_brakes(config, run_id, outcomes)
     # Spark's own Delta writer where the session has it (Databricks), else delta-rs.
     committer = committer_for(spark)
     log.info("run %s: ledger commits with %s", run_id, committer.name)
@@ -260,6 +270,8 @@ def move(
     config: JobConfig,
     run_id: str,
     nodes: dict[str, dict[str, str]] | None = None,
+    *,
+    rate_limits: dict[str, Limits] | None = None,
 ) -> list[MoveOutcome]:
     """Run the movers on the executors; one outcome per planned queue.
 
@@ -277,12 +289,35 @@ def move(
             max_active=config.max_active,
             task_attempts=spark_task_attempts(spark),
             node_uris=nodes or {},
+            rate_limits=rate_limits or {},
         )
     )
     try:
         return plan.mapPartitions(partial(move_partition, settings=settings)).collect()
     finally:
         settings.unpersist()
+
+
+def record_brakes(config: JobConfig, run_id: str, outcomes: Sequence[MoveOutcome]) -> None:
+    """For the report: the limits in force and how long each limited transfer was
+    held back (ledger/brakes.py); nothing when the config sets no limit."""
+    in_force = limits_in_force(config)
+    if not in_force:
+        return
+    held = tuple(
+        HeldBack(
+            source=f"{o.key.source_cluster}/{o.key.source_vhost}/{o.key.source_queue}",
+            destination=(
+                f"{o.key.destination_cluster}/{o.key.destination_vhost}/{o.key.destination_queue}"
+            ),
+            limits=describe_limits(o.rate_limits),
+            held_seconds=round(o.rate_held_seconds, 3),
+            depth_held_seconds=round(o.depth_held_seconds, 3),
+        )
+        for o in outcomes
+        if o.rate_limits is not None
+    )
+    write_brakes(config.ledger.path, run_id, BrakeRecord(in_force, held))
 
 
 def counters_rows(

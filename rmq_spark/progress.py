@@ -217,7 +217,10 @@ class ProgressReporter:
         *,
         console: Console | None = None,
         interval: float | None = None,
+        limits: str = "",
     ) -> None:
+        # The rate limits in force (rate_limit.limits_in_force), shown beside the rate.
+        self._limits = limits
         self._before = {t.key: t.messages for t in transfers}
         self._names = {t.key: t.source_label for t in transfers}  # what a bar says
         # Bytes come from the management API's statistics, which may be missing:
@@ -259,7 +262,9 @@ class ProgressReporter:
             stopping = self._stopped.wait(self._interval)
             if self._sample(started):
                 assert self.last is not None
-                log.info("%s", self.last.log_line(self._bytes_per_message))
+                line = self.last.log_line(self._bytes_per_message)
+                limits = f' limits="{self._limits}"' if self._limits else ""
+                log.info("%s%s", line, limits)
             if stopping:
                 return
 
@@ -306,7 +311,8 @@ class ProgressReporter:
                     bars.update(
                         total,
                         completed=now.moved,
-                        rate=rate_text(rates.rate(TOTAL), self._bytes_per_message),
+                        rate=rate_text(rates.rate(TOTAL), self._bytes_per_message)
+                        + (f" (limits: {self._limits})" if self._limits else ""),
                     )
                     for queue, task in queue_bars.items():
                         moved = now.per_queue[queue][0]

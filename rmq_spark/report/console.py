@@ -18,6 +18,7 @@ from rich.table import Table
 from rmq_spark.config import JobConfig
 from rmq_spark.model import QueueTransfer
 from rmq_spark.pipeline import RunResult
+from rmq_spark.transfer.rate_limit import describe_limits
 from rmq_spark.transfer.window import prefetch_for
 
 RESULT_PREFIX = "RESULT "
@@ -75,8 +76,34 @@ def print_queue_table(result: RunResult, file: IO[str] | None = None) -> None:
             outcome,
         )
     Console(file=file, width=160).print(table)
+    for line in brake_lines(result):
+        Console(file=file, width=160).print(line, markup=False, highlight=False)
     for failure in result.verification.failed_expectations:
         Console(file=file, width=160).print(f"[red]failed:[/red] {failure}")
+
+
+# Lines of their own for at most this many rate-limited transfers; a sum for more.
+MAX_BRAKE_LINES = 10
+
+
+def brake_lines(result: RunResult) -> list[str]:
+    """The rate limit each limited transfer kept to and how long it was held back."""
+    limited = [o for o in result.outcomes if o.rate_limits is not None]
+    if not limited:
+        return []
+    if len(limited) > MAX_BRAKE_LINES:
+        most = max(limited, key=lambda o: o.rate_held_seconds + o.depth_held_seconds)
+        return [
+            f"limits: {len(limited)} transfers limited, held back "
+            f"{sum(o.rate_held_seconds + o.depth_held_seconds for o in limited):,.1f} s in "
+            f"all, the most {most.rate_held_seconds + most.depth_held_seconds:,.1f} s "
+            f"({most.key.label()})"
+        ]
+    return [
+        f"limits {describe_limits(o.rate_limits)}: held back {o.rate_held_seconds:,.1f} s by "
+        f"the rate, {o.depth_held_seconds:,.1f} s by the depth ({o.key.label()})"
+        for o in limited
+    ]
 
 
 def plan_document(

@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from rmq_spark.errors import LedgerError
+from rmq_spark.ledger.brakes import BrakeRecord, read_brakes
 from rmq_spark.report.figures import (
     BUCKET_SECONDS,
     DUPLICATE_COLUMNS,
@@ -151,7 +152,9 @@ def build_report(ledger_path: str, run_id: str, out_path: Path | None = None) ->
         else Path(ledger_path) / REPORTS_DIR / f"run_id={run_id}" / REPORT_FILE
     ).resolve()
     verification = read_verification(ledger_path, ledger.run)
-    page = render_report(ledger, verification, report_dir=out.parent)
+    page = render_report(
+        ledger, verification, report_dir=out.parent, brakes=read_brakes(ledger_path, run_id)
+    )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(page, encoding="utf-8")
@@ -161,9 +164,13 @@ def build_report(ledger_path: str, run_id: str, out_path: Path | None = None) ->
 
 
 def render_report(
-    ledger: RunLedger, verification: VerificationResult | None, *, report_dir: Path
+    ledger: RunLedger,
+    verification: VerificationResult | None,
+    *,
+    report_dir: Path,
+    brakes: BrakeRecord | None = None,
 ) -> str:
-    """The whole page as one HTML string."""
+    """The whole page as one HTML string; `brakes`: the run's rate limits, if it had any."""
     run = ledger.run
     rates = throughput(ledger.messages, origin=run["started_at"])
     latency = confirm_latency(ledger.messages)
@@ -171,6 +178,7 @@ def render_report(
         header_section(ledger, rates),
         queues_section(queue_summary(ledger, verification)),
         throughput_section(rates, run["seconds"]),
+        *([] if brakes is None else [brakes_section(brakes)]),
         latency_section(latency),
         verification_section(verification, report_dir),
     ]
@@ -303,6 +311,27 @@ def throughput_section(rates: Throughput, run_seconds: float) -> str:
         f"{rates.uncertain:,} uncertain row(s) have no confirm time and are not plotted."
     )
     return _figure_section("Throughput", plot_throughput(rates), "throughput", caption)
+
+
+def brakes_section(record: BrakeRecord) -> str:
+    """The rate limits in force, and how long each limited transfer was held back."""
+    rows = "".join(
+        f"<tr><td>{_e(t.source)}</td><td>{_e(t.destination)}</td><td>{_e(t.limits)}</td>"
+        f'<td class="num">{t.held_seconds:,.1f}</td>'
+        f'<td class="num">{t.depth_held_seconds:,.1f}</td></tr>'
+        for t in record.transfers
+    )
+    return (
+        "<section><h2>Rate limits</h2>"
+        f"<p>In force: {_e(record.in_force)}. A transfer keeps to the smaller of its "
+        "route's rate and its share of the job's (the job's divided by the transfers "
+        "that can move at once), and publishes only while its destination queue is "
+        "below the depth bound; held back is the time its publishes waited.</p>"
+        '<div class="wide"><table class="queues"><thead><tr><th>source</th>'
+        "<th>destination</th><th>limits per transfer</th><th>held back by<br>the rate (s)</th>"
+        "<th>held back by<br>the depth (s)</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div></section>"
+    )
 
 
 def latency_section(latency: Latency) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from rmq_spark.broker.colocation import preferred_uri
 from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.broker.delivery_limit import ReturnGuard, attempt_number
-from rmq_spark.config import ClusterConfig, MoverConfig
+from rmq_spark.config import ClusterConfig, Limits, MoverConfig
 from rmq_spark.ledger.writer import EarlierFiles, IntentLog, MessageLedgerWriter
 from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
@@ -50,6 +50,9 @@ class ExecutorSettings:
     # How many times Spark may run a task: each attempt may return what it holds to a
     # quorum source, which counts against the source's delivery limit.
     task_attempts: int = 1
+    # route -> the rate limits each of its transfers keeps to (`rate_limit.transfer_limits`,
+    # resolved by the driver); a route not named here is unlimited.
+    rate_limits: dict[str, Limits] = field(default_factory=dict)
 
 
 def move_partition(
@@ -140,6 +143,7 @@ def queue_mover(
         ).next_position(key),
         limits=settings.mover,
         delivery_guard=guard,
+        rate_limits=settings.rate_limits.get(str(row.get("route") or "")),
     )
 
 

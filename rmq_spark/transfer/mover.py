@@ -26,13 +26,15 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from rmq_spark.broker.delivery_limit import ReturnGuard
-from rmq_spark.config import MoverConfig
+from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.errors import TransferError
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
 from rmq_spark.transfer.byte_window import ByteWindow
+from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.lanes import LEDGER, run_movers
 from rmq_spark.transfer.outbound import backoff_seconds
 from rmq_spark.transfer.ports import Connector, EngineLoop, IntentSink, LedgerSink
+from rmq_spark.transfer.rate_limit import RateBrake
 from rmq_spark.transfer.session import Session, SessionEnd, Shared
 from rmq_spark.transfer.stages import NOTHING_YET, WindowStages
 
@@ -85,6 +87,7 @@ class QueueMover:
         clock: Callable[[], datetime] = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
         delivery_guard: ReturnGuard | None = None,
+        rate_limits: Limits | None = None,
     ) -> None:
         self._key = key
         self._connector = connector
@@ -100,6 +103,10 @@ class QueueMover:
         self._monotonic = monotonic
         # A quorum source's delivery limit (delivery_limit.py); inactive when unlimited.
         self._guard = delivery_guard or ReturnGuard(None)
+        self._rate_limits = rate_limits if rate_limits and not rate_limits.unlimited else None
+        self._brake: RateBrake | None = None
+        bound = None if rate_limits is None else rate_limits.destination_max_depth
+        self._depth = None if bound is None else DepthBound(bound)
         self._sessions = 0
         self._session: Session | None = None  # the current one, or the last
         self._moved_before_session = 0
@@ -134,6 +141,12 @@ class QueueMover:
         self._on_finished = on_finished
         self._started = self._monotonic()
         self._failures = 0
+        limits = self._rate_limits
+        if limits is not None and not (
+            limits.messages_per_second is None and limits.bytes_per_second is None
+        ):
+            # Tokens and time held outlive a session: a reconnect does not start a burst.
+            self._brake = RateBrake(limits, now=self._started)
         self._shared = Shared(
             key=self._key,
             loop=loop,
@@ -146,6 +159,8 @@ class QueueMover:
             window_bytes=self._window_bytes,
             clock=self._clock,
             monotonic=self._monotonic,
+            brake=self._brake,
+            depth=self._depth,
         )
         log.info(
             "moving %s (window %d messages, %d bytes)",
@@ -234,6 +249,13 @@ class QueueMover:
             seconds=seconds,
             sessions=self._sessions,
             peak_held_bytes=self._peak_held_bytes,
+            rate_limits=self._rate_limits,
+            rate_held_seconds=(
+                0.0 if self._brake is None else self._brake.held_seconds(self._monotonic())
+            ),
+            depth_held_seconds=(
+                0.0 if self._depth is None else self._depth.held_seconds(self._monotonic())
+            ),
         )
 
     def _finish(self, result: MoveOutcome | BaseException) -> None:

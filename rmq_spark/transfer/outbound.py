@@ -23,6 +23,8 @@ from rmq_spark.config import MoverConfig
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.depth_bound import DepthBound
+from rmq_spark.transfer.gate import PublishGate
 from rmq_spark.transfer.lanes import INTENTS
 from rmq_spark.transfer.ports import (
     Connector,
@@ -31,6 +33,7 @@ from rmq_spark.transfer.ports import (
     EngineLoop,
     IntentSink,
 )
+from rmq_spark.transfer.rate_limit import RateBrake
 from rmq_spark.transfer.window import TransferWindow
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,9 @@ class OutboundHost(Protocol):
 
     def write_failed(self, error: BaseException) -> None:
         """A durable write failed: the session ends, and the transfer with it."""
+
+    def read_again(self) -> None:
+        """The gate let its held publishes go: the source may be read again."""
 
 
 class _Outgoing:
@@ -94,6 +100,9 @@ class Outbound:
         limits: MoverConfig,
         window_bytes: int,
         clock: Callable[[], datetime],
+        monotonic: Callable[[], float],
+        brake: RateBrake | None = None,
+        depth: DepthBound | None = None,
     ) -> None:
         self._host = host
         self._key = key
@@ -121,6 +130,29 @@ class Outbound:
         self._outgoing: list[_Outgoing] = []
         self._logging_intents = False
         self.peak_held_bytes = 0
+        # The rate brake and the depth bound, when the transfer has either (gate.py).
+        self._gate = (
+            PublishGate(
+                brake=brake,
+                depth=depth,
+                destination=destination,
+                timers=host,
+                monotonic=monotonic,
+                unconfirmed=lambda: window.unconfirmed,
+                on_open=self._on_gate_open,
+            )
+            if brake is not None or depth is not None
+            else None
+        )
+
+    @property
+    def braking(self) -> bool:
+        """The gate holds received deliveries back: the source is not read."""
+        return self._gate is not None and self._gate.holding
+
+    def on_destination_depth(self, ready: int) -> None:
+        if self._gate is not None:
+            self._gate.on_depth(ready)
 
     @property
     def empty(self) -> bool:
@@ -156,7 +188,10 @@ class Outbound:
             self._flush_scheduled = True
             self._host.call_later(0, self.publish_pending)
         # Closing: the connection must read its close-ok; what arrives goes back anyway.
-        return held <= self._window_bytes or self._host.closing
+        gate = self._gate
+        return (
+            held <= self._window_bytes and (gate is None or not gate.holding)
+        ) or self._host.closing
 
     def publish_pending(self) -> None:
         """Log the batch as intents (durable, on the intents lane), then publish
@@ -172,9 +207,12 @@ class Outbound:
         self._flush_scheduled = False
         if self._logging_intents:
             return  # _send_logged calls again when the batch being logged is out
-        pending, self._pending = self._pending, []
-        self._flow.observe(len(pending), self._pending_largest)
-        self._pending_bytes = self._pending_largest = 0
+        if self._gate is None:
+            pending, self._pending = self._pending, []
+            self._flow.observe(len(pending), self._pending_largest)
+            self._pending_bytes = self._pending_largest = 0
+        else:
+            pending = self._admitted()
         if not pending:
             return
         self._consumer.drain.received()
@@ -202,6 +240,28 @@ class Outbound:
         self._logging_intents = True
         self._send_when_durable(batch, lambda: intents.append(batch))
         self._consumer.follow_sizes()
+
+    def _admitted(self) -> list[tuple[int, bool, bytes, bytes]]:
+        """What the gate lets go now, taken from the pending deliveries; the rest wait
+        for it to reopen (and the source is not read meanwhile: `on_delivery`)."""
+        assert self._gate is not None
+        waiting = self._pending
+        allowed = self._gate.admit([len(body) for _tag, _red, body, _props in waiting])
+        taken, self._pending = waiting[:allowed], waiting[allowed:]
+        if taken:
+            self._flow.observe(len(taken), max(len(body) for _t, _r, body, _p in taken))
+        self._pending_bytes = sum(len(body) for _t, _r, body, _p in self._pending)
+        self._pending_largest = max((len(body) for _t, _r, body, _p in self._pending), default=0)
+        return taken
+
+    def _on_gate_open(self) -> None:
+        """The gate may let more go (tokens came in, the destination's depth fell):
+        publish what waits, and read the source again once nothing is held back."""
+        if self._host.closing:
+            return
+        self.publish_pending()
+        if not self.braking:
+            self._host.read_again()
 
     def _send_when_durable(
         self, deliveries: list[Delivery], log_intents: Callable[[], None]

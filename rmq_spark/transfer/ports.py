@@ -139,6 +139,11 @@ class DestinationLink(Protocol):
     def publish(self, deliveries: Sequence[Delivery]) -> None:
         """basic.publish each (mandatory, the exact bytes received), in order, in one write."""
 
+    def ask_depth(self) -> None:
+        """Passive declare of the destination queue, on the publishing channel (so the
+        count includes every publish sent before it); answered by
+        `SessionEvents.on_destination_depth`."""
+
     def close(self) -> None:
         """Close the channel (one still opening closes once it opens); the connection
         stays for the task's other transfers."""
@@ -160,6 +165,9 @@ class SessionEvents(Protocol):
     def on_return(self, body: bytes, properties: bytes, reason: str) -> None: ...
 
     def on_depth(self, ready: int, consumers: int) -> None: ...
+
+    def on_destination_depth(self, ready: int) -> None:
+        """The destination queue's ready count (`DestinationLink.ask_depth`)."""
 
     def on_cancel_ok(self) -> None: ...
 

@@ -37,6 +37,7 @@ from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.transfer import refusals
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.drain import STOP_CONFIRM_TIMEOUT_SECONDS, DrainStep
 from rmq_spark.transfer.outbound import Outbound
 from rmq_spark.transfer.ports import (
@@ -50,6 +51,7 @@ from rmq_spark.transfer.ports import (
     Side,
     SourceLink,
 )
+from rmq_spark.transfer.rate_limit import RateBrake
 from rmq_spark.transfer.settlement import Settlement
 from rmq_spark.transfer.stages import WindowStages
 from rmq_spark.transfer.window import TransferWindow
@@ -86,6 +88,8 @@ class Shared:
     window_bytes: int
     clock: Callable[[], datetime]
     monotonic: Callable[[], float]
+    brake: RateBrake | None = None  # the rate limits (rate_limit.py); outlives a session
+    depth: DepthBound | None = None  # the destination depth bound (depth_bound.py); likewise
 
 
 class Session:
@@ -152,6 +156,9 @@ class Session:
             limits=shared.limits,
             window_bytes=shared.window_bytes,
             clock=shared.clock,
+            brake=shared.brake,
+            depth=shared.depth,
+            monotonic=shared.monotonic,
         )
         self.on_delivery = self.outbound.on_delivery
         self.settlement = Settlement(
@@ -161,7 +168,6 @@ class Session:
             consumer=self._consumer,
             loop=shared.loop,
             ledger=shared.ledger,
-            window_bytes=shared.window_bytes,
         )
         self.call_later(TICK_SECONDS, self._on_tick)
 
@@ -183,8 +189,15 @@ class Session:
     def failing(self) -> bool:
         return self._error is not None
 
-    def held_bytes(self) -> int:
-        return self.outbound.held_bytes()
+    def may_read(self) -> bool:
+        """Whether a paused source may be read again: the bytes held are back within
+        the byte window, and the rate brake is not holding publishes back."""
+        return self.outbound.held_bytes() <= self._shared.window_bytes and not self.outbound.braking
+
+    def read_again(self) -> None:
+        """The gate let its held publishes go: read the source again if it may."""
+        if self._source.paused and not self._closing and self.may_read():
+            self._source.resume()
 
     def write_failed(self, error: BaseException) -> None:
         if self._fatal is None:
@@ -222,6 +235,9 @@ class Session:
 
     def on_depth(self, ready: int, consumers: int) -> None:
         self._consumer.on_depth(ready, consumers)
+
+    def on_destination_depth(self, ready: int) -> None:
+        self.outbound.on_destination_depth(ready)
 
     def on_cancel_ok(self) -> None:
         self._consumer.on_cancel_ok()

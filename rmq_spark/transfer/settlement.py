@@ -24,8 +24,8 @@ class SettlementHost(Protocol):
     @property
     def closing(self) -> bool: ...
 
-    def held_bytes(self) -> int:
-        """Body bytes received and not yet acked at the source (the byte window's measure)."""
+    def may_read(self) -> bool:
+        """Whether a paused source may be read again (byte window, rate brake)."""
 
     def write_failed(self, error: BaseException) -> None:
         """A durable write failed: the session ends, and the transfer with it."""
@@ -46,7 +46,6 @@ class Settlement:
         consumer: Consumer,
         loop: EngineLoop,
         ledger: LedgerSink,
-        window_bytes: int,
     ) -> None:
         self._host = host
         self._window = window
@@ -54,7 +53,6 @@ class Settlement:
         self._consumer = consumer
         self._loop = loop
         self._ledger = ledger
-        self._window_bytes = window_bytes
         self._writing_rows = False  # a ledger write of this session is under way
         self._last_write: DurableJob | None = None  # the lane's jobs finish in order
         self.moved_messages = 0
@@ -73,7 +71,7 @@ class Settlement:
         source = self._source
         if acks:
             source.ack(acks)
-        if source.paused and self._host.held_bytes() <= self._window_bytes:
+        if source.paused and self._host.may_read():
             source.resume()
         if self._consumer.changing_prefetch:
             self._consumer.consume_with_new_prefetch()

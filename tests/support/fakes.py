@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from rmq_spark.config import MoverConfig
+from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.ports import DESTINATION, SOURCE, SessionEvents, Side
@@ -238,6 +238,7 @@ class FakeDestinationLink(_FakeLink):
     def __init__(self, events: SessionEvents, timers: ManualTimers) -> None:
         super().__init__(events, timers)
         self.batches: list[list[bytes]] = []
+        self.depth_asks = 0
 
     def open(self) -> None:
         self.channel_open = True
@@ -246,6 +247,9 @@ class FakeDestinationLink(_FakeLink):
     def publish(self, deliveries: Sequence[Delivery]) -> None:
         assert self.is_open, "published on a closed channel"
         self.batches.append([d.body for d in deliveries if d.body is not None])
+
+    def ask_depth(self) -> None:
+        self.depth_asks += 1
 
     @property
     def published(self) -> list[bytes]:
@@ -369,6 +373,7 @@ def mover_rig(
     window_messages: int = 8,
     window_bytes: int = 1 << 30,  # 8 messages of 128 MiB: the prefetch starts at 8
     limits: MoverConfig | None = None,
+    rate_limits: Limits | None = None,
 ) -> MoverRig:
     clock = FakeClock()
     timers = ManualTimers(clock)
@@ -385,6 +390,7 @@ def mover_rig(
         limits=limits,
         clock=clock.utc,
         monotonic=clock.monotonic,
+        rate_limits=rate_limits,
     )
     rig = MoverRig(clock, timers, lanes, connector, ledger, intents, mover)
     mover.start(lanes, rig.results.append)

@@ -65,6 +65,34 @@ def _append(extra: str) -> Callable[[str], str]:
 
 BAD_CONFIGS = [
     BadConfig("bad YAML", _append("  - [unclosed\n"), ("not valid YAML",)),
+    BadConfig(
+        "a job rate limit of zero",
+        _append("limits: {messages_per_second: 0}\n"),
+        ("job.yaml: limits.messages_per_second: Input should be greater than 0",),
+    ),
+    BadConfig(
+        "a rate limit that is a switch",
+        _append("limits: {bytes_per_second: true}\n"),
+        ("limits.bytes_per_second: Value error, expected a number, got True",),
+    ),
+    BadConfig(
+        "a route rate limit that is not a number",
+        _replace(
+            "destination: {cluster: main}",
+            "destination: {cluster: main}\n    limits: {messages_per_second: fast}",
+        ),
+        ("routes.0.limits.messages_per_second: Input should be a valid number", "(route 'back')"),
+    ),
+    BadConfig(
+        "a destination depth bound of zero",
+        _append("limits: {destination_max_depth: 0}\n"),
+        ("limits.destination_max_depth: Input should be greater than or equal to 1",),
+    ),
+    BadConfig(
+        "an unknown rate limit key",
+        _append("limits: {messages_per_minute: 60}\n"),
+        ("limits.messages_per_minute: unknown key",),
+    ),
     BadConfig("not a mapping", lambda _t: "- a\n- list\n", ("expected a mapping",)),
     BadConfig(
         "unknown key",

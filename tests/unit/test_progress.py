@@ -252,3 +252,46 @@ def test_log_lines_are_printed_above_the_bars_not_into_them(
     assert len(starts) == 1, out  # one sample: the one the stop asks for
     assert out[: starts[0]].endswith(("\n", "\x1b[2K")), out
     assert handler.stream is pipe  # given back when the bars end
+
+
+def test_log_lines_name_the_rate_limits_in_force(caplog: pytest.LogCaptureFixture) -> None:
+    depths = {transfer("a", 100, 0).key: 40}
+    with (
+        caplog.at_level(logging.INFO, logger="rmq_spark.progress"),
+        ProgressReporter(
+            [transfer("a", 100, 0)],
+            lambda: depths,
+            console=progress_console({TERMINAL_ENV: "0"}),
+            interval=60,
+            limits="job 500 msg/s",
+        ),
+    ):
+        pass
+
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "rmq_spark.progress"]
+    assert line.startswith("progress moved=60/100 ")
+    assert line.endswith(' limits="job 500 msg/s"')
+
+
+@pytest.mark.usefixtures("rich_environment")
+def test_the_total_bar_shows_the_rate_limits_beside_the_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pipe = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    depths = {transfer("a", 100, 0).key: 40}
+
+    with ProgressReporter(
+        [transfer("a", 100, 0)],
+        lambda: depths,
+        console=progress_console({TERMINAL_ENV: "1", "COLUMNS": "160"}),
+        interval=60,
+        limits="job 500 msg/s",
+    ):
+        pass
+
+    *_, last_frame = _CSI.sub("", pipe.getvalue()).split("\r")
+    total, queue = last_frame.strip().splitlines()
+    assert "msg/s" in total
+    assert "(limits: job 500 msg/s)" in total
+    assert "limits" not in queue

@@ -386,6 +386,14 @@ class DestinationLink(_Link):
             (self._publish_frames.marshal_all(deliveries),)
         )
 
+    def ask_depth(self) -> None:
+        """Passive declare on the publishing channel, after the publishes sent so far."""
+        assert self._channel is not None
+        self._channel.queue_declare(self._endpoint.queue, passive=True, callback=self._on_depth)
+
+    def _on_depth(self, frame: pika.frame.Method) -> None:
+        self._events.on_destination_depth(frame.method.message_count)
+
     def _on_confirm(self, frame: pika.frame.Method) -> None:
         """pika: the destination's basic.ack or basic.nack for one or more publishes."""
         method = frame.method
