@@ -64,9 +64,6 @@ class OutboundHost(Protocol):
     def write_failed(self, error: BaseException) -> None:
         """A durable write failed: the session ends, and the transfer with it."""
 
-    def read_again(self) -> None:
-        """The gate let its held publishes go: the source may be read again."""
-
 
 class _Outgoing:
     """Deliveries to publish once their intents are durable."""
@@ -145,11 +142,6 @@ class Outbound:
             else None
         )
 
-    @property
-    def braking(self) -> bool:
-        """The gate holds received deliveries back: the source is not read."""
-        return self._gate is not None and self._gate.holding
-
     def on_destination_depth(self, ready: int) -> None:
         if self._gate is not None:
             self._gate.on_depth(ready)
@@ -188,10 +180,10 @@ class Outbound:
             self._flush_scheduled = True
             self._host.call_later(0, self.publish_pending)
         # Closing: the connection must read its close-ok; what arrives goes back anyway.
-        gate = self._gate
-        return (
-            held <= self._window_bytes and (gate is None or not gate.holding)
-        ) or self._host.closing
+        # A gate holding publishes back does not pause reading: what it holds is never
+        # acked, so the source's prefetch stops the deliveries by itself, and a pause
+        # would stop every queue sharing the connection (amqp091/pool.py).
+        return held <= self._window_bytes or self._host.closing
 
     def publish_pending(self) -> None:
         """Log the batch as intents (durable, on the intents lane), then publish
@@ -243,7 +235,7 @@ class Outbound:
 
     def _admitted(self) -> list[tuple[int, bool, bytes, bytes]]:
         """What the gate lets go now, taken from the pending deliveries; the rest wait
-        for it to reopen (and the source is not read meanwhile: `on_delivery`)."""
+        for it to reopen (the source's prefetch bounds how many: they are not acked)."""
         assert self._gate is not None
         waiting = self._pending
         allowed = self._gate.admit([len(body) for _tag, _red, body, _props in waiting])
@@ -256,12 +248,10 @@ class Outbound:
 
     def _on_gate_open(self) -> None:
         """The gate may let more go (tokens came in, the destination's depth fell):
-        publish what waits, and read the source again once nothing is held back."""
+        publish what waits."""
         if self._host.closing:
             return
         self.publish_pending()
-        if not self.braking:
-            self._host.read_again()
 
     def _send_when_durable(
         self, deliveries: list[Delivery], log_intents: Callable[[], None]

@@ -191,13 +191,8 @@ class Session:
 
     def may_read(self) -> bool:
         """Whether a paused source may be read again: the bytes held are back within
-        the byte window, and the rate brake is not holding publishes back."""
-        return self.outbound.held_bytes() <= self._shared.window_bytes and not self.outbound.braking
-
-    def read_again(self) -> None:
-        """The gate let its held publishes go: read the source again if it may."""
-        if self._source.paused and not self._closing and self.may_read():
-            self._source.resume()
+        the byte window. (The publish gate never pauses reading: see Outbound.)"""
+        return self.outbound.held_bytes() <= self._shared.window_bytes
 
     def write_failed(self, error: BaseException) -> None:
         if self._fatal is None:
