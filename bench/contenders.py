@@ -187,7 +187,7 @@ def start_shovel(brokers: Brokers, vhost: str, queue: str, prefetch: int) -> str
     name = f"bench-{queue}"
     value = shovel_definition(
         _amqp_uri(brokers.src, vhost),
-        _amqp_uri(brokers.dst, brokers.destination_vhost(vhost)),
+        _amqp_uri(brokers.contender_dst(), brokers.destination_vhost(vhost)),
         queue,
         prefetch,
     )
@@ -374,7 +374,7 @@ def run_mover(
         "ledger_path": str(ledger or ""),
         "clusters": {
             SOURCE: cluster_request(brokers.src),
-            DESTINATION: cluster_request(brokers.dst),
+            DESTINATION: cluster_request(brokers.contender_dst()),
         },
         "window_messages": window,
         "window_bytes": WINDOW_BYTES,
@@ -453,7 +453,7 @@ def job_config(
     else:
         source["queue_pattern"] = queue_pattern
     return {
-        "clusters": {SOURCE: cluster(brokers.src), DESTINATION: cluster(brokers.dst)},
+        "clusters": {SOURCE: cluster(brokers.src), DESTINATION: cluster(brokers.contender_dst())},
         "routes": [
             {
                 "name": "bench",

@@ -34,9 +34,7 @@ async def _echo_server() -> asyncio.Server:
 async def _round_trips(count: int) -> list[float]:
     echo = await _echo_server()
     proxy = await serve(("127.0.0.1", echo.sockets[0].getsockname()[1]), DELAY)
-    reader, writer = await asyncio.open_connection(
-        "127.0.0.1", proxy.sockets[0].getsockname()[1]
-    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.sockets[0].getsockname()[1])
     took = []
     for index in range(count):
         started = time.monotonic()
@@ -53,9 +51,7 @@ async def _round_trips(count: int) -> list[float]:
 async def _echo_through_proxy(payload: bytes) -> bytes:
     echo = await _echo_server()
     proxy = await serve(("127.0.0.1", echo.sockets[0].getsockname()[1]), DELAY)
-    reader, writer = await asyncio.open_connection(
-        "127.0.0.1", proxy.sockets[0].getsockname()[1]
-    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.sockets[0].getsockname()[1])
     for start in range(0, len(payload), 10_000):  # many writes, reordered if it were wrong
         writer.write(payload[start : start + 10_000])
     writer.write_eof()
@@ -82,18 +78,20 @@ def test_bytes_arrive_whole_and_in_order() -> None:
 
 
 def test_the_child_process_proxy_relays_and_reports_its_cpu() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as target:
-        with DelayProxy(target.getsockname()[1], DELAY) as proxy:
-            started = time.monotonic()
-            with socket.create_connection(("127.0.0.1", proxy.port)) as client:
-                client.sendall(b"ping")
-                accepted, _ = target.accept()
-                with accepted:
-                    assert accepted.recv(4) == b"ping"
-            # The proxy opens its own connection one round trip (the handshake) after
-            # the client's, then holds the bytes one more delay.
-            assert time.monotonic() - started >= 3 * DELAY
-            assert proxy.cpu_seconds() >= 0.0
+    with (
+        socket.create_server(("127.0.0.1", 0)) as target,
+        DelayProxy(target.getsockname()[1], DELAY) as proxy,
+    ):
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", proxy.port)) as client:
+            client.sendall(b"ping")
+            accepted, _ = target.accept()
+            with accepted:
+                assert accepted.recv(4) == b"ping"
+        # The proxy opens its own connection one round trip (the handshake) after
+        # the client's, then holds the bytes one more delay.
+        assert time.monotonic() - started >= 3 * DELAY
+        assert proxy.cpu_seconds() >= 0.0
 
 
 def test_a_negative_delay_is_refused() -> None:
