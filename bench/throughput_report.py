@@ -347,6 +347,13 @@ def host_markdown(layout: str, section: dict[str, Any]) -> list[str]:
                 f"| {_cell(figures_, 'median_broker_cpu_per_100k')} "
                 f"| {_cell(figures_, 'share_of_broker_bound_limit', '{:.0%}')} | {ratio} |"
             )
+    for scenario, entry in summary.items():
+        for name, figures_ in entry.items():
+            if name != "ratios" and "median_proxy_cpu_seconds" in figures_:
+                lines.append(
+                    f"\n{scenario} {name}: the delay proxy spent "
+                    f"{figures_['median_proxy_cpu_seconds']} CPU-s (client cores)"
+                )
     lines += _left_in_source(summary)
     return lines
 
