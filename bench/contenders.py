@@ -442,6 +442,9 @@ def job_config(
     def cluster(node: LocalNode) -> dict[str, Any]:
         return {
             "amqp": [node.amqp_uri],
+            # Co-location would otherwise take the node's address from its listeners
+            # and bypass a delay proxy in front of it (the far scenarios).
+            "nodes": {node.node_name: node.amqp_uri},
             "management": node.management_url,
             "username": node.username,
             "password_env": PASSWORD_ENV,

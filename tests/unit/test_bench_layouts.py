@@ -4,10 +4,12 @@ share of the broker-bound limit, and the targets each layout is held to."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from bench.contenders import SHOVEL, Run
+from bench.contenders import SHOVEL, Run, job_config
 from bench.cpu_layout import (
     SEPARATED,
     SHARED,
@@ -18,6 +20,8 @@ from bench.cpu_layout import (
 )
 from bench.throughput import _names
 from bench.throughput_report import figures, markdown, targets
+from bench.workload import DESTINATION, SOURCE, Brokers
+from rmq_spark.devtools.local_brokers import LocalNode
 
 KIB = 1024
 
@@ -136,3 +140,39 @@ def test_layout_and_scenario_lists_name_what_is_wrong() -> None:
         Exception, match="unknown 'split'; expected a comma-separated list of shared, separated"
     ):
         parse("shared,split")
+
+
+def _node(label: str, amqp_port: int, tmp_path: Path) -> LocalNode:
+    return LocalNode(
+        label=label,
+        node_name=f"rmqspark-{label}@localhost",
+        amqp_port=amqp_port,
+        management_port=amqp_port + 1,
+        dist_port=amqp_port + 2,
+        base_dir=tmp_path / label,
+        username="admin",
+        password="secret",
+    )
+
+
+def test_far_contenders_reach_the_destination_through_the_proxy_port(tmp_path: Path) -> None:
+    pair = Brokers(_node("src", 40001, tmp_path), _node("dst", 40011, tmp_path), 1, 2)
+    far = replace(pair, dst_amqp_port=45000)
+
+    config = job_config(
+        far,
+        vhosts=["bench"],
+        ledger=tmp_path / "ledger",
+        destination_type="classic",
+        window=1000,
+        max_active=1,
+        queues=["q"],
+    )
+
+    dst = config["clusters"][DESTINATION]
+    assert dst["amqp"] == ["amqp://127.0.0.1:45000"]
+    # Co-location must not find the node's own port in its listeners and go around.
+    assert dst["nodes"] == {"rmqspark-dst@localhost": "amqp://127.0.0.1:45000"}
+    assert config["clusters"][SOURCE]["amqp"] == ["amqp://127.0.0.1:40001"]
+    # Checks and seeding keep the node's own port.
+    assert far.dst.amqp_port == 40011
