@@ -86,10 +86,11 @@ bench-memory: setup
 bench-stages: setup
 	$(BIN)/python -m bench.stages
 
-# rmq-spark vs RabbitMQ's Shovel, side by side (~30 min); figures in bench/results/.
-# Where the RabbitMQ 4.3 root is built (make roots), a 4.3 section follows with the
-# local shovel as a contender (~15 min more); ARGS="--rabbitmq 4.3 --fraction 0.5"
-# runs only that, on half the messages.
+# rmq-spark vs RabbitMQ's Shovel, side by side, in two CPU layouts (separated: brokers
+# on half the cores, client on the other half; shared); figures in bench/results/.
+# About an hour in all; shorter: ARGS="--layouts separated", ARGS="--scenarios single",
+# ARGS="--fraction 0.5". Where the RabbitMQ 4.3 root is built (make roots), a 4.3
+# section with the local shovel follows; ARGS="--rabbitmq 4.3" runs only that.
 bench: setup
 	$(BIN)/python -m bench.throughput $(ARGS)
 

@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on a build box
 
 import matplotlib.pyplot as plt  # after choosing the backend
+from matplotlib.patches import Rectangle
 
 SHOVEL_COLOUR, MOVER_COLOUR, JOB_COLOUR = "#8c8c8c", "#1f77b4", "#ff7f0e"
 LOCAL_SHOVEL_COLOUR = "#2ca02c"
@@ -114,15 +115,23 @@ def _ratios(axis: Any, figures: dict[str, Any], targets: dict[str, float]) -> No
     for scenario, label in (
         ("single_classic", "classic->classic"),
         ("single_quorum", "classic->quorum"),
+        ("far_single", "20 ms away"),
     ):
-        ratios = figures[scenario]["ratios"]
-        bars.append((f"mover\n{label}", ratios["mover_vs_shovel"], MOVER_COLOUR, targets["mover"]))
-        bars.append((f"job\n{label}", ratios["job_vs_shovel"], JOB_COLOUR, None))
-    dr = figures["dr"]["ratios"]["job_time_vs_shovels"]
-    bars.append(("job DR\n20 queues", round(1 / dr, 3), JOB_COLOUR, targets["dr"]))
+        ratios = figures.get(scenario, {}).get("ratios", {})
+        if "mover_vs_shovel" in ratios:
+            target = targets["far"] if scenario == "far_single" else targets["mover"]
+            bars.append((f"mover\n{label}", ratios["mover_vs_shovel"], MOVER_COLOUR, target))
+        if "job_vs_shovel" in ratios:
+            bars.append((f"job\n{label}", ratios["job_vs_shovel"], JOB_COLOUR, None))
+    for scenario, label in (("dr", "job DR\n20 queues"), ("far_dr", "job DR\n20 ms away")):
+        dr = figures.get(scenario, {}).get("ratios", {}).get("job_time_vs_shovels")
+        if dr:
+            bars.append((label, round(1 / dr, 3), JOB_COLOUR, targets["dr"]))
+    if not bars:
+        raise KeyError("no scenario with a Shovel to compare")
     positions = range(len(bars))
     axis.bar(positions, [value for _, value, _, _ in bars], color=[c for _, _, c, _ in bars])
-    for position, (_, value, _, target) in zip(positions, bars, strict=True):
+    for position, (_, value, _, goal) in zip(positions, bars, strict=True):
         axis.annotate(
             f"{value:.2f}x",
             (position, value),
@@ -132,8 +141,8 @@ def _ratios(axis: Any, figures: dict[str, Any], targets: dict[str, float]) -> No
             xytext=(0, 3),
             textcoords="offset points",
         )
-        if target is not None:
-            axis.hlines(target, position - 0.45, position + 0.45, color="red", linestyle="--")
+        if goal is not None:
+            axis.hlines(goal, position - 0.45, position + 0.45, color="red", linestyle="--")
     axis.axhline(1.0, color="black", linewidth=1)
     axis.set_xticks(list(positions), [label for label, _, _, _ in bars], fontsize=8)
     axis.set_ylabel("x as fast as the Shovel")
@@ -147,6 +156,7 @@ def _job_stages(axis: Any, figures: dict[str, Any], overhead_target: float) -> N
             ("single_classic", "classic->classic"),
             ("single_quorum", "classic->quorum"),
             ("dr", "DR, every queue"),
+            ("far_dr", "DR, 20 ms away"),
         )
         if "job" in figures.get(scenario, {})
     ]
@@ -189,23 +199,71 @@ def _panel(axis: Any, draw_panel: Callable[..., None], *args: Any) -> None:
         axis.text(0.5, 0.5, f"not measured ({missing!r})", ha="center", va="center")
 
 
-def draw(report: dict[str, Any], path: Path) -> None:
-    figures, goals = report["figures"], report["goals"]
-    fig, axes = plt.subplots(2, 2, figsize=(15, 10), constrained_layout=True)
+def _broker_cost(axis: Any, figures: dict[str, Any]) -> None:
+    """Per scenario, each contender's broker CPU-s per 100k messages; in the separated
+    layout, the share of its broker-bound limit it reached above each bar."""
+    scenarios = [
+        scenario
+        for scenario, entry in figures.items()
+        if any(
+            "median_broker_cpu_per_100k" in value for key, value in entry.items() if key != "ratios"
+        )
+    ]
+    names = [name for name in PEER_COLOURS if any(name in figures[s] for s in scenarios)]
+    if not scenarios or not names:
+        raise KeyError("no broker CPU figures")
+    width = 0.8 / len(names)
+    for index, name in enumerate(names):
+        for slot, scenario in enumerate(scenarios):
+            entry = figures[scenario].get(name)
+            if not entry or "median_broker_cpu_per_100k" not in entry:
+                continue
+            position = slot - 0.4 + width * (index + 0.5)
+            cost = entry["median_broker_cpu_per_100k"]
+            axis.bar(position, cost, width, color=PEER_COLOURS[name])
+            share = entry.get("share_of_broker_bound_limit")
+            if share is not None:
+                axis.annotate(
+                    f"{share:.0%}",
+                    (position, cost),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                )
+    axis.set_xticks(range(len(scenarios)), [_scenario_label(s) for s in scenarios], fontsize=8)
+    axis.set_ylabel("broker CPU-s per 100k messages (idle subtracted)")
+    axis.set_title("Broker CPU per 100k (above: share of the broker-bound limit)")
+    handles = [Rectangle((0, 0), 1, 1, color=PEER_COLOURS[name]) for name in names]
+    axis.legend(handles, names, loc="upper right", fontsize=8)
+
+
+def draw(report: dict[str, Any], layout: str, path: Path) -> None:
+    """One CPU layout of the host section: rates, ratios, job stages and broker cost."""
+    figures, goals = report["layouts"][layout]["figures"], report["goals"]
+    fig, axes = plt.subplots(2, 3, figsize=(22, 10), constrained_layout=True)
     _panel(axes[0][0], _rate_by_size, figures)
     _panel(axes[0][1], _rate_by_window, figures, goals["default_window"])
+    _panel(axes[0][2], _broker_cost, figures)
+    mover_goal = goals[f"{layout}_mover_vs_shovel_min"]
     _panel(
         axes[1][0],
         _ratios,
         figures,
-        {"mover": goals["mover_vs_shovel_min"], "dr": 1 / goals["dr_job_vs_shovels_max"]},
+        {
+            "mover": mover_goal,
+            "far": goals["far_mover_vs_shovel_min"],
+            "dr": 1 / goals["dr_job_vs_shovels_max"],
+        },
     )
     _panel(axes[1][1], _job_stages, figures, goals["fixed_overhead_max_seconds"])
+    axes[1][2].set_axis_off()
     machine = report["machine"]
     fig.suptitle(
-        f"rmq-spark vs Shovel ({report['started_at'][:16]} UTC, {machine['cores']} cores "
-        f"{machine['cpu']}, RabbitMQ {report['versions']['rabbitmq']}; load "
-        f"{report['load_average_start'][0]} -> {report['load_average_end'][0]})"
+        f"rmq-spark vs Shovel, {layout} layout ({report['started_at'][:16]} UTC, "
+        f"{machine['cores']} cores {machine['cpu']}, RabbitMQ {report['versions']['rabbitmq']}; "
+        f"load {report['load_average_start'][0]} -> {report['load_average_end'][0]})"
         + (" QUICK" if report["quick"] else ""),
         fontsize=11,
     )
@@ -216,9 +274,12 @@ def draw(report: dict[str, Any], path: Path) -> None:
 def _scenario_label(scenario: str) -> str:
     if scenario.startswith("size_"):
         return SIZE_LABELS.get(int(scenario.removeprefix("size_")), scenario)
-    return {"single_classic": "1 KiB\n-> classic", "single_quorum": "1 KiB\n-> quorum"}.get(
-        scenario, scenario
-    )
+    return {
+        "single_classic": "1 KiB\n-> classic",
+        "single_quorum": "1 KiB\n-> quorum",
+        "far_single": "1 KiB, 20 ms\naway",
+        "far_dr": "DR, 20 ms\naway",
+    }.get(scenario, scenario)
 
 
 def _peer_rates(axis: Any, layout: str, entry: dict[str, Any]) -> None:
@@ -249,8 +310,10 @@ def _peer_rates(axis: Any, layout: str, entry: dict[str, Any]) -> None:
     axis.set_xticks(range(len(scenarios)), [_scenario_label(s) for s in scenarios], fontsize=8)
     axis.set_yscale("log")
     axis.set_ylabel("messages / s (log)")
+    # Keys are "<CPU layout> <node layout>" (older reports: the node layout alone).
+    cpu_layout, _, node_layout = layout.rpartition(" ")
     title = {"two_nodes": "two nodes (two clusters)", "one_node": "one node, vhost -> vhost"}
-    axis.set_title(title.get(layout, layout))
+    axis.set_title(f"{cpu_layout} layout, " * bool(cpu_layout) + title.get(node_layout, layout))
     axis.legend(loc="upper right", fontsize=8)
     # Room above the tallest bar for its label.
     axis.set_ylim(top=axis.get_ylim()[1] * 2.5)
@@ -265,9 +328,10 @@ def draw_peers(report: dict[str, Any], version: str, path: Path) -> None:
     """The 4.x section of `report` for RabbitMQ `version`: one panel per layout."""
     section = report["peers"][version]
     layouts = section["layouts"]
-    fig, axes = plt.subplots(1, len(layouts), figsize=(7.5 * len(layouts), 6), squeeze=False)
-    for axis, (layout, entry) in zip(axes[0], layouts.items(), strict=True):
-        _panel(axis, _peer_rates, layout, entry)
+    fig, axes = plt.subplots(2, len(layouts), figsize=(7.5 * len(layouts), 12), squeeze=False)
+    for column, (layout, entry) in enumerate(layouts.items()):
+        _panel(axes[0][column], _peer_rates, layout, entry)
+        _panel(axes[1][column], _broker_cost, entry["figures"])
     machine = report["machine"]
     fig.suptitle(
         f"Shovel, local shovel and rmq-spark on RabbitMQ {section['versions']['rabbitmq']} "
@@ -287,8 +351,8 @@ def main(argv: list[str]) -> int:
         return 2
     source = Path(argv[0])
     report = json.loads(source.read_text(encoding="utf-8"))
-    if "figures" in report:
-        draw(report, source.with_suffix(".png"))
+    for layout in report.get("layouts", {}):
+        draw(report, layout, source.with_name(f"{source.stem}-{layout}.png"))
     for version in report.get("peers", {}):
         draw_peers(report, version, source.with_name(f"{source.stem}-rabbitmq-{version}.png"))
     return 0

@@ -58,6 +58,8 @@ SPARK_SUBMIT = REPO / "spark-submit.sh"
 PASSWORD_ENV = "RMQ_SPARK_BENCH_PASSWORD"
 # A single Shovel's completion is polled tightly: its time is not padded by the poll.
 SHOVEL_POLL_SECONDS = 0.05
+# How long a finished Shovel may take to settle its last acks and delete itself.
+SHOVEL_SETTLE_TIMEOUT_SECONDS = 60.0
 # The seed's orchestration: at most this many shovels at once, depths polled this often.
 ORCHESTRATED_MAX_ACTIVE = 5
 ORCHESTRATED_POLL_SECONDS = 1.0
@@ -187,7 +189,7 @@ def start_shovel(brokers: Brokers, vhost: str, queue: str, prefetch: int) -> str
     name = f"bench-{queue}"
     value = shovel_definition(
         _amqp_uri(brokers.src, vhost),
-        _amqp_uri(brokers.dst, brokers.destination_vhost(vhost)),
+        _amqp_uri(brokers.contender_dst(), brokers.destination_vhost(vhost)),
         queue,
         prefetch,
     )
@@ -212,6 +214,26 @@ def start_local_shovel(brokers: Brokers, vhost: str, queue: str) -> str:
     )
     brokers.management(brokers.src, "PUT", _shovel_path(vhost, name), json={"value": value})
     return name
+
+
+def wait_until_shovel_gone(brokers: Brokers, vhost: str, name: str) -> bool:
+    """Poll until a Shovel has deleted itself (``src-delete-after``), which it does once
+    it has settled what it moved; False after `SHOVEL_SETTLE_TIMEOUT_SECONDS`.
+
+    The destination holds every message a confirm's trip before the Shovel acks the
+    last of them at the source; deleting it in between returns those to the source
+    (duplicates), which a far destination makes likely.
+    """
+    deadline = time.monotonic() + SHOVEL_SETTLE_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            brokers.management(brokers.src, "GET", _shovel_path(vhost, name))
+        except Exception as exc:
+            if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+                return True
+            raise
+        time.sleep(SHOVEL_POLL_SECONDS)
+    return False
 
 
 def delete_shovel(brokers: Brokers, vhost: str, name: str) -> None:
@@ -247,6 +269,9 @@ def _time_shovel(
             timeout=RUN_TIMEOUT_SECONDS,
         )
         cpu_after = brokers.cpu_seconds()
+        # Untimed: its last acks are on their way; if it never goes, the depth check
+        # after the run reports what stayed in the source.
+        wait_until_shovel_gone(brokers, vhost, name)
     finally:
         connection.close()
         if name is not None:
@@ -374,7 +399,7 @@ def run_mover(
         "ledger_path": str(ledger or ""),
         "clusters": {
             SOURCE: cluster_request(brokers.src),
-            DESTINATION: cluster_request(brokers.dst),
+            DESTINATION: cluster_request(brokers.contender_dst()),
         },
         "window_messages": window,
         "window_bytes": WINDOW_BYTES,
@@ -442,6 +467,9 @@ def job_config(
     def cluster(node: LocalNode) -> dict[str, Any]:
         return {
             "amqp": [node.amqp_uri],
+            # Co-location would otherwise take the node's address from its listeners
+            # and bypass a delay proxy in front of it (the far scenarios).
+            "nodes": {node.node_name: node.amqp_uri},
             "management": node.management_url,
             "username": node.username,
             "password_env": PASSWORD_ENV,
@@ -453,7 +481,7 @@ def job_config(
     else:
         source["queue_pattern"] = queue_pattern
     return {
-        "clusters": {SOURCE: cluster(brokers.src), DESTINATION: cluster(brokers.dst)},
+        "clusters": {SOURCE: cluster(brokers.src), DESTINATION: cluster(brokers.contender_dst())},
         "routes": [
             {
                 "name": "bench",

@@ -43,12 +43,12 @@ import logging
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -72,6 +72,18 @@ from bench.contenders import (
     run_orchestrated_shovels,
     run_shovel,
 )
+from bench.cpu_layout import (
+    CPU_LAYOUTS,
+    SEPARATED,
+    SHARED,
+    Placement,
+    applied,
+    broker_cost,
+    idle_cpu_per_second,
+    placement,
+)
+from bench.delay_proxy import DelayProxy
+from bench.throughput_report import WINDOWS, figures, goals, markdown, targets
 from bench.workload import (
     LAYOUTS,
     Brokers,
@@ -104,7 +116,6 @@ DEFAULT_WINDOW = WindowConfig().messages
 SINGLE_QUEUE_WINDOW = 1000
 # The untimed first job (`warm_up`).
 WARM_UP_MESSAGES = 1_000
-WINDOWS = (1, 10, 100, 300, 1000, 5000)
 KIB = 1024
 # Lets a broker finish deleting the last run's queues before the next run starts.
 SETTLE_SECONDS = 2.0
@@ -116,22 +127,10 @@ SETTLE_SECONDS = 2.0
 DR_JOB_MAX_ACTIVE = 6
 DR_JOB_QUEUES_PER_TASK = 3
 
-# The issue's targets.
-MOVER_VS_SHOVEL_MIN = 1.2
-DR_JOB_VS_SHOVELS_MAX = 0.8
-FIXED_OVERHEAD_MAX_SECONDS = 15.0
-CLIENT_CPU_PER_100K_MAX = 3.0
-LEDGER_OVERHEAD_MAX = 0.10
-DEFAULT_WINDOW_OF_PLATEAU_MIN = 0.90
-GOALS = {
-    "mover_vs_shovel_min": MOVER_VS_SHOVEL_MIN,
-    "dr_job_vs_shovels_max": DR_JOB_VS_SHOVELS_MAX,
-    "fixed_overhead_max_seconds": FIXED_OVERHEAD_MAX_SECONDS,
-    "client_cpu_per_100k_max": CLIENT_CPU_PER_100K_MAX,
-    "ledger_overhead_max": LEDGER_OVERHEAD_MAX,
-    "default_window_of_plateau_min": DEFAULT_WINDOW_OF_PLATEAU_MIN,
-    "default_window": DEFAULT_WINDOW,
-}
+# The destination "in another datacenter" (`far_single`, `far_dr`): what
+# ``netem delay 20ms`` on its ports would add, each way (a 40 ms round trip).
+FAR_ONE_WAY_DELAY_SECONDS = 0.020
+GOALS = goals(DEFAULT_WINDOW) | {"far_one_way_delay_ms": FAR_ONE_WAY_DELAY_SECONDS * 1000}
 
 
 @dataclass(frozen=True)
@@ -216,9 +215,26 @@ class Bench:
     results: dict[str, dict[str, list[Run]]] = field(default_factory=dict)
     # Contenders that cannot run on these brokers, and why (the local shovel across clusters).
     not_applicable: dict[str, str] = field(default_factory=dict)
+    # Which cores the brokers and the client run on, and what the idle VMs spend.
+    placement: Placement = field(default_factory=lambda: placement(SHARED))
+    idle_broker_cpu_per_second: float = 0.0
+    # The delay proxy in front of the destination in the far scenarios.
+    proxy: DelayProxy | None = None
 
     def record(self, scenario: str, run: Run) -> None:
         run.details["load_1m"] = load_average()[0]  # other tenants of the box, for the record
+        run.details["broker_cpu_per_100k"] = round(
+            broker_cost(
+                sum(run.broker_cpu_seconds.values()),
+                run.seconds,
+                run.messages,
+                self.idle_broker_cpu_per_second,
+            ),
+            3,
+        )
+        if self.placement.broker_cpus is not None:
+            # Only here do the brokers have cores of their own, and a limit to reach.
+            run.details["broker_cores"] = self.placement.broker_cores()
         log.info(
             "%s %-20s %8d msgs %8.2fs %9.0f msg/s cpu %s",
             scenario,
@@ -242,7 +258,14 @@ def alternate(bench: Bench, scenario: str, rounds: int, contenders: Sequence[Con
     for round_ in range(rounds):
         for _name, contender_rounds, run in contenders:
             if round_ < contender_rounds:
-                bench.record(scenario, run(round_))
+                proxy_before = bench.proxy.cpu_seconds() if bench.proxy else None
+                result = run(round_)
+                if bench.proxy and proxy_before is not None:
+                    # The simulated network's own cost (it runs on the client's cores).
+                    result.details["proxy_cpu_seconds"] = round(
+                        bench.proxy.cpu_seconds() - proxy_before, 2
+                    )
+                bench.record(scenario, result)
 
 
 def single_queue_run(
@@ -428,7 +451,7 @@ def peers_sizes(bench: Bench, scale: Scale) -> None:
     sizes(bench, scale, [name for name in runnable_peers(bench) if name != "job"])
 
 
-def dr(bench: Bench, scale: Scale) -> None:
+def dr(bench: Bench, scale: Scale, scenario: str = "dr") -> None:
     """Scenario 4: the DR fail-back, 2 vhosts of 1 KiB queues: job vs orchestrated shovels."""
     brokers = bench.brokers
     workload = Workload(scale.dr_messages, KIB)
@@ -464,7 +487,7 @@ def dr(bench: Bench, scale: Scale) -> None:
 
     def job(round_: int) -> Run:
         prepare()
-        run_id = f"dr-job-{round_}"
+        run_id = f"{scenario}-job-{round_}".replace("_", "-")
         config = job_config(
             brokers,
             vhosts=list(DR_VHOSTS),
@@ -484,167 +507,72 @@ def dr(bench: Bench, scale: Scale) -> None:
 
     alternate(
         bench,
-        "dr",
+        scenario,
         scale.dr_rounds,
         [("orchestrated_shovels", scale.dr_rounds, shovels), ("job", scale.dr_rounds, job)],
     )
 
 
-# -- figures ------------------------------------------------------------------------------
+@contextmanager
+def far_destination(bench: Bench) -> Iterator[Bench]:
+    """`bench` with its contenders reaching the destination through a delay proxy.
 
-
-def median(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
-
-
-def summarise(runs: Sequence[Run]) -> dict[str, Any]:
-    seconds = [run.seconds for run in runs]
-    summary: dict[str, Any] = {
-        "runs": len(runs),
-        "messages": max(run.messages for run in runs),
-        "bytes": max(run.bytes for run in runs),
-        "median_seconds": round(median(seconds), 2),
-        "min_seconds": round(min(seconds), 2),
-        "max_seconds": round(max(seconds), 2),
-        "median_rate": round(median([run.rate for run in runs]), 1),
-        "median_mib_per_second": round(
-            median([run.bytes / run.seconds / 2**20 for run in runs]), 2
-        ),
-        "median_broker_cpu_seconds": {
-            side: round(median([run.broker_cpu_seconds[side] for run in runs]), 2)
-            for side in runs[0].broker_cpu_seconds
-        },
-    }
-    incomplete = [run for run in runs if run.details.get("left_in_source")]
-    if incomplete:
-        # The contender said it was done, yet the source still held messages.
-        summary["runs_leaving_messages_in_source"] = [
-            {"moved": run.messages, "left_in_source": run.details["left_in_source"]}
-            for run in incomplete
-        ]
-    cpu = [run.client_cpu_seconds for run in runs if run.client_cpu_seconds is not None]
-    if cpu:
-        summary["median_client_cpu_seconds"] = round(median(cpu), 2)
-    rss = [run.peak_rss_kib for run in runs if run.peak_rss_kib is not None]
-    if rss:
-        summary["max_peak_rss_mib"] = round(max(rss) / 1024, 1)
-    overhead = [run.details["fixed_overhead_seconds"] for run in runs if "stages" in run.details]
-    if overhead:
-        summary["median_fixed_overhead_seconds"] = round(median(overhead), 2)
-        summary["median_stages"] = {
-            stage: round(median([run.details["stages"][stage] for run in runs]), 2)
-            for stage in runs[0].details["stages"]
-        }
-    return summary
-
-
-def speedup(baseline: Sequence[Run], contender: Sequence[Run]) -> float:
-    """How many times faster `contender` is than `baseline`: median of per-round ratios."""
-    pairs = list(zip(baseline, contender, strict=False))
-    return round(median([b.seconds / c.seconds for b, c in pairs]), 3)
-
-
-def figures(results: dict[str, dict[str, list[Run]]]) -> dict[str, Any]:
-    """Per scenario: contender summaries and the ratios the targets are about."""
-    out: dict[str, Any] = {}
-    for scenario, by_contender in results.items():
-        entry: dict[str, Any] = {name: summarise(runs) for name, runs in by_contender.items()}
-        ratios = {}
-        if SHOVEL in by_contender:
-            for name in ("mover", "job", LOCAL_SHOVEL):
-                if name in by_contender:
-                    ratios[f"{name}_vs_shovel"] = speedup(by_contender[SHOVEL], by_contender[name])
-        if LOCAL_SHOVEL in by_contender and "mover" in by_contender:
-            ratios["mover_vs_local_shovel"] = speedup(
-                by_contender[LOCAL_SHOVEL], by_contender["mover"]
-            )
-        if "mover_no_ledger" in by_contender:
-            pairs = zip(by_contender["mover"], by_contender["mover_no_ledger"], strict=False)
-            ratios["ledger_overhead"] = round(
-                median([(on.seconds - off.seconds) / on.seconds for on, off in pairs]), 3
-            )
-        if "orchestrated_shovels" in by_contender:
-            pairs = zip(by_contender["job"], by_contender["orchestrated_shovels"], strict=False)
-            ratios["job_time_vs_shovels"] = round(
-                median([j.seconds / s.seconds for j, s in pairs]), 3
-            )
-        entry["ratios"] = ratios
-        out[scenario] = entry
-    return out
-
-
-def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, each with the measured figure and met/missed.
-
-    A target whose scenario did not complete is reported as not measured (and missed).
+    The kernel here has no netem, so `bench.delay_proxy` adds the one-way delay in
+    user space; the Shovel's destination URI, the mover's and the job's destination
+    cluster all point at it. Seeding and depth checks still go to the node itself.
     """
+    with DelayProxy(bench.brokers.dst.amqp_port, FAR_ONE_WAY_DELAY_SECONDS) as proxy:
+        yield replace(bench, brokers=replace(bench.brokers, dst_amqp_port=proxy.port), proxy=proxy)
 
-    def single(scenario: str, name: str, figure: str) -> Any:
-        return summary[scenario][name][figure]
 
-    def client_cpu_per_100k() -> float:
-        mover: dict[str, float] = summary["single_classic"]["mover"]
-        return round(mover["median_client_cpu_seconds"] * 100_000 / mover["messages"], 2)
+def far_single(bench: Bench, scale: Scale) -> None:
+    """The destination 20 ms away, one 1 KiB queue classic -> classic: Shovel vs mover."""
+    workload = Workload(scale.single_messages, KIB)
+    with far_destination(bench) as far:
+        alternate(
+            far,
+            "far_single",
+            scale.rounds,
+            [
+                (
+                    name,
+                    scale.rounds,
+                    partial(single_queue_run, far, "far_single", name, workload=workload),
+                )
+                for name in (SHOVEL, "mover")
+            ],
+        )
 
-    def default_window_share() -> float:
-        rates: dict[int, float] = {
-            w: summary[f"window_{w}"]["mover"]["median_rate"] for w in WINDOWS
-        }
-        return round(rates[DEFAULT_WINDOW] / max(rates.values()), 3)
 
-    checks: list[tuple[str, Callable[[], Any], str, float]] = [
-        (
-            "mover vs Shovel, 1 KiB classic->classic (x faster)",
-            lambda: summary["single_classic"]["ratios"]["mover_vs_shovel"],
-            ">=",
-            MOVER_VS_SHOVEL_MIN,
-        ),
-        (
-            "mover vs Shovel, 1 KiB classic->quorum (x faster)",
-            lambda: summary["single_quorum"]["ratios"]["mover_vs_shovel"],
-            ">=",
-            MOVER_VS_SHOVEL_MIN,
-        ),
-        (
-            "DR: job wall time / orchestrated shovels' wall time",
-            lambda: summary["dr"]["ratios"]["job_time_vs_shovels"],
-            "<=",
-            DR_JOB_VS_SHOVELS_MAX,
-        ),
-        (
-            "job fixed overhead (s): Spark start + plan + commit + verify",
-            lambda: single("single_classic", "job", "median_fixed_overhead_seconds"),
-            "<=",
-            FIXED_OVERHEAD_MAX_SECONDS,
-        ),
-        (
-            "mover client CPU-s per 100k 1 KiB messages",
-            client_cpu_per_100k,
-            "<=",
-            CLIENT_CPU_PER_100K_MAX,
-        ),
-        (
-            "ledger overhead (share of mover transfer time)",
-            lambda: summary["single_classic"]["ratios"]["ledger_overhead"],
-            "<=",
-            LEDGER_OVERHEAD_MAX,
-        ),
-        (
-            f"default window ({DEFAULT_WINDOW}) rate / window-curve plateau",
-            default_window_share,
-            ">=",
-            DEFAULT_WINDOW_OF_PLATEAU_MIN,
-        ),
-    ]
-    out = []
-    for name, measure, op, goal in checks:
-        try:
-            value = measure()
-        except KeyError:
-            value = None  # its scenario failed; the report's "errors" say why
-        met = value is not None and (value >= goal if op == ">=" else value <= goal)
-        out.append({"target": name, "measured": value, "goal": f"{op} {goal}", "met": met})
-    return out
+def far_dr(bench: Bench, scale: Scale) -> None:
+    """The destination 20 ms away, the DR fail-back: job vs orchestrated shovels."""
+    with far_destination(bench) as far:
+        dr(far, scale, "far_dr")
+
+
+# Scenario families by the name ``--scenarios`` takes.
+SCENARIOS: dict[str, Callable[[Bench, Scale], None]] = {
+    "single": single_queue,
+    "sizes": sizes,
+    "windows": windows,
+    "dr": dr,
+    "far_single": far_single,
+    "far_dr": far_dr,
+}
+# What each CPU layout runs by default. The separated layout is the deployment's
+# shape: the single-queue pair and the far destination. The shared one keeps the
+# older scenarios (sizes, window curve, DR) without running them twice.
+DEFAULT_SCENARIOS = {
+    SHARED: ("single", "sizes", "windows", "dr"),
+    SEPARATED: ("single", "far_single", "far_dr"),
+}
+# The 4.3 section: the single-queue workloads (the sizes too when ``--scenarios``
+# names them).
+PEER_SCENARIOS: dict[str, Callable[[Bench, Scale], None]] = {
+    "single": peers_single_queue,
+    "sizes": peers_sizes,
+}
+DEFAULT_PEER_SCENARIOS = ("single",)
 
 
 def code_state() -> dict[str, Any]:
@@ -664,86 +592,6 @@ def versions(brokers: Brokers) -> dict[str, str]:
     for package in ("pika", "pyspark", "deltalake", "pyarrow", "great_expectations"):
         found[package] = metadata.version(package)
     return found
-
-
-def markdown(report: dict[str, Any]) -> str:
-    """The tables the README's Performance section shows."""
-    lines: list[str] = []
-    if "figures" in report:
-        lines += host_markdown(report)
-    for version, section in report.get("peers", {}).items():
-        lines += ["", *peers_markdown(version, section)]
-    return "\n".join(lines).strip("\n")
-
-
-def host_markdown(report: dict[str, Any]) -> list[str]:
-    """The host RabbitMQ's scenarios and the issue's targets."""
-    summary = report["figures"]
-    lines = [
-        "| scenario | contender | messages | median s | msg/s | MiB/s | client CPU-s | ratio |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for scenario, entry in summary.items():
-        for name, figures_ in entry.items():
-            if name == "ratios":
-                continue
-            ratio = entry["ratios"].get(f"{name}_vs_shovel", "")
-            lines.append(
-                f"| {scenario} | {name} | {figures_['messages']:,} | {figures_['median_seconds']} "
-                f"| {figures_['median_rate']:,.0f} | {figures_['median_mib_per_second']} "
-                f"| {figures_.get('median_client_cpu_seconds', '')} | {ratio} |"
-            )
-    lines += _left_in_source(summary)
-    lines += ["", "| target | measured | goal | |", "|---|---:|---:|---|"]
-    for target in report["targets"]:
-        verdict = "met" if target["met"] else "**missed**"
-        lines.append(
-            f"| {target['target']} | {target['measured']} | {target['goal']} | {verdict} |"
-        )
-    return lines
-
-
-def peers_markdown(version: str, section: dict[str, Any]) -> list[str]:
-    """One 4.x section: every layout's contenders, and the ones a layout rules out."""
-    rabbitmq = section.get("versions", {}).get("rabbitmq", version)
-    lines = [
-        f"RabbitMQ {rabbitmq}:",
-        "",
-        "| layout | scenario | contender | messages | median s | msg/s | MiB/s "
-        "| broker CPU-s | vs shovel |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for layout, entry in section["layouts"].items():
-        for scenario, by_contender in entry["figures"].items():
-            for name, figures_ in by_contender.items():
-                if name == "ratios":
-                    continue
-                cpu = sum(figures_["median_broker_cpu_seconds"].values())
-                ratio = by_contender["ratios"].get(f"{name}_vs_shovel", "")
-                lines.append(
-                    f"| {layout} | {scenario} | {name} | {figures_['messages']:,} "
-                    f"| {figures_['median_seconds']} | {figures_['median_rate']:,.0f} "
-                    f"| {figures_['median_mib_per_second']} | {cpu:.2f} | {ratio} |"
-                )
-        for name, reason in entry.get("not_applicable", {}).items():
-            lines.append(f"| {layout} | every scenario | {name} | not applicable: {reason} |")
-    for layout, entry in section["layouts"].items():
-        lines += [f"{layout}: {line.strip()}" for line in _left_in_source(entry["figures"])]
-    return lines
-
-
-def _left_in_source(summary: dict[str, Any]) -> list[str]:
-    lines = []
-    for scenario, entry in summary.items():
-        for name, figures_ in entry.items():
-            for bad in (
-                figures_.get("runs_leaving_messages_in_source", []) if name != "ratios" else []
-            ):
-                lines.append(
-                    f"\n{scenario} {name}: reported done after moving {bad['moved']:,}; "
-                    f"{bad['left_in_source']} message(s) were still in the source"
-                )
-    return lines
 
 
 def default_versions() -> list[str]:
@@ -782,11 +630,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="scale every message count by this (0 < F <= 1) for a shorter run",
     )
     parser.add_argument("--rounds", type=int, help="run every scenario at most this many rounds")
+    parser.add_argument(
+        "--layouts",
+        type=_names(CPU_LAYOUTS),
+        default=list(CPU_LAYOUTS),
+        help=f"CPU layouts, comma-separated, from {','.join(CPU_LAYOUTS)} (default: both)",
+    )
+    parser.add_argument(
+        "--scenarios",
+        type=_names([*SCENARIOS]),
+        help=f"scenario families for every layout, comma-separated, from {','.join(SCENARIOS)}; "
+        "default: "
+        + "; ".join(f"{layout}: {','.join(names)}" for layout, names in DEFAULT_SCENARIOS.items())
+        + f"; the 4.3 section runs {','.join(DEFAULT_PEER_SCENARIOS)} "
+        f"(and sizes when named)",
+    )
     args = parser.parse_args(argv)
     try:
         scale = scaled(
             QUICK if args.quick else Scale(), fraction=args.fraction, max_rounds=args.rounds
         )
+        for layout in args.layouts:
+            placement(layout)  # a layout this box cannot give fails here, not mid-run
     except ValueError as exc:
         parser.error(str(exc))
     # Stopped by a signal (even from a background shell, which ignores SIGINT), the
@@ -808,6 +673,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (["--rabbitmq", *args.rabbitmq] if args.rabbitmq else [])
         + ([f"--fraction {args.fraction}"] if args.fraction != 1.0 else [])
         + ([f"--rounds {args.rounds}"] if args.rounds else [])
+        + ([f"--layouts {','.join(args.layouts)}"] if args.layouts != list(CPU_LAYOUTS) else [])
+        + ([f"--scenarios {','.join(args.scenarios)}"] if args.scenarios else [])
     )
     report: dict[str, Any] = {
         "benchmark": "throughput",
@@ -821,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     name = f"throughput-{'quick-' if args.quick else ''}{stamp}"
     json_path = RESULTS_DIR / f"{name}.json"
-    run = BenchRun(report, scale, started, json_path)
+    run = BenchRun(report, scale, started, json_path, args.layouts, args.scenarios)
     try:
         for version in sections:
             if version == rabbitmq_roots.HOST_VERSION:
@@ -833,10 +700,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(work_dir, ignore_errors=True)
     run.write()
     charts = []
-    if run.host is not None:
-        png_path = RESULTS_DIR / f"{name}.png"
-        report["chart"] = str(png_path.relative_to(REPO))
-        chart.draw(report, png_path)
+    for layout, section in report.get("layouts", {}).items():
+        png_path = RESULTS_DIR / f"{name}-{layout}.png"
+        section["chart"] = str(png_path.relative_to(REPO))
+        chart.draw(report, layout, png_path)
         charts.append(png_path)
     for version, section in report.get("peers", {}).items():
         png_path = RESULTS_DIR / f"{name}-rabbitmq-{version}.png"
@@ -857,8 +724,12 @@ class BenchRun:
     scale: Scale
     started: float
     path: Path
-    host: Bench | None = None
-    # Per root version, per layout.
+    layouts: Sequence[str] = CPU_LAYOUTS
+    # None: each layout's defaults (`DEFAULT_SCENARIOS`, `DEFAULT_PEER_SCENARIOS`).
+    scenarios: Sequence[str] | None = None
+    # The host RabbitMQ's benches, per CPU layout.
+    hosts: dict[str, Bench] = field(default_factory=dict)
+    # Per root version, per "<CPU layout> <node layout>".
     peers: dict[str, dict[str, Bench]] = field(default_factory=dict)
     warmed_up: bool = False
 
@@ -879,6 +750,26 @@ class BenchRun:
         # Figures so far, so an interrupted run still leaves its numbers.
         self.write()
 
+    def in_layouts(
+        self, brokers: Brokers, work_dir: Path, label: str
+    ) -> Iterator[tuple[str, Bench]]:
+        """For each CPU layout: pin as it says, yield a fresh Bench, restore after.
+
+        Each layout's ledgers and run ids live in their own directory (a job refuses a
+        run id its ledger already holds).
+        """
+        for layout in self.layouts:
+            where = placement(layout)
+            with applied(where, brokers.broker_pids()):
+                idle = idle_cpu_per_second(brokers.broker_pids())
+                log.info("%s, %s layout %s: idle brokers %.3f CPU-s/s", label, layout, where, idle)
+                layout_dir = work_dir / layout
+                layout_dir.mkdir(parents=True, exist_ok=True)
+                yield (
+                    layout,
+                    Bench(brokers, layout_dir, placement=where, idle_broker_cpu_per_second=idle),
+                )
+
     def write(self) -> None:
         """Summarise every run so far into the report and write it as JSON."""
         report = self.report
@@ -889,62 +780,85 @@ class BenchRun:
             "scale": self.scale.__dict__,
             "goals": GOALS,
         }
-        if self.host is not None:
-            summary = figures(self.host.results)
-            report |= {
-                "figures": summary,
-                "targets": targets(summary),
-                "runs": runs_json(self.host),
-            }
+        if self.hosts:
+            report["layouts"] = {}
+            report["targets"] = []
+            for layout, bench in self.hosts.items():
+                summary = figures(bench.results)
+                report["layouts"][layout] = _bench_json(bench) | {"figures": summary}
+                report["targets"] += targets(summary, layout, DEFAULT_WINDOW)
         for version, by_layout in self.peers.items():
             section = report.setdefault("peers", {}).setdefault(version, {})
             section["layouts"] = {
-                layout: {
-                    "figures": figures(bench.results),
-                    "not_applicable": bench.not_applicable,
-                    "runs": runs_json(bench),
-                }
+                layout: _bench_json(bench)
+                | {"figures": figures(bench.results), "not_applicable": bench.not_applicable}
                 for layout, bench in by_layout.items()
             }
         self.path.parent.mkdir(exist_ok=True)
         self.path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def runs_json(bench: Bench) -> dict[str, Any]:
+def _bench_json(bench: Bench) -> dict[str, Any]:
     return {
-        scenario: {name: [run.to_json() for run in runs] for name, runs in by_contender.items()}
-        for scenario, by_contender in bench.results.items()
+        "placement": bench.placement.to_json(),
+        "idle_broker_cpu_per_second": bench.idle_broker_cpu_per_second,
+        "runs": {
+            scenario: {name: [run.to_json() for run in runs] for name, runs in by_contender.items()}
+            for scenario, by_contender in bench.results.items()
+        },
     }
 
 
 def host_section(run: BenchRun, work_dir: Path) -> None:
-    """Every scenario on two nodes of the host's RabbitMQ (3.10)."""
+    """The scenarios on two nodes of the host's RabbitMQ (3.10), in each CPU layout."""
     with local_brokers(work_dir / "brokers", [SINGLE_VHOST, *DR_VHOSTS]) as brokers:
         run.report["versions"] = versions(brokers)
-        run.host = Bench(brokers, work_dir)
-        run.warm_up_once(run.host)
-        for stage in (single_queue, sizes, windows, dr):
-            run.stage(stage, run.host, stage.__name__)
+        for layout, bench in run.in_layouts(brokers, work_dir, "host"):
+            run.hosts[layout] = bench
+            run.warm_up_once(bench)
+            for name in run.scenarios or DEFAULT_SCENARIOS[layout]:
+                run.stage(SCENARIOS[name], bench, f"{name} ({layout})")
 
 
 def peer_section(run: BenchRun, work_dir: Path, version: str) -> None:
-    """The 4.x scenarios on RabbitMQ `version` nodes, in each layout (fresh nodes per layout)."""
-    for layout in LAYOUTS:
+    """The 4.x scenarios on RabbitMQ `version` nodes, in each node layout (fresh nodes
+    per node layout) and each CPU layout."""
+    names = [name for name in (run.scenarios or DEFAULT_PEER_SCENARIOS) if name in PEER_SCENARIOS]
+    if not names:
+        return
+    for node_layout in LAYOUTS:
         with local_brokers(
-            work_dir / f"brokers-{version}-{layout}", [SINGLE_VHOST], version=version, layout=layout
+            work_dir / f"brokers-{version}-{node_layout}",
+            [SINGLE_VHOST],
+            version=version,
+            layout=node_layout,
         ) as brokers:
             run.report.setdefault("peers", {}).setdefault(version, {})["versions"] = versions(
                 brokers
             )
-            # Run ids and ledgers of one layout must not meet another's (a job refuses
-            # a run id its ledger already holds).
-            section_dir = work_dir / f"rabbitmq-{version}-{layout}"
-            section_dir.mkdir(parents=True, exist_ok=True)
-            bench = Bench(brokers, section_dir)
-            run.peers.setdefault(version, {})[layout] = bench
-            run.warm_up_once(bench)
-            for stage in (peers_single_queue, peers_sizes):
-                run.stage(stage, bench, f"{stage.__name__} on RabbitMQ {version}, {layout}")
+            section_dir = work_dir / f"rabbitmq-{version}-{node_layout}"
+            for cpu_layout, bench in run.in_layouts(brokers, section_dir, version):
+                key = f"{cpu_layout} {node_layout}"
+                run.peers.setdefault(version, {})[key] = bench
+                run.warm_up_once(bench)
+                for name in names:
+                    run.stage(PEER_SCENARIOS[name], bench, f"{name} on RabbitMQ {version}, {key}")
+
+
+def _names(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list, each name one of `allowed`."""
+
+    def parse(value: str) -> list[str]:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        unknown = [name for name in names if name not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+                f"expected a comma-separated list of {', '.join(allowed)}"
+            )
+        return names
+
+    return parse
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -65,6 +65,20 @@ class Brokers:
     src_pid: int
     dst_pid: int
     layout: str = TWO_NODES
+    # Where contenders reach the destination's AMQP port (a delay proxy in front of
+    # it, `bench.delay_proxy`); None: the node's own port. Checks and seeding always
+    # use the node's own port.
+    dst_amqp_port: int | None = None
+
+    def contender_dst(self) -> LocalNode:
+        """The destination node as the contenders see it (through the proxy, if any)."""
+        if self.dst_amqp_port is None:
+            return self.dst
+        return replace(self.dst, amqp_port=self.dst_amqp_port)
+
+    def broker_pids(self) -> list[int]:
+        """The OS pids of the distinct Erlang VMs (one in ``one_node``)."""
+        return sorted({self.src_pid, self.dst_pid})
 
     def destination_vhost(self, vhost: str) -> str:
         """Where a queue of source ``vhost`` goes (its name stays the same)."""

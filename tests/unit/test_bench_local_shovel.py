@@ -12,7 +12,8 @@ from bench.contenders import (
     not_applicable,
     shovel_definition,
 )
-from bench.throughput import KIB, Scale, figures, peers_markdown, scaled
+from bench.throughput import KIB, Scale, scaled
+from bench.throughput_report import figures, peers_markdown
 from bench.workload import ONE_NODE, TWO_NODES, destination_vhost
 
 SRC = "amqp://u:p@127.0.0.1:5701/bench"
@@ -122,7 +123,9 @@ def test_figures_compare_the_local_shovel_with_the_shovel_and_the_mover() -> Non
 
 
 def test_peer_tables_say_where_a_contender_does_not_apply() -> None:
-    results = {"single_classic": {SHOVEL: [_run(SHOVEL, 2.0)], "mover": [_run("mover", 1.0)]}}
+    mover = _run("mover", 1.0)
+    mover.details["broker_cpu_per_100k"] = 10.0
+    results = {"single_classic": {SHOVEL: [_run(SHOVEL, 2.0)], "mover": [mover]}}
     reason = not_applicable(LOCAL_SHOVEL, TWO_NODES, "4.3.6")
     section = {
         "versions": {"rabbitmq": "4.3.6"},
@@ -134,7 +137,8 @@ def test_peer_tables_say_where_a_contender_does_not_apply() -> None:
     lines = peers_markdown("4.3", section)
 
     assert lines[0] == "RabbitMQ 4.3.6:"
-    assert "| two_nodes | single_classic | mover | 10,000 | 1.0 | 10,000 | 9.77 | 1.00 | 2.0 |" in (
-        lines
+    assert (
+        "| two_nodes | single_classic | mover | 10,000 | 1.0 | 10,000 | 9.77 | 10.0 |  | 2.0 |"
+        in (lines)
     )
     assert f"| two_nodes | every scenario | local_shovel | not applicable: {reason} |" in lines
