@@ -782,7 +782,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="scale every message count by this (0 < F <= 1) for a shorter run",
     )
     parser.add_argument("--rounds", type=int, help="run every scenario at most this many rounds")
+    parser.add_argument(
+        "--many-queues",
+        action="store_true",
+        help="run bench.many_queues instead (with --quick, its quick mode)",
+    )
     args = parser.parse_args(argv)
+    if args.many_queues:
+        from bench import many_queues
+
+        return many_queues.main(["--quick"] if args.quick else [])
     try:
         scale = scaled(
             QUICK if args.quick else Scale(), fraction=args.fraction, max_rounds=args.rounds
