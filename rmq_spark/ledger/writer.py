@@ -45,6 +45,9 @@ TEMP_PREFIX = ".staging-"
 STREAM_SUFFIX = ".arrows"
 # A transfer's rows stream becomes a Parquet data file every this many rows.
 ROLL_ROWS = 65_536
+# Files the commit step compacts many transfers' small data files into (`compaction`):
+# named for no transfer, so a transfer's rows there are found by its key columns.
+COMPACTED_PREFIX = "compacted-"
 
 
 # Names of the data files executors (and the commit step) write: the transfer's
@@ -384,9 +387,10 @@ def next_position(ledger_path: str, run_id: str, key: TransferKey) -> int:
     Reads the durable rows and intents of earlier attempts, committed to the Delta
     log or not, so positions stay unique across attempts of the same run.
     """
-    highest = -1
+    partition = run_partition_dir(ledger_path, run_id)
+    highest = _max_position(compacted_positions(partition, key))
     for prefix in transfer_prefixes(key):
-        for path in _files(run_partition_dir(ledger_path, run_id), f"{prefix}*.parquet"):
+        for path in _files(partition, f"{prefix}*.parquet"):
             highest = max(highest, _max_position(data_file_positions(path, key)))
         for directory in (run_rows_dir(ledger_path, run_id), run_intents_dir(ledger_path, run_id)):
             for path in _files(directory, f"{prefix}*{STREAM_SUFFIX}"):
@@ -409,6 +413,25 @@ def data_file_positions(path: Path, key: TransferKey) -> pa.Table:
     if not path.name.startswith(key.legacy_file_prefix):
         return pq.read_table(path, columns=["position"])
     return rows_of(key, pq.read_table(path, columns=["position", *KEY_COLUMNS]))
+
+
+def compacted_positions(partition: Path, key: TransferKey) -> pa.Table:
+    """The `position` column of `key`'s rows in the partition's compacted files.
+
+    The filter on the key columns is pushed down: row groups whose statistics
+    exclude the transfer are skipped.
+    """
+    wanted = None
+    for name in KEY_COLUMNS:
+        match = pc.field(name) == getattr(key, name)
+        wanted = match if wanted is None else wanted & match
+    tables = [
+        pq.read_table(path, columns=["position"], filters=wanted)
+        for path in _files(partition, f"{COMPACTED_PREFIX}*.parquet")
+    ]
+    if not tables:
+        return pa.table({"position": pa.array([], pa.int64())})
+    return pa.concat_tables(tables)
 
 
 def rows_of(key: TransferKey, table: pa.Table) -> pa.Table:
