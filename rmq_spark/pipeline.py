@@ -33,7 +33,7 @@ from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey
 from rmq_spark.planning.discovery import discover, measure_depths
 from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_rows
-from rmq_spark.progress import ProgressReporter, amqp_sampler
+from rmq_spark.progress import ProgressReporter, depth_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
 from rmq_spark.verify import DESTINATION_SHARED, Verification, verify_ledger_run
 
@@ -142,7 +142,7 @@ def run_transfer(
     with (
         management_clients(config) as clients,
         paused_federation(config, clients),
-        ProgressReporter(to_move, amqp_sampler(config, to_move)),
+        ProgressReporter(to_move, depth_sampler(config, to_move)),
     ):
         outcomes = move(spark, plan, config, run_id, node_uris(config, clients))
     # Spark's own Delta writer where the session has it (Databricks), else delta-rs.
