@@ -253,7 +253,9 @@ def shovels_scenario(brokers: Brokers, shape: Shape) -> Run:
     return run
 
 
-def plan_scenario(brokers: Brokers, shape: Shape, work_dir: Path) -> dict[str, Any]:
+def plan_scenario(
+    brokers: Brokers, shape: Shape, work_dir: Path, profile_path: Path | None = None
+) -> dict[str, Any]:
     """`rmq-spark plan --json` over `plan_queues` queues of one message, timed whole."""
     queues = shape.spread("plan", shape.plan_queues)
     started = time.monotonic()
@@ -290,7 +292,29 @@ def plan_scenario(brokers: Brokers, shape: Shape, work_dir: Path) -> dict[str, A
     planned = len(json.loads(completed.stdout)["queues"])
     if planned != len(queues):
         raise BenchError(f"rmq-spark plan: expected {len(queues)} transfers, found {planned}")
+    profile: list[str] = []
+    if profile_path is not None:  # a second, untimed run under cProfile
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cProfile",
+                "-o",
+                str(profile_path),
+                "-m",
+                "rmq_spark.cli",
+                *command[1:],
+                "--config",
+                str(config_path),
+            ],
+            env=env,
+            capture_output=True,
+            timeout=PLAN_TIMEOUT_SECONDS,
+            check=True,
+        )
+        profile = top_functions(profile_path)
     return {
+        "driver_profile": profile,
         "queues": len(queues),
         "vhosts": shape.vhosts,
         "declare_seconds": round(declared, 2),
@@ -419,7 +443,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ),
                 (
                     "plan",
-                    lambda: plan_scenario(brokers, shape, work_dir) if shape.plan_queues else None,
+                    lambda: (
+                        plan_scenario(
+                            brokers,
+                            shape,
+                            work_dir,
+                            work_dir / "plan.prof" if args.profile_driver else None,
+                        )
+                        if shape.plan_queues
+                        else None
+                    ),
                 ),
             ):
                 try:

@@ -74,9 +74,32 @@ def discover(
         )
         for c in selected
     ]
-    transfers = _with_exact_depths(config, transfers, missing_destinations_ok=dry_run)
+    if dry_run:
+        # Nothing was created: the pre-flight's passive declares, a moment ago, are the
+        # exact depths (10,000 queues: 10,000 round trips fewer).
+        transfers = _with_probed_depths(preflight.facts.opened, transfers)
+    else:
+        # Destinations were created and bound just now (live publishers may route into
+        # them): measured again, after that.
+        transfers = _with_exact_depths(config, transfers, missing_destinations_ok=False)
     log.info("discovered %d queue transfers (%d selected)", len(candidates), len(transfers))
     return transfers
+
+
+def _with_probed_depths(
+    opened: Mapping[tuple[str, str], Mapping[str, int]], transfers: list[QueueTransfer]
+) -> list[QueueTransfer]:
+    """Depths from the pre-flight's probes; a destination it did not find counts as 0."""
+    return [
+        replace(
+            t,
+            messages=opened[(t.source_cluster, t.source_vhost)][t.source_queue],
+            destination_messages=opened.get((t.destination_cluster, t.destination_vhost), {}).get(
+                t.destination_queue, 0
+            ),
+        )
+        for t in transfers
+    ]
 
 
 def _with_exact_depths(
