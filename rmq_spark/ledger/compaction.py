@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from rmq_spark.ledger import writer
@@ -53,30 +53,28 @@ def compact(
 ) -> tuple[str, ...]:
     """Copy the rows of these data files into a few compacted files; their names.
 
-    Rows keep the order of `names` (sorted by the caller: a transfer's files share a
-    prefix, so its rows stay together and row-group statistics of the key columns
-    let a resume skip most of a file). The sources are left as they are.
+    Files are grouped in the order of `names` (sorted by the caller: a transfer's files
+    share a prefix, so its rows stay together and row-group statistics of the key
+    columns let a resume skip most of a file) into groups of at most `rows_per_file`
+    rows (a file larger than that is a group of its own); each group is read by one
+    multi-threaded dataset scan (1,000 files one by one took 1 s). The sources are
+    left as they are.
     """
-    written: list[str] = []
-    chunk: list[pa.Table] = []
-    chunk_rows = 0
-
-    def flush() -> None:
-        nonlocal chunk, chunk_rows
-        if not chunk_rows:
-            return
-        name = f"{COMPACTED_PREFIX}{version:010d}-{len(written):04d}-{uuid.uuid4().hex}.parquet"
-        writer.write_data_file(partition, name, pa.concat_tables(chunk))
-        written.append(name)
-        chunk, chunk_rows = [], 0
-
+    groups: list[list[Path]] = []
+    group_rows = 0
     for name in names:
-        table = pq.read_table(partition / name, schema=DATA_SCHEMA)
-        if chunk_rows and chunk_rows + table.num_rows > rows_per_file:
-            flush()
-        chunk.append(table)
-        chunk_rows += table.num_rows
-    flush()
+        rows = pq.read_metadata(partition / name).num_rows
+        if not groups or (group_rows and group_rows + rows > rows_per_file):
+            groups.append([])
+            group_rows = 0
+        groups[-1].append(partition / name)
+        group_rows += rows
+    written: list[str] = []
+    for group in groups:
+        table = ds.dataset(group, schema=DATA_SCHEMA, format="parquet").to_table()
+        name = f"{COMPACTED_PREFIX}{version:010d}-{len(written):04d}-{uuid.uuid4().hex}.parquet"
+        writer.write_data_file(partition, name, table)
+        written.append(name)
     return tuple(written)
 
 
