@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
-.PHONY: setup system roots demo test lint typecheck unit soak bench bench-memory bench-stages clean \
+.PHONY: setup system roots demo test lint typecheck unit soak bench bench-memory bench-stages bench-many-queues clean \
 	package lock-runtime
 
 setup: system $(INSTALLED)
@@ -85,6 +85,11 @@ bench-memory: setup
 # Where one mover's window sits (source, intent log, destination, ledger), ~1 min a round.
 bench-stages: setup
 	$(BIN)/python -m bench.stages
+
+# 1,000 queues x 20 messages over 5 vhosts, job vs orchestrated shovels, and planning
+# 10,000 queues (~5 min); ARGS="--quick" for a small run.
+bench-many-queues: setup
+	$(BIN)/python -m bench.many_queues $(ARGS)
 
 # rmq-spark vs RabbitMQ's Shovel, side by side, in two CPU layouts (separated: brokers
 # on half the cores, client on the other half; shared); figures in bench/results/.

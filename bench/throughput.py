@@ -645,7 +645,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         + f"; the 4.3 section runs {','.join(DEFAULT_PEER_SCENARIOS)} "
         f"(and sizes when named)",
     )
+    parser.add_argument(
+        "--many-queues",
+        action="store_true",
+        help="run bench.many_queues instead (with --quick, its quick mode)",
+    )
     args = parser.parse_args(argv)
+    if args.many_queues:
+        from bench import many_queues
+
+        return many_queues.main(["--quick"] if args.quick else [])
     try:
         scale = scaled(
             QUICK if args.quick else Scale(), fraction=args.fraction, max_rounds=args.rounds

@@ -34,7 +34,7 @@ from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey
 from rmq_spark.planning.discovery import discover, measure_depths
 from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_rows
-from rmq_spark.progress import ProgressReporter, amqp_sampler
+from rmq_spark.progress import ProgressReporter, depth_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
 from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force, route_rate_limits
 from rmq_spark.verify import DESTINATION_SHARED, Verification, verify_ledger_run
@@ -144,7 +144,7 @@ def run_transfer(
     with (
         management_clients(config) as clients,
         paused_federation(config, clients),
-        ProgressReporter(to_move, amqp_sampler(config, to_move), limits=limits_in_force(config)),
+        ProgressReporter(to_move, depth_sampler(config, to_move), limits=limits_in_force(config)),
     ):
         outcomes = move(
             spark,

@@ -23,6 +23,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from rmq_spark.broker import paging
 from rmq_spark.config import ClusterConfig, JobConfig
 from rmq_spark.errors import AccessRefusedError, BrokerUnreachableError, DiscoveryError
 
@@ -128,16 +129,22 @@ class ManagementClient:
         """Whether the vhost exists and this user can see it (works for non-admins too)."""
         return vhost in self.vhosts()
 
-    def queues(self, vhost: str) -> list[dict[str, Any]]:
-        rows = self._request(
-            "GET",
-            f"/api/queues/{_q(vhost)}?columns={QUEUE_COLUMNS}",
-            what=f"list the queues of vhost {vhost!r}",
-            missing_ok=True,
-        )
-        if rows is None:
-            raise DiscoveryError(f"cluster {self.cluster_name} vhost {vhost!r}: does not exist")
-        return list(rows)
+    def queues(self, vhost: str, columns: str = QUEUE_COLUMNS) -> list[dict[str, Any]]:
+        """Every queue of the vhost (only `columns`), read in pages (`paging`)."""
+        what = f"list the queues of vhost {vhost!r}"
+
+        def page(number: int) -> Any:
+            answer = self._request(
+                "GET",
+                f"/api/queues/{_q(vhost)}?{paging.page_query(number)}&columns={columns}",
+                what=what,
+                missing_ok=True,
+            )
+            if answer is None:
+                raise DiscoveryError(f"cluster {self.cluster_name} vhost {vhost!r}: does not exist")
+            return answer
+
+        return paging.read_all(page, f"cluster {self.cluster_name} vhost {vhost!r}: {what}")
 
     def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
         if not addressable(name):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import schema, writer
+from rmq_spark.ledger import compaction, schema, writer
 from rmq_spark.ledger.committers import DELTA_RS, CommitKey, DeltaCommitter, commit_app_id
 from rmq_spark.ledger.storage import describe, storage_options
 from rmq_spark.ledger.writer import read_stream, run_intents_dir, run_partition_dir, run_rows_dir
@@ -92,27 +92,35 @@ def commit_run(ledger_path: str, run_id: str, committer: DeltaCommitter = DELTA_
     First, rows streams left by tasks that died become data files, then intents
     that never got a row (the process died between publishing and writing) become
     uncertain rows, so every publish has a row. Then the data files no commit holds
-    yet are written down as the run's next commit batch, and committed in one Delta
-    commit carrying the batch's `CommitKey`.
+    yet are chosen, the small ones compacted into a few large files (`compaction`),
+    and the choice written down as the run's next commit batch, committed in one
+    Delta commit carrying the batch's `CommitKey`. Executor files a committed batch
+    compacted are removed after the commit.
 
     Idempotent, with either committer: a batch is committed only if the table does
     not record its version yet (a driver that died between writing the batch and
     committing it has it committed now, under the same version), and a data file in
     a batch, or in the log (added by reference), is never chosen again. So it is safe
-    after a crash and on a re-run. Returns the rows committed.
+    after a crash and on a re-run (the kill points: `compaction`). Returns the rows
+    committed.
     """
     path = table_path(ledger_path, "messages")
     table = DeltaTable(path, storage_options=storage_options(path))
     partition = run_partition_dir(ledger_path, run_id)
-    rows_from_streams(ledger_path, run_id)
+    batches = read_commit_batches(ledger_path, run_id)
+    rows_from_streams(ledger_path, run_id, chosen=_chosen(batches))
     rows_from_intents(ledger_path, run_id)
     if not partition.is_dir():
         return 0
+    # Compacted files of a driver that died before writing its batch: in no commit.
+    compaction.remove(
+        partition,
+        [p.name for p in compaction.orphans(partition, _compacted(batches))],
+    )
     app_id = commit_app_id(run_id)
     recorded = table.transaction_version(app_id)
     done = -1 if recorded is None else recorded
     in_log = {unquote(uri).rsplit("/", 1)[-1] for uri in _files_of_run(table, run_id)}
-    batches = read_commit_batches(ledger_path, run_id)
     rows = 0
     for batch in batches:
         if batch.version > done:
@@ -123,13 +131,21 @@ def commit_run(ledger_path: str, run_id: str, committer: DeltaCommitter = DELTA_
                 batch.version,
             )
             rows += _commit(committer, ledger_path, run_id, batch, in_log)
-    chosen = in_log.union(*(batch.files for batch in batches))
+    chosen = in_log | _chosen(batches)
     pending = tuple(name for name in data_file_names(partition) if name not in chosen)
     if pending:
         version = max([done, *(batch.version for batch in batches)]) + 1
+        small = compaction.small_files(partition, pending)
         batch = CommitBatch(version, pending)
+        if len(small) > 1:
+            batch = CommitBatch(
+                version, pending, compaction.compact(partition, small, version), tuple(small)
+            )
         write_commit_batch(ledger_path, run_id, batch)
         rows += _commit(committer, ledger_path, run_id, batch, in_log)
+        batches.append(batch)
+    # Every batch is committed now: the executor files compacted into them are copies.
+    compaction.remove(partition, _chosen(batches, replaced_only=True))
     return rows
 
 
@@ -139,10 +155,29 @@ class CommitBatch:
 
     Written durably before the commit: Spark's writer copies the rows into files of
     its own, so the Delta log cannot tell which executor files it already holds.
+    `compacted` are files holding the rows of the executor files in `replaced`
+    (a subset of `files`); the commit adds them instead of those.
     """
 
     version: int
     files: tuple[str, ...]
+    compacted: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
+
+    @property
+    def committed_files(self) -> tuple[str, ...]:
+        """What the commit adds: the chosen files not compacted, and the compacted ones."""
+        replaced = set(self.replaced)
+        return tuple(name for name in self.files if name not in replaced) + self.compacted
+
+
+def _chosen(batches: Sequence[CommitBatch], *, replaced_only: bool = False) -> set[str]:
+    """Executor files some batch chose (or, `replaced_only`, compacted away)."""
+    return {name for b in batches for name in (b.replaced if replaced_only else b.files)}
+
+
+def _compacted(batches: Sequence[CommitBatch]) -> set[str]:
+    return {name for batch in batches for name in batch.compacted}
 
 
 def data_file_names(partition: Path) -> list[str]:
@@ -162,8 +197,16 @@ def read_commit_batches(ledger_path: str, run_id: str) -> list[CommitBatch]:
     for file in sorted(directory.glob("batch-*.json")) if directory.is_dir() else []:
         try:
             content = json.loads(file.read_text(encoding="utf-8"))
-            batches.append(CommitBatch(int(content["version"]), tuple(content["files"])))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            batches.append(
+                CommitBatch(
+                    int(content["version"]),
+                    tuple(content["files"]),
+                    # Batches written before compaction name neither.
+                    tuple(content.get("compacted", ())),
+                    tuple(content.get("replaced", ())),
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LedgerError(
                 f"ledger commit batch {file}: expected JSON with a version and files ({exc}); "
                 "it is written whole or not at all, so this file was changed by hand"
@@ -174,7 +217,12 @@ def read_commit_batches(ledger_path: str, run_id: str) -> list[CommitBatch]:
 def write_commit_batch(ledger_path: str, run_id: str, batch: CommitBatch) -> None:
     directory = commit_batches_dir(ledger_path, run_id)
     directory.mkdir(parents=True, exist_ok=True)
-    content = {"version": batch.version, "files": list(batch.files)}
+    content = {
+        "version": batch.version,
+        "files": list(batch.files),
+        "compacted": list(batch.compacted),
+        "replaced": list(batch.replaced),
+    }
     writer.write_file(directory, f"batch-{batch.version:010d}.json", json.dumps(content).encode())
 
 
@@ -188,14 +236,16 @@ def _commit(
     partition = run_partition_dir(ledger_path, run_id)
     # A file the log already holds was added by reference (by delta-rs, after a batch
     # that Spark never committed): its rows are in the table.
-    files = [partition / name for name in batch.files if name not in in_log]
+    files = [partition / name for name in batch.committed_files if name not in in_log]
     rows = sum(int(pq.read_metadata(file).num_rows) for file in files)
     key = CommitKey(commit_app_id(run_id), batch.version)
     committer.add_data_files(table_path(ledger_path, "messages"), run_id, files, key)
     log.info(
-        "committed %d ledger files (%d rows) of run %s with %s (batch %d)",
+        "committed %d ledger files (%d rows, %d executor files compacted) of run %s with %s "
+        "(batch %d)",
         len(files),
         rows,
+        len(batch.replaced),
         run_id,
         committer.name,
         batch.version,
@@ -203,21 +253,26 @@ def _commit(
     return rows
 
 
-def rows_from_streams(ledger_path: str, run_id: str) -> int:
+def rows_from_streams(ledger_path: str, run_id: str, *, chosen: Set[str] = frozenset()) -> int:
     """Turn the rows streams of transfers whose task died into data files.
 
     A transfer that ended converted its own; what is left was durable (and maybe
-    acked) when its task died. Idempotent. Returns the rows written.
+    acked) when its task died. A stream whose data file a commit batch already chose
+    is only removed: that file may be gone, compacted, and must not come back.
+    Idempotent. Returns the rows written.
     """
     streams_dir = run_rows_dir(ledger_path, run_id)
     if not streams_dir.is_dir():
         return 0
     partition = run_partition_dir(ledger_path, run_id)
     partition.mkdir(parents=True, exist_ok=True)
-    return sum(
-        writer.stream_to_data_file(stream, partition)
-        for stream in sorted(streams_dir.glob(f"part-*{writer.STREAM_SUFFIX}"))
-    )
+    written = 0
+    for stream in sorted(streams_dir.glob(f"part-*{writer.STREAM_SUFFIX}")):
+        if f"{stream.name.removesuffix(writer.STREAM_SUFFIX)}.parquet" in chosen:
+            stream.unlink()
+        else:
+            written += writer.stream_to_data_file(stream, partition)
+    return written
 
 
 def rows_from_intents(ledger_path: str, run_id: str) -> int:
@@ -240,9 +295,10 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
         for key in {TransferKey.of(row) for row in logged.select(writer.KEY_COLUMNS).to_pylist()}:
             by_transfer.setdefault(key, []).append(writer.rows_of(key, logged))
     written = 0
+    compacted = writer.compacted_files(partition)
     for key, intents in by_transfer.items():
         logged = pa.concat_tables(intents)
-        present: set[int] = set()
+        present = set(writer.compacted_positions(compacted, key)["position"].to_pylist())
         for prefix in writer.transfer_prefixes(key):
             for data_file in partition.glob(f"{prefix}*.parquet"):
                 positions = writer.data_file_positions(data_file, key)

@@ -45,6 +45,9 @@ TEMP_PREFIX = ".staging-"
 STREAM_SUFFIX = ".arrows"
 # A transfer's rows stream becomes a Parquet data file every this many rows.
 ROLL_ROWS = 65_536
+# Files the commit step compacts many transfers' small data files into (`compaction`):
+# named for no transfer, so a transfer's rows there are found by its key columns.
+COMPACTED_PREFIX = "compacted-"
 
 
 # Names of the data files executors (and the commit step) write: the transfer's
@@ -420,6 +423,8 @@ class EarlierFiles:
 
     def __init__(self, ledger_path: str, run_id: str) -> None:
         self._files: dict[str, list[Path]] = {}
+        # Compacted files (a commit's, on a resumed run) hold many transfers' rows.
+        self._compacted: list[Path] = []
         for directory, suffix in (
             (run_partition_dir(ledger_path, run_id), ".parquet"),
             (run_rows_dir(ledger_path, run_id), STREAM_SUFFIX),
@@ -429,12 +434,14 @@ class EarlierFiles:
                 continue
             with os.scandir(directory) as entries:
                 for entry in entries:
-                    if entry.name.endswith(suffix):
+                    if entry.name.startswith(COMPACTED_PREFIX):
+                        self._compacted.append(Path(entry.path))
+                    elif entry.name.endswith(suffix):
                         prefix = entry.name[:_PREFIX_LENGTH]
                         self._files.setdefault(prefix, []).append(Path(entry.path))
 
     def next_position(self, key: TransferKey) -> int:
-        highest = -1
+        highest = _max_position(compacted_positions(self._compacted, key))
         for prefix in transfer_prefixes(key):
             for path in sorted(self._files.get(prefix[:_PREFIX_LENGTH], ())):
                 if not path.name.startswith(prefix):
@@ -466,6 +473,29 @@ def data_file_positions(path: Path, key: TransferKey) -> pa.Table:
     if not path.name.startswith(key.legacy_file_prefix):
         return pq.read_table(path, columns=["position"])
     return rows_of(key, pq.read_table(path, columns=["position", *KEY_COLUMNS]))
+
+
+def compacted_files(partition: Path) -> list[Path]:
+    """A run partition's compacted files (written by `tables.commit_run`)."""
+    if not partition.is_dir():
+        return []
+    return sorted(partition.glob(f"{COMPACTED_PREFIX}*.parquet"))
+
+
+def compacted_positions(files: Sequence[Path], key: TransferKey) -> pa.Table:
+    """The `position` column of `key`'s rows in these compacted files.
+
+    The filter on the key columns is pushed down: row groups whose statistics
+    exclude the transfer are skipped.
+    """
+    wanted = None
+    for name in KEY_COLUMNS:
+        match = pc.field(name) == getattr(key, name)
+        wanted = match if wanted is None else wanted & match
+    tables = [pq.read_table(path, columns=["position"], filters=wanted) for path in sorted(files)]
+    if not tables:
+        return pa.table({"position": pa.array([], pa.int64())})
+    return pa.concat_tables(tables)
 
 
 def rows_of(key: TransferKey, table: pa.Table) -> pa.Table:

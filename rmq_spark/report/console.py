@@ -24,6 +24,9 @@ from rmq_spark.transfer.window import prefetch_for
 RESULT_PREFIX = "RESULT "
 MIGRATION_PREFIX = "MIGRATION "
 
+# The console's queue table shows at most this many rows (failed queues first).
+QUEUE_TABLE_ROWS = 50
+
 
 def result_summary(result: RunResult, ledger_path: str) -> dict[str, Any]:
     verification = result.verification
@@ -49,8 +52,15 @@ def result_line(summary: dict[str, Any]) -> str:
     return RESULT_PREFIX + json.dumps(summary, sort_keys=True)
 
 
-def print_queue_table(result: RunResult, file: IO[str] | None = None) -> None:
-    """A short table: one row per queue with its counts and verdict."""
+def print_queue_table(
+    result: RunResult, file: IO[str] | None = None, *, limit: int = QUEUE_TABLE_ROWS
+) -> None:
+    """A short table: one row per queue with its counts and verdict.
+
+    Every queue that failed, then passed ones up to `limit` rows in all; one line
+    counts the rest (the HTML report lists them all). Rendering a rich table costs
+    ~2 ms a row: 1,000 queues took the driver 1.8 s to print.
+    """
     table = Table(title=f"run {result.run_id}", show_lines=False)
     for header in ("source", "destination", "part", "moved", "dups", "lost", "unexp.", "verdict"):
         table.add_column(
@@ -58,7 +68,12 @@ def print_queue_table(result: RunResult, file: IO[str] | None = None) -> None:
             justify="right" if header in {"part", "moved", "dups", "lost", "unexp."} else "left",
         )
     partition_of = {t.key: p for t, p in zip(result.transfers, result.partitions, strict=True)}
-    for verdict in result.verification.queues:
+    queues = result.verification.queues
+    failed = [verdict for verdict in queues if not verdict.passed]
+    shown = (
+        failed + [verdict for verdict in queues if verdict.passed][: max(0, limit - len(failed))]
+    )
+    for verdict in shown:
         source = f"{verdict.source_cluster}/{verdict.source_vhost}/{verdict.source_queue}"
         destination = (
             f"{verdict.destination_cluster}/{verdict.destination_vhost}/{verdict.destination_queue}"
@@ -76,6 +91,10 @@ def print_queue_table(result: RunResult, file: IO[str] | None = None) -> None:
             outcome,
         )
     Console(file=file, width=160).print(table)
+    if len(shown) < len(queues):
+        Console(file=file, width=160).print(
+            f"... and {len(queues) - len(shown)} more queues, all verified (the report lists them)"
+        )
     for line in brake_lines(result):
         Console(file=file, width=160).print(line, markup=False, highlight=False)
     for failure in result.verification.failed_expectations:

@@ -95,9 +95,7 @@ class Shared:
 class Session:
     """One pair of links moving deliveries through one `TransferWindow`.
 
-    Usage (by `mover.QueueMover`)::
-
-        Session(number, shared, first_position=..., error=..., on_end=after).start()
+    `mover.QueueMover` makes one per pair of connections: `Session(...).start()`.
     """
 
     # The source link calls this per delivery: it is `Outbound.on_delivery` itself, so
@@ -190,8 +188,7 @@ class Session:
         return self._error is not None
 
     def may_read(self) -> bool:
-        """Whether a paused source may be read again: the bytes held are back within
-        the byte window. (The publish gate never pauses reading: see Outbound.)"""
+        """A paused source may be read again: the bytes held fit the byte window."""
         return self.outbound.held_bytes() <= self._shared.window_bytes
 
     def write_failed(self, error: BaseException) -> None:

@@ -108,7 +108,7 @@ def test_each_commit_of_a_run_records_the_next_version_of_its_key(tmp_path: Path
     ]
 
 
-def test_the_committer_is_handed_the_executors_data_files_with_the_runs_key(
+def test_the_committer_is_handed_one_compacted_file_of_the_executors_small_files(
     tmp_path: Path,
 ) -> None:
     tables.ensure_tables(str(tmp_path))
@@ -116,17 +116,41 @@ def test_the_committer_is_handed_the_executors_data_files_with_the_runs_key(
     moved(tmp_path, OTHER, range(2))
     partition = run_partition_dir(str(tmp_path), "r1")
     # What a Spark write that failed half-way leaves: a file of Spark's, in no commit.
-    (partition / "part-00000-6f1c0a52-0d9e-4a8e-9a55-3f6b8f8f1b1e.c000.snappy.parquet").write_bytes(
-        b"not ours"
-    )
+    spark_file = partition / "part-00000-6f1c0a52-0d9e-4a8e-9a55-3f6b8f8f1b1e.c000.snappy.parquet"
+    spark_file.write_bytes(b"not ours")
+    executor_files = sorted(p.name for p in partition.glob("*.parquet") if is_data_file(p.name))
     recording = Recording()
 
     assert tables.commit_run(str(tmp_path), "r1", recording) == 5
 
     ((files, key),) = recording.calls
-    assert files == sorted(p.name for p in partition.glob("*.parquet") if is_data_file(p.name))
-    assert len(files) == 2
+    assert len(executor_files) == 2
+    assert [name.startswith("compacted-0000000000-0000-") for name in files] == [True]
     assert key == CommitKey("rmq-spark/messages/r1", 0)
+    (batch,) = tables.read_commit_batches(str(tmp_path), "r1")
+    assert (batch.files, batch.replaced, batch.compacted) == (
+        tuple(executor_files),
+        tuple(executor_files),
+        tuple(files),
+    )
+    # The executor files are copies once committed; Spark's stray file is not ours.
+    assert sorted(p.name for p in partition.iterdir()) == sorted([*files, spark_file.name])
+    assert committed(tmp_path) == [("billing", 0), ("billing", 1)] + [
+        ("orders", p) for p in range(3)
+    ]
+
+
+def test_a_single_data_file_is_committed_as_it_is(tmp_path: Path) -> None:
+    tables.ensure_tables(str(tmp_path))
+    moved(tmp_path, KEY, range(3))
+    recording = Recording()
+
+    assert tables.commit_run(str(tmp_path), "r1", recording) == 3
+
+    ((files, _key),) = recording.calls
+    assert [is_data_file(name) for name in files] == [True]
+    (batch,) = tables.read_commit_batches(str(tmp_path), "r1")
+    assert (batch.compacted, batch.replaced) == ((), ())
 
 
 def test_a_driver_that_died_before_committing_its_batch_commits_it_once_later(

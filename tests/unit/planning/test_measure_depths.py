@@ -1,0 +1,40 @@
+"""Exact depths are counted for several vhosts at once, each on its own connection,
+and land on the right transfer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+import pytest
+
+from rmq_spark.config import ClusterConfig, parse_config
+from rmq_spark.planning import discovery
+from tests.support.builders import transfer
+from tests.unit.planning.test_preflight_probes import CONFIG
+
+
+def test_each_vhost_is_counted_at_once_on_its_own_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Three source vhosts and the same three on the destination: six counts at once.
+    started = threading.Barrier(6, timeout=10)
+    threads: set[int] = set()
+
+    def queue_depths(
+        cluster: str, _config: ClusterConfig, vhost: str, queues: Iterable[str]
+    ) -> dict[str, int]:
+        started.wait()
+        threads.add(threading.get_ident())
+        base = 100 if cluster == "dr" else 0
+        return {name: base + int(name[1:]) + ord(vhost) for name in queues}
+
+    monkeypatch.setattr(discovery, "queue_depths", queue_depths)
+    transfers = [transfer(f"q{i}", 1, vhost=vhost) for vhost in "abc" for i in range(2)]
+
+    depths = discovery.measure_depths(parse_config(CONFIG, {"P": "p"}), transfers)
+
+    assert len(threads) == 6
+    assert {t.source_vhost + t.source_queue: depths[t] for t in transfers} == {
+        f"{vhost}q{i}": (100 + i + ord(vhost), i + ord(vhost)) for vhost in "abc" for i in range(2)
+    }
