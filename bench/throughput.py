@@ -526,22 +526,27 @@ def far_destination(bench: Bench) -> Iterator[Bench]:
 
 
 def far_single(bench: Bench, scale: Scale) -> None:
-    """The destination 20 ms away, one 1 KiB queue classic -> classic: Shovel vs mover."""
+    """The destination 20 ms away, one 1 KiB queue classic -> classic: Shovel vs mover.
+
+    Twice: at the single-queue window (1000, the Shovel's usual prefetch) and at the
+    mover's default window (5000), the same for both contenders, since whether a
+    window keeps a 40 ms round trip full is what this scenario asks.
+    """
     workload = Workload(scale.single_messages, KIB)
     with far_destination(bench) as far:
-        alternate(
-            far,
-            "far_single",
-            scale.rounds,
-            [
-                (
-                    name,
-                    scale.rounds,
-                    partial(single_queue_run, far, "far_single", name, workload=workload),
-                )
-                for name in (SHOVEL, "mover")
-            ],
-        )
+        for window in (SINGLE_QUEUE_WINDOW, DEFAULT_WINDOW):
+            scenario = far_single_scenario(window)
+            run = partial(single_queue_run, far, scenario, workload=workload, window=window)
+            alternate(
+                far,
+                scenario,
+                scale.rounds,
+                [(name, scale.rounds, partial(run, name)) for name in (SHOVEL, "mover")],
+            )
+
+
+def far_single_scenario(window: int) -> str:
+    return "far_single" if window == SINGLE_QUEUE_WINDOW else f"far_single_window_{window}"
 
 
 def far_dr(bench: Bench, scale: Scale) -> None:

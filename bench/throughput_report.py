@@ -268,6 +268,13 @@ def targets(summary: dict[str, Any], layout: str, default_window: int) -> list[d
             FAR_MOVER_VS_SHOVEL_MIN,
         ),
         (
+            f"far_single_window_{default_window}",
+            f"20 ms away, window {default_window} for both: mover vs Shovel, 1 KiB (x faster)",
+            partial_figure(ratio, f"far_single_window_{default_window}", "mover_vs_shovel"),
+            ">=",
+            FAR_MOVER_VS_SHOVEL_MIN,
+        ),
+        (
             "far_dr",
             "20 ms away, DR: job wall time / orchestrated shovels' wall time",
             partial_figure(ratio, "far_dr", "job_time_vs_shovels"),
