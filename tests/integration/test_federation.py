@@ -283,6 +283,7 @@ def test_upstreams_are_restored_when_the_move_fails(
         _config: JobConfig,
         _run_id: str,
         _nodes: dict[str, dict[str, str]] | None = None,
+        **_options: Any,
     ) -> list[MoveOutcome]:
         during["upstreams"] = sorted(definitions(dr))
         during["links"] = running_links(dr)
