@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from rmq_spark.config import JobConfig, MoverConfig
+from rmq_spark.config import JobConfig, Limits, MoverConfig
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.writer import run_partition_dir
 from rmq_spark.model import MoveOutcome
@@ -28,6 +28,7 @@ from tests.support.faults import (
 )
 
 WINDOW = 200
+ROUTE = "shared"
 
 
 def plan_row(vhost: str, queue: str, messages: int) -> dict[str, object]:
@@ -40,10 +41,13 @@ def plan_row(vhost: str, queue: str, messages: int) -> dict[str, object]:
         "destination_queue": queue,
         "messages": messages,
         "message_bytes": messages * 1024,
+        "route": ROUTE,
     }
 
 
-def settings_for(config: JobConfig, run_id: str, *, at_once: int) -> ExecutorSettings:
+def settings_for(
+    config: JobConfig, run_id: str, *, at_once: int, limits: Limits | None = None
+) -> ExecutorSettings:
     tables.ensure_tables(config.ledger.path)
     return ExecutorSettings(
         run_id=run_id,
@@ -53,6 +57,7 @@ def settings_for(config: JobConfig, run_id: str, *, at_once: int) -> ExecutorSet
         window_bytes=1 << 30,
         mover=MoverConfig(**(config.mover.model_dump() | {"queues_per_task": at_once})),
         max_active=at_once,
+        rate_limits={ROUTE: limits} if limits is not None else {},
     )
 
 
@@ -116,8 +121,12 @@ def test_a_shared_connection_closed_mid_run_ends_every_session_on_it_without_los
         seed(brokers.dr, vhost, queue, count)
         declare(brokers.main, vhost, queue)
     config = fault_config(tmp_path, brokers, vhost)
+    # Held to 1,500 msg/s a queue (10 s each), so no queue can finish before the
+    # connection is closed, however fast or slow the machine is.
+    limits = Limits(messages_per_second=1500.0)
     move = MoveInBackground(
-        [plan_row(vhost, q, count) for q in queues], settings_for(config, "lost", at_once=4)
+        [plan_row(vhost, q, count) for q in queues],
+        settings_for(config, "lost", at_once=4, limits=limits),
     )
 
     move.start()
