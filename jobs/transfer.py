@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from rmq_spark.cli import transfer_main
+from rmq_spark.process_exit import exit_job
 
 if __name__ == "__main__":
-    sys.exit(transfer_main(sys.argv[1:]))
+    exit_job(transfer_main(sys.argv[1:]))

@@ -169,7 +169,8 @@ def run_transfer_command(args: argparse.Namespace) -> int:
         preload_great_expectations()
         with command_session(f"rmq-spark transfer {run_id}", args.master) as spark:
             try:
-                result = run_transfer(spark, config, run_id=run_id, prepared=preflight.result())
+                # Still running: the executors are probed meanwhile (pipeline.probe_beside).
+                result = run_transfer(spark, config, run_id=run_id, prepared=preflight)
             except RmqSparkError as exc:
                 print_error(exc, config)
                 return EXIT_ERROR
