@@ -4,7 +4,6 @@ vhost of more queues than it declares passively from the paged management listin
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -15,9 +14,17 @@ from rmq_spark.devtools.demo import node_connector, seed_demo
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.writer import is_data_file, run_partition_dir
 from rmq_spark.progress import AMQP_SAMPLE_MAX_QUEUES, depth_sampler
-from tests.integration.test_transfer_job import result_of, spark_submit
-from tests.support.brokers import Brokers, depth, fresh_vhost, queue_names, write_config
+from tests.support.brokers import (
+    Brokers,
+    depth,
+    fresh_vhost,
+    queue_names,
+    result_of,
+    spark_submit,
+    write_config,
+)
 from tests.support.builders import transfer
+from tests.support.faults import wait_until
 
 VHOSTS = ["many-a", "many-b", "many-c"]
 QUEUES_PER_VHOST = 20
@@ -27,10 +34,11 @@ LISTED_TIMEOUT_SECONDS = 60.0
 
 def wait_until_listed(brokers: Brokers, vhost: str, count: int) -> None:
     """Discovery reads the management API, which lists a new queue once its stats are in."""
-    deadline = time.monotonic() + LISTED_TIMEOUT_SECONDS
-    while len(queue_names(brokers.dr, vhost)) < count:
-        assert time.monotonic() < deadline, f"{vhost}: the API never listed {count} queues"
-        time.sleep(0.5)
+    wait_until(
+        lambda: len(queue_names(brokers.dr, vhost)) >= count,
+        f"{vhost}: the API to list {count} queues",
+        timeout=LISTED_TIMEOUT_SECONDS,
+    )
 
 
 def test_sixty_small_queues_commit_one_compacted_file_in_one_commit(
@@ -89,8 +97,11 @@ def test_progress_samples_a_vhost_of_many_queues_from_the_listing(
     sample = depth_sampler(config, transfers)
 
     # The listing's counts are sampled by the broker: they reach 3 within seconds.
-    deadline = time.monotonic() + LISTED_TIMEOUT_SECONDS
-    while set((depths := sample()).values()) != {3} or len(depths) != count:
-        assert time.monotonic() < deadline, f"sampled {depths}"
-        time.sleep(0.5)
-    assert set(depths) == {t.key for t in transfers}
+    sampled: dict = {}
+
+    def all_three() -> bool:
+        sampled.update(depths=sample())
+        return set(sampled["depths"].values()) == {3} and len(sampled["depths"]) == count
+
+    wait_until(all_three, "every queue sampled at 3 messages", timeout=LISTED_TIMEOUT_SECONDS)
+    assert set(sampled["depths"]) == {t.key for t in transfers}

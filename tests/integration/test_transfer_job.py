@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -19,37 +18,18 @@ from rmq_spark.devtools.demo import (
     wait_for_depth,
 )
 from rmq_spark.ledger import tables
-from rmq_spark.report.console import RESULT_PREFIX
 from tests.support.brokers import (
     Brokers,
     drain_fingerprints,
     fresh_vhost,
-    job_environment,
+    result_of,
+    spark_submit,
     write_config,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 VHOSTS = ["e2e-orders", "e2e-billing"]
 QUEUES_PER_VHOST = 10
 MESSAGES_PER_QUEUE = 5000  # 20 queues x 5000 = 100,000 messages
-
-
-def spark_submit(config: Path, run_id: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(REPO / "spark-submit.sh"), "--config", str(config), "--run-id", run_id],
-        env=job_environment(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-
-
-def result_of(stdout: str) -> dict[str, object]:
-    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    assert len(lines) == 1, f"expected one RESULT line, got {lines!r}\n{stdout[-3000:]}"
-    result: dict[str, object] = json.loads(lines[0][len(RESULT_PREFIX) :])
-    return result
 
 
 def expected_fingerprints(vhost: str, queue: str, count: int) -> Counter[tuple[str, str]]:

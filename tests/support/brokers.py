@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
 import sys
 import threading
 from collections import Counter
@@ -18,6 +20,7 @@ import yaml
 from rmq_spark.devtools.demo import node_connector, seed_queue, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.model import MoveOutcome
+from rmq_spark.report.console import RESULT_PREFIX
 from rmq_spark.transfer.amqp091 import wire
 from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 
@@ -182,3 +185,27 @@ class MoverThread(threading.Thread):
             self.outcome = move_queue(self.row, self.settings, "local")
         except BaseException as exc:  # handed to the test thread, which asserts on it
             self.error = exc
+
+
+def spark_submit(config: Path, run_id: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(Path(__file__).resolve().parents[2] / "spark-submit.sh"),
+            "--config",
+            str(config),
+            "--run-id",
+            run_id,
+        ],
+        env=job_environment(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
+def result_of(stdout: str) -> dict[str, object]:
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    assert len(lines) == 1, f"expected one RESULT line, got {lines!r}\n{stdout[-3000:]}"
+    result: dict[str, object] = json.loads(lines[0][len(RESULT_PREFIX) :])
+    return result
