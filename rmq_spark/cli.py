@@ -224,6 +224,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     Exit 0 with the plan, or 2 with the pre-flight problems.
     """
     setup_logging(args.log_level, args.log_format)
+    from rmq_spark.broker.federation import pause_preview
     from rmq_spark.broker.management import management_clients
     from rmq_spark.planning.discovery import discover
     from rmq_spark.planning.plan import assign_partitions
@@ -235,6 +236,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         mask_secrets_in_logs(config)
         with management_clients(config) as clients:
             transfers = discover(config, clients, dry_run=True)
+            paused = pause_preview(config, clients, transfers)
     except RmqSparkError as exc:
         if args.json:
             problems = list(getattr(exc, "problems", None) or [str(exc)])
@@ -242,7 +244,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         print_error(exc, config)
         return EXIT_ERROR
     assignment = assign_partitions(transfers, config.max_active, config.mover.queues_per_task)
-    document = plan_document(config, transfers, assignment)
+    document = plan_document(config, transfers, assignment, paused)
     if args.json:
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
@@ -259,10 +261,11 @@ def add_restore_federation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_restore_federation_command(args: argparse.Namespace) -> int:
-    """Restore every federation upstream a transfer paused on the source clusters.
+    """Undo every federation pause a transfer left on the source clusters.
 
-    For after a crash that left them paused (federation: pause); idempotent. Prints
-    each restored upstream; exit 0, or 2 when a cluster could not be restored.
+    For after a crash that left queues paused (federation: pause); idempotent. Prints
+    each restored policy (and upstream an earlier build cloned); exit 0, or 2 when a
+    cluster could not be restored.
     """
     setup_logging(args.log_level, args.log_format)
     from rmq_spark.broker.federation import restore_federation, source_clusters
@@ -277,11 +280,11 @@ def run_restore_federation_command(args: argparse.Namespace) -> int:
     except RmqSparkError as exc:
         print_error(exc, config)
         return EXIT_ERROR
-    for cluster, vhost, name in restored:
-        print(f"restored cluster {cluster} vhost {vhost!r} federation upstream {name!r}")
+    for cluster, vhost, what in restored:
+        print(f"restored cluster {cluster} vhost {vhost!r} {what}")
     if not restored:
         clusters = ", ".join(source_clusters(config))
-        print(f"nothing to restore: no paused federation upstream on cluster(s) {clusters}")
+        print(f"nothing to restore: no paused federation on cluster(s) {clusters}")
     return EXIT_VERIFIED
 
 
@@ -470,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_restore_federation_arguments(
         commands.add_parser(
             "restore-federation",
-            help="restore the federation upstreams a crashed transfer left paused",
+            help="undo the federation pause a crashed transfer left",
         )
     )
     add_report_arguments(

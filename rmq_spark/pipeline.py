@@ -148,7 +148,7 @@ def run_transfer(
     # the movers consume them; restored on the way out, also after a failure.
     with (
         management_clients(config) as clients,
-        paused_federation(config, clients),
+        paused_federation(config, clients, to_move),
         ProgressReporter(to_move, depth_sampler(config, to_move), limits=limits_in_force(config)),
     ):
         outcomes = move(

@@ -396,6 +396,15 @@ class ManagementClient:
             },
         )
 
+    def delete_policy(self, vhost: str, name: str) -> None:
+        """Delete a policy; one that is already gone is fine."""
+        self._request(
+            "DELETE",
+            f"/api/policies/{_q(vhost)}/{_q(name)}",
+            what=f"delete policy {name!r} in vhost {vhost!r}",
+            missing_ok=True,
+        )
+
     def declare_queue(
         self, vhost: str, name: str, *, durable: bool, arguments: dict[str, Any]
     ) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmq_spark.broker.federation_plan import listed_policy
 from rmq_spark.broker.management import Permissions
 from rmq_spark.config import RouteConfig
 from rmq_spark.errors import (
@@ -362,7 +363,10 @@ def matching_queues(route: RouteConfig, queues: Iterable[dict[str, Any]]) -> lis
             continue
         if queue_type(queue) not in selector.queue_types:
             continue
-        if policy_pattern and not policy_pattern.fullmatch(queue.get("policy") or ""):
+        # A queue a crashed run left paused lists the override, not its own policy.
+        if policy_pattern and not policy_pattern.fullmatch(
+            listed_policy(queue.get("policy")) or ""
+        ):
             continue
         if queue.get("exclusive"):
             continue  # owned by another connection: we could not consume it anyway

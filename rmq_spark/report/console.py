@@ -15,6 +15,7 @@ from typing import IO, Any, Protocol
 from rich.console import Console
 from rich.table import Table
 
+from rmq_spark.broker.federation_plan import Override
 from rmq_spark.config import JobConfig
 from rmq_spark.model import QueueTransfer
 from rmq_spark.pipeline import RunResult
@@ -126,11 +127,21 @@ def brake_lines(result: RunResult) -> list[str]:
 
 
 def plan_document(
-    config: JobConfig, transfers: Sequence[QueueTransfer], partitions: Sequence[int]
+    config: JobConfig,
+    transfers: Sequence[QueueTransfer],
+    partitions: Sequence[int],
+    paused: Mapping[tuple[str, str, str], Override] | None = None,
 ) -> dict[str, Any]:
-    """The dry-run plan as plain data (what `rmq-spark plan --json` prints)."""
+    """The dry-run plan as plain data (what `rmq-spark plan --json` prints).
+
+    `paused`: (cluster, vhost, queue) -> the override that pauses its federation
+    while moving (`federation.pause_preview`).
+    """
     queues = []
     for transfer, partition in zip(transfers, partitions, strict=True):
+        override = (paused or {}).get(
+            (transfer.source_cluster, transfer.source_vhost, transfer.source_queue)
+        )
         queues.append(
             {
                 "route": transfer.route,
@@ -158,6 +169,7 @@ def plan_document(
                 )
                 if transfer.bytes_known
                 else None,
+                "federation": override.as_plan_entry() if override else None,
             }
         )
     known = [q["bytes"] for q in queues if q["bytes"] is not None]
@@ -166,19 +178,33 @@ def plan_document(
         "partitions": len(set(partitions)),
         "messages": sum(q["messages"] for q in queues),
         "bytes": sum(known) if len(known) == len(queues) else None,
+        "federation": config.federation,
         "problems": [],
     }
+
+
+def federation_cell(entry: Mapping[str, Any] | None) -> str:
+    """The plan table's federation column."""
+    if entry is None:
+        return "not federated"
+    dropped = ", ".join(entry["dropped"])
+    return (
+        f"paused by {entry['paused_by']} (priority {entry['priority']}, no {dropped}); "
+        f"after: {entry['restored']} again"
+    )
 
 
 def print_plan_table(document: dict[str, Any], file: IO[str] | None = None) -> None:
     table = Table(
         title=f"plan: {len(document['queues'])} queues in {document['partitions']} partitions"
     )
-    for header in ("source", "type", "messages", "bytes", "destination", "part", "prefetch"):
+    pausing = document.get("federation") == "pause"
+    headers = ["source", "type", "messages", "bytes", "destination", "part", "prefetch"]
+    for header in [*headers, "federation"] if pausing else headers:
         table.add_column(header, justify="right" if header in _NUMERIC_PLAN else "left")
     for queue in document["queues"]:
         destination = queue["destination"] + (" (new)" if queue["destination_created"] else "")
-        table.add_row(
+        cells = [
             queue["source"],
             queue["source_type"],
             str(queue["messages"]),
@@ -186,8 +212,9 @@ def print_plan_table(document: dict[str, Any], file: IO[str] | None = None) -> N
             destination,
             str(queue["partition"]),
             _or_unknown(queue["prefetch"]),
-        )
-    console = Console(file=file, width=160)
+        ]
+        table.add_row(*cells, *([federation_cell(queue["federation"])] if pausing else []))
+    console = Console(file=file, width=200 if pausing else 160)
     console.print(table)
     console.print(
         f"total: {document['messages']} messages, {_or_unknown(document['bytes'])} bytes; "

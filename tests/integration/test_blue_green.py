@@ -379,7 +379,7 @@ def test_a_mirrored_3_10_cluster_moves_into_4_3_quorum_queues_with_its_topology(
     assert [(row["name"], row["value"]) for row in upstreams] == [(UPSTREAM, upstream)]
     for queue in ("orders.eu", "orders.us"):
         assert ready(blue_node, "blue-green-upstream", queue) == UPSTREAM_MESSAGES
-    assert any("federation upstream 'blue-peer' paused" in r.getMessage() for r in caplog.records)
+    assert any("under policy 'orders' paused" in r.getMessage() for r in caplog.records)
 
     # Each translation is said, and no credential reaches a log line.
     said = "\n".join(record.getMessage() for record in caplog.records)
