@@ -1,19 +1,23 @@
-"""Federation-safe drain: a third node plays ART, the upstream cluster of the DR node.
+"""Federation-safe DR fail-back (issue 29): the DR node federates its queues from main.
 
-The DR node's queues `fed.*` are federated with ART's same-named queues (policy
-`federate-with-art`, upstream `art`) and hold orphans; ART's queues hold messages
-of their own. A consumer on a DR queue makes its link pull from ART (the control
-test shows it); with `federation: pause` the job drains DR without pulling anything,
-and the upstreams come back with their definitions unchanged.
-
-The control, the drain and the restore after a crash run on every RabbitMQ version
-(DR, main and ART all of one version: `brokers_of_version`); the other cases, whose
-logic is the same on every version, on the host's 3.10.
+The DR node's queues `fed.a`, `fed.b` are federated with main's same-named queues
+through the upstream `up` (main itself), under the policy `fed`, which selects its
+upstreams the way RabbitMQ's guide does (`federation-upstream-set: all`) or through
+a named set, with other keys beside it; the policy also matches the federated
+exchange `fed.x`. DR holds 3,000 orphans, main 2,000 messages of its own. A consumer
+on a DR queue makes its link pull from main (the control shows it); with
+`federation: pause` the job moves the orphans to main without pulling anything back,
+main ends with exactly the 5,000, each once (by message id), the links run again and
+DR's policies are key by key what they were. Every test runs on 3.10, 4.0 and 4.3.
 """
 
 from __future__ import annotations
 
-import logging
+import json
+import os
+import signal
+import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,148 +27,124 @@ from urllib.parse import quote
 import pika
 import pytest
 import yaml
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from rmq_spark import pipeline
 from rmq_spark.broker import federation
-from rmq_spark.broker.management import management_clients
 from rmq_spark.cli import main
-from rmq_spark.config import JobConfig, load_config
+from rmq_spark.config import load_config
 from rmq_spark.devtools.demo import node_connector
-from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
+from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
 from rmq_spark.errors import DiscoveryError
-from rmq_spark.model import MoveOutcome
 from rmq_spark.pipeline import run_transfer
 from tests.support.brokers import (
     Brokers,
     cluster_block,
     depth,
-    drain_fingerprints,
     fresh_vhost,
+    job_environment,
     seed,
 )
-from tests.support.faults import (
-    key_ordered_fingerprints,
-    management,
-    seed_key_ordered,
-    wait_until,
-)
+from tests.support.faults import management, wait_until
 
 VHOST = "federation"
-FEDERATED = ("fed.a", "fed.b")
-UNFEDERATED = "plain"
-ORPHANS = 300  # per DR queue
-UPSTREAM_MESSAGES = 40  # per ART queue
-POLICY = "federate-with-art"
-CLONE_PREFIX = "rmq-spark-paused--"
 VQ = quote(VHOST, safe="")
+FEDERATED = ("fed.a", "fed.b")
+EXCHANGE = "fed.x"  # matched by the same policy: its link must run throughout
+UNFEDERATED = "plain"
+ORPHANS = 1_500  # per DR queue: 3,000 in all
+OWN = 1_000  # main's own, per queue: 2,000 in all
+POLICY = "fed"
+UPSTREAM = "up"
+OVERRIDE = "rmq-spark-paused-1--fed"
+REPO = Path(__file__).resolve().parents[2]
 
+# How the policy selects its upstreams -> its definition.
+DEFINITIONS: dict[str, dict[str, Any]] = {
+    "all": {"federation-upstream-set": "all"},
+    "named-set": {
+        "federation-upstream-set": "main-set",
+        "max-length": 1_000_000,
+        "dead-letter-exchange": "dlx",
+    },
+}
+# What the override carries instead: the rest of the definition, or, when nothing is
+# left, an upstream no one defines (RabbitMQ refuses an empty definition).
+OVERRIDE_DEFINITIONS = {
+    "all": {"federation-upstream": "rmq-spark-paused"},
+    "named-set": {"max-length": 1_000_000, "dead-letter-exchange": "dlx"},
+}
 
-ON_HOST = pytest.mark.parametrize("brokers_of_version", [HOST_VERSION], indirect=True)
 ON_EVERY_VERSION = pytest.mark.parametrize("brokers_of_version", VERSIONS, indirect=True)
-
-
-@pytest.fixture(scope="module")
-def art(
-    brokers_of_version: Brokers, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalNode]:
-    """The upstream cluster: a third node of the same version, user and password as the
-    DR and main nodes."""
-    dr = brokers_of_version.dr
-    nodes = start_nodes(
-        ["upstream"],
-        tmp_path_factory.mktemp(f"upstream-{dr.version}"),
-        password=dr.password,
-        version=dr.version,
-    )
-    try:
-        yield nodes[0]
-    finally:
-        stop_nodes(nodes, remove_data=True)
 
 
 @dataclass(frozen=True)
 class Federated:
-    """The DR node federated with ART in VHOST, as the fixture set it up."""
+    """DR federated from main in VHOST, as the fixture set it up."""
 
     brokers: Brokers
-    art: LocalNode
-    definitions: dict[str, dict[str, Any]]  # upstream name -> value, as the API returns it
+    kind: str
+    policies: dict[str, dict[str, Any]]  # DR's policies of VHOST before the run
 
 
-@pytest.fixture
-def federated(
-    brokers_of_version: Brokers, art: LocalNode, version_password_env: str
-) -> Iterator[Federated]:
-    brokers = brokers_of_version
-    vhost = fresh_vhost(brokers, VHOST)
-    art.add_vhost(vhost)
-    dr = brokers.dr
-    for queue in FEDERATED:
-        seed_key_ordered(dr, vhost, queue, ORPHANS)
-        publish(art, queue, [f"art {queue} {i}".encode() for i in range(UPSTREAM_MESSAGES)])
-    seed(dr, vhost, UNFEDERATED, 10)
-    uri = f"amqp://{art.username}:{art.password}@127.0.0.1:{art.amqp_port}/{quote(vhost, '')}"
-    values = {
-        "art": {"uri": uri, "prefetch-count": 50, "reconnect-delay": 1, "ack-mode": "on-confirm"},
-        # Referenced by no policy: paused and restored all the same.
-        "art-standby": {"uri": [uri, uri], "expires": 3_600_000, "trust-user-id": False},
-    }
-    for name, value in values.items():
-        management(
-            dr, "PUT", f"/api/parameters/federation-upstream/{VQ}/{name}", json={"value": value}
-        )
-    management(
-        dr,
-        "PUT",
-        f"/api/policies/{VQ}/{POLICY}",
-        json={
-            "pattern": r"^fed\.",
-            "definition": {"federation-upstream": "art"},
-            "apply-to": "queues",
-        },
-    )
-    wait_until(lambda: running_links(dr) == set(FEDERATED), "the federation links to run")
-    assert definitions(dr) == values  # the API gives back exactly what was defined
+def message_ids(node: LocalNode, queue: str) -> Counter[str]:
+    """Every message id a queue holds (read and acked: the queue ends empty)."""
+    found: Counter[str] = Counter()
+    connection = node_connector(node)(VHOST)
     try:
-        yield Federated(brokers, art, definitions(dr))
+        channel = connection.channel()
+        while True:
+            method, properties, _body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return found
+            found[str(properties.message_id)] += 1
     finally:
-        # Upstreams, clones, the policy and the queues go with the vhosts.
-        management(dr, "DELETE", f"/api/vhosts/{VQ}")
-        management(art, "DELETE", f"/api/vhosts/{VQ}")
+        connection.close()
 
 
-def publish(node: LocalNode, queue: str, bodies: list[bytes]) -> None:
+def publish(node: LocalNode, queue: str, prefix: str, count: int) -> None:
     connection = node_connector(node)(VHOST)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True)
-        for body in bodies:
-            channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        channel.exchange_declare(EXCHANGE, "topic", durable=True)
+        for i in range(count):
+            properties = pika.BasicProperties(delivery_mode=2, message_id=f"{prefix}/{queue}/{i}")
+            channel.basic_publish("", queue, f"{prefix} {i}".encode(), properties)
     finally:
         connection.close()
-    wait_until(lambda: depth(node, VHOST, queue) == len(bodies), f"{queue} on {node.label}")
+    wait_until(lambda: depth(node, VHOST, queue) == count, f"{queue} on {node.label}")
 
 
-def definitions(node: LocalNode) -> dict[str, dict[str, Any]]:
-    """Federation upstreams of VHOST: name -> value."""
-    rows = management(node, "GET", f"/api/parameters/federation-upstream/{VQ}")
-    return {row["name"]: row["value"] for row in rows}
-
-
-def all_upstream_names(node: LocalNode) -> list[str]:
-    """Every federation upstream of every vhost, as vhost/name."""
-    rows = management(node, "GET", "/api/parameters/federation-upstream")
-    return sorted(f"{row['vhost']}/{row['name']}" for row in rows)
-
-
-def running_links(node: LocalNode) -> set[str]:
-    """Queues of VHOST whose link to `art` is running."""
-    links = management(node, "GET", f"/api/federation-links/{VQ}")
+def expected_ids() -> set[str]:
     return {
-        link["queue"] for link in links if link["upstream"] == "art" and link["status"] == "running"
+        f"{prefix}/{queue}/{i}"
+        for queue in FEDERATED
+        for prefix, count in (("dr", ORPHANS), ("main", OWN))
+        for i in range(count)
     }
+
+
+def policies(node: LocalNode) -> dict[str, dict[str, Any]]:
+    """VHOST's policies: name -> the API's row (pattern, apply-to, priority, definition)."""
+    return {row["name"]: row for row in management(node, "GET", f"/api/policies/{VQ}")}
+
+
+def links(node: LocalNode) -> dict[str, str]:
+    """VHOST's federation links: queue or exchange name -> status."""
+    rows = management(node, "GET", f"/api/federation-links/{VQ}")
+    return {str(row.get("queue") or row.get("exchange")): str(row["status"]) for row in rows}
+
+
+def running_queue_links(node: LocalNode) -> set[str]:
+    return {
+        name for name, status in links(node).items() if name in FEDERATED and status == "running"
+    }
+
+
+def exchange_link_running(node: LocalNode) -> bool:
+    return links(node).get(EXCHANGE) == "running"
 
 
 def wait_for_policy_listed(node: LocalNode) -> None:
@@ -178,115 +158,233 @@ def wait_for_policy_listed(node: LocalNode) -> None:
     wait_until(lambda: listed() == set(FEDERATED), "the API to list the federation policy")
 
 
-def upstream_depths(art: LocalNode) -> dict[str, int]:
-    return {queue: depth(art, VHOST, queue) for queue in FEDERATED}
+@pytest.fixture(params=sorted(DEFINITIONS))
+def federated(
+    request: pytest.FixtureRequest, brokers_of_version: Brokers, version_password_env: str
+) -> Iterator[Federated]:
+    brokers = brokers_of_version
+    dr, upstream = brokers.dr, brokers.main
+    fresh_vhost(brokers, VHOST)
+    for queue in FEDERATED:
+        publish(upstream, queue, "main", OWN)
+        publish(dr, queue, "dr", ORPHANS)
+    seed(dr, VHOST, UNFEDERATED, 10)
+    uri = f"amqp://{upstream.username}:{upstream.password}@127.0.0.1:{upstream.amqp_port}/{VQ}"
+    management(
+        dr,
+        "PUT",
+        f"/api/parameters/federation-upstream/{VQ}/{UPSTREAM}",
+        json={"value": {"uri": uri, "prefetch-count": 100, "reconnect-delay": 1}},
+    )
+    management(
+        dr,
+        "PUT",
+        f"/api/parameters/federation-upstream-set/{VQ}/main-set",
+        json={"value": [{"upstream": UPSTREAM}]},
+    )
+    definition = DEFINITIONS[request.param]
+    management(
+        dr,
+        "PUT",
+        f"/api/policies/{VQ}/{POLICY}",
+        json={"pattern": r"^fed\.", "definition": definition, "apply-to": "all", "priority": 2},
+    )
+    wait_until(lambda: running_queue_links(dr) == set(FEDERATED), "the queues' links to run")
+    wait_until(lambda: exchange_link_running(dr), "the exchange's link to run")
+    try:
+        yield Federated(brokers, request.param, policies(dr))
+    finally:
+        # Upstreams, sets, policies and queues go with the vhosts.
+        for node in (dr, upstream):
+            management(node, "DELETE", f"/api/vhosts/{VQ}")
 
 
-def job_config(tmp_path: Path, brokers: Brokers, *, vhosts: list[str]) -> Path:
-    """Drain the DR queues under the federation policy, in any vhost, pausing federation."""
+def job_config(tmp_path: Path, brokers: Brokers, **top_level: Any) -> Path:
+    """Move the DR queues under the federation policy to main, pausing federation."""
     config = {
         "clusters": {"dr": cluster_block(brokers.dr), "main": cluster_block(brokers.main)},
         "routes": [
             {
                 "name": "dr-failback",
-                "source": {"cluster": "dr", "vhosts": vhosts, "policy_pattern": POLICY},
+                "source": {"cluster": "dr", "vhosts": [VHOST], "policy_pattern": POLICY},
                 "destination": {"cluster": "main"},
             }
         ],
         "ledger": {"path": str(tmp_path / "ledger")},
         "federation": "pause",
+        **top_level,
     }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path
 
 
-def pause_dr(config: JobConfig) -> list[tuple[str, str]]:
-    with management_clients(config) as clients:
-        return federation.pause(clients["dr"])
+def assert_failed_back(federated: Federated, duplicates: int = 0) -> None:
+    """Main holds its own and the orphans, once each (but for the `duplicates` the
+    verification named); DR is empty; federation is back."""
+    brokers = federated.brokers
+    assert policies(brokers.dr) == federated.policies  # key by key, the override gone
+    wait_until(lambda: running_queue_links(brokers.dr) == set(FEDERATED), "the links to run again")
+    assert exchange_link_running(brokers.dr)
+    for queue in FEDERATED:
+        assert depth(brokers.dr, VHOST, queue) == 0, queue
+    found = message_ids(brokers.main, "fed.a") + message_ids(brokers.main, "fed.b")
+    assert set(found) == expected_ids()
+    # Nothing pulled back and forth: one copy of each but those a killed run published
+    # and could not ack (at-least-once, named by the verification).
+    assert found.total() - len(found) == duplicates
+    assert depth(brokers.dr, VHOST, UNFEDERATED) == 10  # under no federation policy
 
 
 @ON_EVERY_VERSION
-def test_a_consumer_on_a_federated_dr_queue_pulls_from_the_upstream(
-    federated: Federated,
-) -> None:
-    """The control: without a pause, draining DR moves ART's messages into DR."""
-    connection = federated.brokers.connect(federated.brokers.dr, VHOST)
+@pytest.mark.parametrize("federated", ["all"], indirect=True)
+def test_a_consumer_on_a_federated_dr_queue_pulls_from_main(federated: Federated) -> None:
+    """The control: without a pause, draining a DR queue pulls main's messages into DR."""
+    brokers = federated.brokers
+    connection = brokers.connect(brokers.dr, VHOST)
     try:
         channel = connection.channel()
-        channel.basic_qos(prefetch_count=50)
+        channel.basic_qos(prefetch_count=100)
         channel.basic_consume("fed.a", lambda ch, method, _p, _b: ch.basic_ack(method.delivery_tag))
 
         def pulled() -> bool:
             connection.process_data_events(time_limit=0.05)
-            return depth(federated.art, VHOST, "fed.a") < UPSTREAM_MESSAGES
+            return depth(brokers.main, VHOST, "fed.a") < OWN
 
-        wait_until(pulled, "the link to pull from the upstream", timeout=20)
+        wait_until(pulled, "the link to pull from main", timeout=30)
     finally:
         connection.close()
-    assert depth(federated.art, VHOST, "fed.a") < UPSTREAM_MESSAGES
-    assert depth(federated.art, VHOST, "fed.b") == UPSTREAM_MESSAGES  # no consumer there
+    assert depth(brokers.main, VHOST, "fed.b") == OWN  # no consumer there
 
 
 @ON_EVERY_VERSION
-def test_draining_the_dr_node_pulls_nothing_from_the_upstream_and_restores_it(
-    federated: Federated,
-    tmp_path: Path,
-    spark: SparkSession,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    brokers, art = federated.brokers, federated.art
-    config = load_config(job_config(tmp_path, brokers, vhosts=["*"]))
-    wait_for_policy_listed(brokers.dr)
-
-    with caplog.at_level(logging.INFO, logger="rmq_spark.broker.federation"):
-        result = run_transfer(spark, config, run_id="federation-1")
-
-    assert result.verification.verified
-    assert sorted((t.source_vhost, t.source_queue) for t in result.transfers) == [
-        (VHOST, queue) for queue in FEDERATED
-    ]
-    # Not one message came from the upstream: ART still has all of its own ...
-    assert upstream_depths(art) == dict.fromkeys(FEDERATED, UPSTREAM_MESSAGES)
-    # ... and main received exactly the DR orphans.
-    for queue in FEDERATED:
-        found = drain_fingerprints(lambda: brokers.connect(brokers.main, VHOST), queue)
-        assert found == key_ordered_fingerprints(VHOST, queue, ORPHANS), queue
-        assert depth(brokers.dr, VHOST, queue) == 0
-    assert depth(brokers.dr, VHOST, UNFEDERATED) == 10  # no federation policy: not selected
-    # The upstreams are back, exactly as they were, and no clone is left.
-    assert definitions(brokers.dr) == federated.definitions
-    assert not [name for name in all_upstream_names(brokers.dr) if CLONE_PREFIX in name]
-    wait_until(lambda: running_links(brokers.dr) == set(FEDERATED), "the links to come back")
-    logged = [r.getMessage() for r in caplog.records if r.name == "rmq_spark.broker.federation"]
-    for name in ("art", "art-standby"):
-        assert f"cluster dr vhost {VHOST!r}: federation upstream {name!r} paused" in logged
-        assert f"cluster dr vhost {VHOST!r}: federation upstream {name!r} restored" in logged
-    assert not any(art.password in line for line in logged)
-
-
-@ON_HOST
-def test_upstreams_are_restored_when_the_move_fails(
+def test_the_fail_back_pauses_federation_whatever_the_policy_selects(
     federated: Federated,
     tmp_path: Path,
     spark: SparkSession,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     dr = federated.brokers.dr
-    config = load_config(job_config(tmp_path, federated.brokers, vhosts=[VHOST]))
+    path = job_config(tmp_path, federated.brokers)
+    config = load_config(path)
+    wait_for_policy_listed(dr)
+    # The dry run shows how each queue's federation will be paused, and changes nothing.
+    assert main(["plan", "--config", str(path), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["queues"]
+    entry = {
+        "paused_by": OVERRIDE,
+        "priority": 3,
+        "definition": OVERRIDE_DEFINITIONS[federated.kind],
+        "dropped": ["federation-upstream-set"],
+        "restored": POLICY,
+    }
+    assert {q["source_queue"]: q["federation"] for q in planned} == {q: entry for q in FEDERATED}
+    assert policies(dr) == federated.policies
+    during: dict[str, Any] = {}
+    real_move = pipeline.move
+
+    def recording_move(*args: Any, **kwargs: Any) -> Any:
+        during["policies"] = policies(dr)
+        during["links"] = links(dr)
+        return real_move(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "move", recording_move)
+
+    result = run_transfer(spark, config, run_id=f"federation-{federated.kind}")
+
+    assert result.verification.verified
+    assert sorted(t.source_queue for t in result.transfers) == list(FEDERATED)
+    # While moving: the override matched exactly the moved queues, kept the policy's
+    # other keys, and stopped their links; the exchange kept its policy and link.
+    override = during["policies"][OVERRIDE]
+    assert (override["pattern"], override["apply-to"], override["priority"]) == (
+        "^(?:fed\\.a|fed\\.b)\\z",
+        "queues",
+        3,
+    )
+    assert override["definition"] == OVERRIDE_DEFINITIONS[federated.kind]
+    assert {k: v for k, v in during["policies"].items() if k != OVERRIDE} == federated.policies
+    assert during["links"] == {EXCHANGE: "running"}
+    assert_failed_back(federated)
+
+
+def submit(config: Path, run_id: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(REPO / "spark-submit.sh"), "--config", str(config), "--run-id", run_id],
+        env=job_environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the driver, JVM and workers
+    )
+
+
+@ON_EVERY_VERSION
+@pytest.mark.parametrize("federated", ["all"], indirect=True)
+def test_a_run_killed_while_paused_is_restored_then_finished(
+    federated: Federated,
+    tmp_path: Path,
+    spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    brokers = federated.brokers
+    dr = brokers.dr
+    # Slow enough to be killed while moving: 3,000 messages at 500/s.
+    path = job_config(tmp_path, brokers, limits={"messages_per_second": 500})
+    wait_for_policy_listed(dr)
+
+    first = submit(path, "federation-killed")
+    try:
+        wait_until(
+            lambda: OVERRIDE in policies(dr) and depth(brokers.main, VHOST, "fed.a") > OWN,
+            "the run to pause federation and move",
+            timeout=240,
+        )
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the driver dies, and its executors with it
+        first.wait(30)
+    assert depth(dr, VHOST, "fed.a") + depth(dr, VHOST, "fed.b") > 0, "killed too late"
+    # The pause outlives the run, in RabbitMQ: the override, no queue link.
+    assert OVERRIDE in policies(dr)
+    assert links(dr) == {EXCHANGE: "running"}
+
+    assert main(["restore-federation", "--config", str(path)]) == 0
+
+    assert capsys.readouterr().out.splitlines() == [
+        f"restored cluster dr vhost {VHOST!r} federation of policy {POLICY!r} "
+        f"(override {OVERRIDE!r} deleted)"
+    ]
+    assert policies(dr) == federated.policies
+    wait_until(lambda: running_queue_links(dr) == set(FEDERATED), "the links to run again")
+    assert main(["restore-federation", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "nothing to restore: no paused federation on cluster(s) dr"
+    ]
+
+    wait_for_policy_listed(dr)
+    result = run_transfer(spark, load_config(path), run_id="federation-killed")
+
+    assert result.verification.verified
+    assert_failed_back(federated, duplicates=result.verification.duplicates)
+
+
+ON_HOST = pytest.mark.parametrize("brokers_of_version", [HOST_VERSION], indirect=True)
+
+
+@ON_HOST
+@pytest.mark.parametrize("federated", ["all"], indirect=True)
+def test_federation_is_restored_when_the_move_fails(
+    federated: Federated, tmp_path: Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dr = federated.brokers.dr
+    config = load_config(job_config(tmp_path, federated.brokers))
     wait_for_policy_listed(dr)
     during: dict[str, Any] = {}
 
-    def failing_move(
-        _spark: SparkSession,
-        _plan: DataFrame,
-        _config: JobConfig,
-        _run_id: str,
-        _nodes: dict[str, dict[str, str]] | None = None,
-        **_options: Any,
-    ) -> list[MoveOutcome]:
-        during["upstreams"] = sorted(definitions(dr))
-        during["links"] = running_links(dr)
+    def failing_move(*_args: Any, **_kwargs: Any) -> Any:
+        during["overrides"] = [name for name in policies(dr) if name != POLICY]
+        during["links"] = links(dr)
         raise RuntimeError("executor lost")
 
     monkeypatch.setattr(pipeline, "move", failing_move)
@@ -294,87 +392,25 @@ def test_upstreams_are_restored_when_the_move_fails(
     with pytest.raises(RuntimeError, match="executor lost"):
         run_transfer(spark, config, run_id="federation-failed")
 
-    assert during == {
-        "upstreams": [CLONE_PREFIX + "art", CLONE_PREFIX + "art-standby"],
-        "links": set(),
-    }
-    assert definitions(dr) == federated.definitions
-    assert upstream_depths(federated.art) == dict.fromkeys(FEDERATED, UPSTREAM_MESSAGES)
+    assert during == {"overrides": [OVERRIDE], "links": {EXCHANGE: "running"}}
+    assert policies(dr) == federated.policies
+    wait_until(lambda: running_queue_links(dr) == set(FEDERATED), "the links to run again")
 
 
 @ON_HOST
+@pytest.mark.parametrize("federated", ["all"], indirect=True)
 def test_nothing_is_paused_when_pre_flight_fails(
     federated: Federated, tmp_path: Path, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = load_config(job_config(tmp_path, federated.brokers, vhosts=[VHOST, "no-such-vhost"]))
+    path = job_config(tmp_path, federated.brokers)
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    config["routes"][0]["source"]["vhosts"] = [VHOST, "no-such-vhost"]
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
     pauses: list[str] = []
-
-    def recording_pause(client: Any, **_: Any) -> list[tuple[str, str]]:
-        pauses.append(client.cluster_name)
-        return []
-
-    monkeypatch.setattr(federation, "pause", recording_pause)
+    monkeypatch.setattr(federation, "pause", lambda client, *_a, **_k: pauses.append("paused"))
 
     with pytest.raises(DiscoveryError, match="vhost 'no-such-vhost': source vhost not found"):
-        run_transfer(spark, config, run_id="federation-preflight")
+        run_transfer(spark, load_config(path), run_id="federation-preflight")
 
     assert pauses == []
-    assert definitions(federated.brokers.dr) == federated.definitions
-
-
-@ON_EVERY_VERSION
-def test_restore_federation_command_finishes_what_a_crash_left_paused(
-    federated: Federated, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    dr = federated.brokers.dr
-    path = job_config(tmp_path, federated.brokers, vhosts=[VHOST])
-    assert pause_dr(load_config(path)) == [(VHOST, "art"), (VHOST, "art-standby")]
-    assert sorted(definitions(dr)) == [CLONE_PREFIX + "art", CLONE_PREFIX + "art-standby"]
-    assert running_links(dr) == set()
-    # A crash while restoring, between re-creating the original and deleting its clone.
-    standby = federated.definitions["art-standby"]
-    management(
-        dr, "PUT", f"/api/parameters/federation-upstream/{VQ}/art-standby", json={"value": standby}
-    )
-
-    assert main(["restore-federation", "--config", str(path)]) == 0
-
-    assert capsys.readouterr().out.splitlines() == [
-        f"restored cluster dr vhost {VHOST!r} federation upstream 'art'",
-        f"restored cluster dr vhost {VHOST!r} federation upstream 'art-standby'",
-    ]
-    assert definitions(dr) == federated.definitions
-    wait_until(lambda: running_links(dr) == set(FEDERATED), "the links to come back")
-    # Idempotent: a second run finds nothing to do.
-    assert main(["restore-federation", "--config", str(path)]) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        "nothing to restore: no paused federation upstream on cluster(s) dr"
-    ]
-    assert definitions(dr) == federated.definitions
-
-
-@ON_HOST
-def test_pausing_again_after_a_crash_never_clones_a_clone(
-    federated: Federated, tmp_path: Path
-) -> None:
-    dr = federated.brokers.dr
-    config = load_config(job_config(tmp_path, federated.brokers, vhosts=[VHOST]))
-    # A crash while pausing, between cloning `art` and deleting it.
-    art_value = federated.definitions["art"]
-    management(
-        dr,
-        "PUT",
-        f"/api/parameters/federation-upstream/{VQ}/{CLONE_PREFIX}art",
-        json={"value": art_value},
-    )
-    paused = [(VHOST, "art"), (VHOST, "art-standby")]
-    clones = {CLONE_PREFIX + name: federated.definitions[name] for name in ("art", "art-standby")}
-
-    assert pause_dr(config) == paused
-    assert definitions(dr) == clones
-    assert pause_dr(config) == paused  # a re-run finds them paused already
-    assert definitions(dr) == clones
-
-    with management_clients(config) as clients:
-        assert federation.restore(clients["dr"]) == paused
-    assert definitions(dr) == federated.definitions
+    assert policies(federated.brokers.dr) == federated.policies

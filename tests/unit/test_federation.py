@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 from typing import Any
 
@@ -31,6 +32,7 @@ from rmq_spark.broker.federation_plan import (
 from rmq_spark.config import parse_config
 from rmq_spark.errors import AccessRefusedError, ConfigError, FederationError
 from rmq_spark.model import QueueTransfer
+from rmq_spark.report.console import plan_document, print_plan_table
 
 FED_ALL = {"federation-upstream-set": "all"}
 FED_SET_WITH_LIMITS = {
@@ -453,3 +455,24 @@ def test_a_user_who_may_not_see_links_pauses_without_waiting() -> None:
     client = FakeManagement("dr", [policy("fed", FED_ALL)], {"orders.a": "fed"}, links=refused)
     assert pause(client, [("orders", "orders.a")]) == [("orders", "orders.a")]
     assert client.names() == ["orders/fed", "orders/rmq-spark-paused-1--fed"]
+
+
+def test_the_plan_shows_how_each_queue_is_paused_and_what_applies_after() -> None:
+    override = pause_plan({("orders", "orders.a"): "fed"}, [policy("fed", FED_ALL)]).overrides[0]
+    document = plan_document(
+        pausing_config(), MOVED, [0, 0], {("dr", "orders", "orders.a"): override}
+    )
+    assert document["federation"] == "pause"
+    assert [q["federation"] for q in document["queues"]] == [override.as_plan_entry(), None]
+    out = io.StringIO()
+    print_plan_table(document, file=out)
+    text = out.getvalue()
+    assert (
+        "paused by rmq-spark-paused-1--fed (priority 1, no federation-upstream-set); "
+        "after: fed again" in text
+    )
+    assert "not federated" in text
+    kept = plan_document(parse_config(CONFIG, {}), MOVED, [0, 0])
+    out = io.StringIO()
+    print_plan_table(kept, file=out)
+    assert "federation" not in out.getvalue()  # federation: keep: no such column
