@@ -265,7 +265,8 @@ def run_restore_federation_command(args: argparse.Namespace) -> int:
 
     For after a crash that left queues paused (federation: pause); idempotent. Prints
     each restored policy (and upstream an earlier build cloned); exit 0, or 2 when a
-    cluster could not be restored.
+    cluster could not be restored, or a mover still consumes there (its queues' links
+    would pull into the queues it drains).
     """
     setup_logging(args.log_level, args.log_format)
     from rmq_spark.broker.federation import restore_federation, source_clusters
@@ -276,7 +277,7 @@ def run_restore_federation_command(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         mask_secrets_in_logs(config)
         with management_clients(config) as clients:
-            restored = restore_federation(config, clients)
+            restored = restore_federation(config, clients, unless_consuming=True)
     except RmqSparkError as exc:
         print_error(exc, config)
         return EXIT_ERROR

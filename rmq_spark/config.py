@@ -301,9 +301,9 @@ class JobConfig(_Strict):
     max_active: int = Field(default=4, ge=1)
     ledger: LedgerConfig
     management_timeout_seconds: float = Field(default=10.0, gt=0)
-    # pause: the source clusters' federation upstreams are paused while the movers
-    # run (their consumers would make federated queues pull from upstream), and
-    # restored afterwards; see federation.py.
+    # pause: the moved queues' federation links are stopped while the movers run
+    # (their consumers would make federated queues pull from upstream) by a temporary
+    # override policy, deleted afterwards; see federation.py.
     federation: Literal["keep", "pause"] = "keep"
     # For the whole job: split evenly among the transfers that can move at once.
     limits: Limits = Limits()

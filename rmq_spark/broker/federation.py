@@ -22,6 +22,7 @@ Upstreams cloned by earlier builds (`federation_clones.py`) are restored too.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,10 +40,13 @@ from rmq_spark.broker.federation_plan import (
 )
 from rmq_spark.broker.management import ManagementClient
 from rmq_spark.config import JobConfig
-from rmq_spark.errors import FederationError, RmqSparkError
+from rmq_spark.errors import AccessRefusedError, FederationError, RmqSparkError
 from rmq_spark.model import QueueTransfer
 
 log = logging.getLogger(__name__)
+
+# The connections a mover consumes on (transfer/executor.py names them).
+_MOVER_CONSUMER = re.compile(r"rmq-spark \S+ consumer vhost .*", re.DOTALL)
 
 
 def source_clusters(config: JobConfig) -> list[str]:
@@ -141,13 +145,47 @@ def restore(client: ManagementClient) -> list[tuple[str, str]]:
     return restored
 
 
+def consuming_movers(client: ManagementClient) -> list[str]:
+    """The names of rmq-spark mover connections still consuming on the cluster."""
+    try:
+        rows = client.connections()
+    except AccessRefusedError as exc:
+        # Without `monitoring` a user sees only its own connections; refused, nothing.
+        log.info("cluster %s: cannot list the connections: %s", client.cluster_name, exc)
+        return []
+    names = (str((row.get("client_properties") or {}).get("connection_name") or "") for row in rows)
+    return sorted(name for name in names if _MOVER_CONSUMER.fullmatch(name))
+
+
 def restore_federation(
-    config: JobConfig, clients: Mapping[str, ManagementClient]
+    config: JobConfig,
+    clients: Mapping[str, ManagementClient],
+    *,
+    unless_consuming: bool = False,
 ) -> list[tuple[str, str, str]]:
     """Undo every pause on every source cluster: (cluster, vhost, what) of each.
 
-    Tries every cluster even when one fails, then raises one error naming each failure.
+    `unless_consuming` (`restore-federation`, after a crash): refuse, restoring
+    nothing, while a mover still consumes on a source cluster (a run still moving, or
+    the processes of a killed one not gone yet): its queues' links would pull into
+    the queues it drains. Tries every cluster even when one fails, then raises one
+    error naming each failure.
     """
+    if unless_consuming:
+        open_movers = [
+            f"cluster {cluster}: {name}"
+            for cluster in source_clusters(config)
+            for name in consuming_movers(clients[cluster])
+        ]
+        if open_movers:
+            lines = "\n  ".join(open_movers)
+            raise FederationError(
+                "not restoring federation: rmq-spark movers still consume on the source "
+                "cluster(s), and the links would pull into the queues they drain; nothing "
+                "was changed. Wait until their run ends, or, for a killed run, until the "
+                "broker closes its connections (at once, or after the heartbeat timeout), "
+                f"then run this again:\n  {lines}"
+            )
     restored: list[tuple[str, str, str]] = []
     problems: list[RmqSparkError] = []
     for cluster in source_clusters(config):

@@ -185,6 +185,15 @@ class ManagementClient:
         """Every policy of every vhost."""
         return list(self._request("GET", "/api/policies", what="list the policies") or [])
 
+    def connections(self) -> list[dict[str, Any]]:
+        """The cluster's client connections: name and client properties."""
+        rows = self._request(
+            "GET",
+            "/api/connections?columns=name,client_properties",
+            what="list the connections",
+        )
+        return list(rows or [])
+
     def federation_links(self) -> list[dict[str, Any]] | None:
         """Federation links of every vhost; None without rabbitmq_federation_management."""
         rows = self._request(

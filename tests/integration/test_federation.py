@@ -46,7 +46,7 @@ from tests.support.brokers import (
     job_environment,
     seed,
 )
-from tests.support.faults import management, wait_until
+from tests.support.faults import management, mover_connections, wait_until
 
 VHOST = "federation"
 VQ = quote(VHOST, safe="")
@@ -344,7 +344,13 @@ def test_a_run_killed_while_paused_is_restored_then_finished(
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver dies, and its executors with it
         first.wait(30)
-    assert depth(dr, VHOST, "fed.a") + depth(dr, VHOST, "fed.b") > 0, "killed too late"
+    assert sum(depth(brokers.main, VHOST, q) for q in FEDERATED) < 2 * (OWN + ORPHANS)
+    # The broker closes a killed client's connections as it notices; until then its
+    # consumers hold what they prefetched (and restore-federation refuses).
+    wait_until(
+        lambda: not mover_connections(dr, "consumer", "federation-killed"),
+        "the killed run's consumers to be gone",
+    )
     # The pause outlives the run, in RabbitMQ: the override, no queue link.
     assert OVERRIDE in policies(dr)
     assert links(dr) == {EXCHANGE: "running"}

@@ -13,6 +13,7 @@ from rmq_spark.broker.federation import (
     pause_preview,
     paused_federation,
     restore,
+    restore_federation,
     source_clusters,
 )
 from rmq_spark.broker.federation_clones import Step, Upstream, restore_steps
@@ -271,7 +272,14 @@ class FakeManagement:
         self.upstream_rows: list[dict[str, Any]] = behaviour.get("upstreams", [])
         self.links: Any = behaviour.get("links", [])  # rows, None (no plugin) or an error
         self.refuse_deletes = False
+        self.connection_names: list[str] = behaviour.get("connections", [])
         self.calls: list[str] = []
+
+    def connections(self) -> list[dict[str, Any]]:
+        return [
+            {"name": f"127.0.0.1:{i}", "client_properties": {"connection_name": name}}
+            for i, name in enumerate(self.connection_names)
+        ]
 
     def queues(self, vhost: str, columns: str) -> list[dict[str, Any]]:
         assert columns == "name,policy"
@@ -476,3 +484,28 @@ def test_the_plan_shows_how_each_queue_is_paused_and_what_applies_after() -> Non
     out = io.StringIO()
     print_plan_table(kept, file=out)
     assert "federation" not in out.getvalue()  # federation: keep: no such column
+
+
+def test_restore_federation_refuses_while_a_mover_still_consumes() -> None:
+    clients = dr_and_other()
+    with paused_federation(pausing_config(), clients, MOVED):  # type: ignore[arg-type]
+        clients["dr"].connection_names = [
+            "rmq-spark run-7 consumer vhost orders",
+            "rmq-spark run-7 publisher vhost orders",  # main's side: no link pulls there
+            "shop-frontend",
+        ]
+        with pytest.raises(FederationError) as raised:
+            restore_federation(pausing_config(), clients, unless_consuming=True)  # type: ignore[arg-type]
+        assert "cluster dr: rmq-spark run-7 consumer vhost orders" in str(raised.value)
+        assert "publisher" not in str(raised.value)
+        assert "shop-frontend" not in str(raised.value)
+        assert clients["dr"].names() == ["orders/fed", "orders/rmq-spark-paused-1--fed"]
+        clients["dr"].connection_names = ["shop-frontend"]
+        assert restore_federation(pausing_config(), clients, unless_consuming=True) == [  # type: ignore[arg-type]
+            (
+                "dr",
+                "orders",
+                "federation of policy 'fed' (override 'rmq-spark-paused-1--fed' deleted)",
+            )
+        ]
+    assert clients["dr"].names() == ["orders/fed"]
