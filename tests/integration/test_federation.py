@@ -13,6 +13,7 @@ DR's policies are key by key what they were. Every test runs on 3.10, 4.0 and 4.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -320,6 +321,28 @@ def submit(config: Path, run_id: str) -> subprocess.Popen[str]:
     )
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant, as the driver host's crash would. Its
+    process group is not enough: PySpark's daemon puts itself and the Python workers
+    running the movers in a group of their own (pyspark/daemon.py `os.setpgid(0, 0)`),
+    and they would go on moving without their driver."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
 @ON_EVERY_VERSION
 @pytest.mark.parametrize("federated", ["all"], indirect=True)
 def test_a_run_killed_while_paused_is_restored_then_finished(
@@ -342,7 +365,7 @@ def test_a_run_killed_while_paused_is_restored_then_finished(
             timeout=240,
         )
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the driver dies, and its executors with it
+        kill_tree(first.pid)  # the driver dies, and its executors with it
         first.wait(30)
     assert sum(depth(brokers.main, VHOST, q) for q in FEDERATED) < 2 * (OWN + ORPHANS)
     # The broker closes a killed client's connections as it notices; until then its
