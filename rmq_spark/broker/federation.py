@@ -146,15 +146,32 @@ def restore(client: ManagementClient) -> list[tuple[str, str]]:
 
 
 def consuming_movers(client: ManagementClient) -> list[str]:
-    """The names of rmq-spark mover connections still consuming on the cluster."""
+    """What still consumes for rmq-spark on the cluster: mover connections, and
+    consumers whose connection is no longer listed (closing: the queue drops the
+    consumer after the connection goes, and until then a link would pull for it)."""
     try:
-        rows = client.connections()
+        connections = {
+            str(row.get("name")): str(
+                (row.get("client_properties") or {}).get("connection_name") or ""
+            )
+            for row in client.connections()
+        }
+        consumers = client.consumers()
     except AccessRefusedError as exc:
         # Without `monitoring` a user sees only its own connections; refused, nothing.
-        log.info("cluster %s: cannot list the connections: %s", client.cluster_name, exc)
+        log.info("cluster %s: cannot list the consumers: %s", client.cluster_name, exc)
         return []
-    names = (str((row.get("client_properties") or {}).get("connection_name") or "") for row in rows)
-    return sorted(name for name in names if _MOVER_CONSUMER.fullmatch(name))
+    found = {name for name in connections.values() if _MOVER_CONSUMER.fullmatch(name)}
+    for consumer in consumers:
+        details = consumer.get("channel_details")
+        connection = details.get("connection_name") if isinstance(details, dict) else None
+        if connection not in connections:
+            queue = consumer.get("queue") or {}
+            found.add(
+                f"a consumer of queue {queue.get('name')!r} in vhost {queue.get('vhost')!r} "
+                "whose connection is closing"
+            )
+    return sorted(found)
 
 
 def restore_federation(

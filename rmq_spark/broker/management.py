@@ -194,6 +194,10 @@ class ManagementClient:
         )
         return list(rows or [])
 
+    def consumers(self) -> list[dict[str, Any]]:
+        """Every consumer of every vhost: its queue and its channel's connection."""
+        return list(self._request("GET", "/api/consumers", what="list the consumers") or [])
+
     def federation_links(self) -> list[dict[str, Any]] | None:
         """Federation links of every vhost; None without rabbitmq_federation_management."""
         rows = self._request(

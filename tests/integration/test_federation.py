@@ -378,7 +378,11 @@ def test_a_run_killed_while_paused_is_restored_then_finished(
     assert OVERRIDE in policies(dr)
     assert links(dr) == {EXCHANGE: "running"}
 
-    assert main(["restore-federation", "--config", str(path)]) == 0
+    # Refused (exit 2) until the broker has dropped the killed consumers from the queues.
+    wait_until(
+        lambda: main(["restore-federation", "--config", str(path)]) == 0,
+        "restore-federation to find no mover consuming",
+    )
 
     assert capsys.readouterr().out.splitlines() == [
         f"restored cluster dr vhost {VHOST!r} federation of policy {POLICY!r} "

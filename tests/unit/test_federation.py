@@ -273,7 +273,11 @@ class FakeManagement:
         self.links: Any = behaviour.get("links", [])  # rows, None (no plugin) or an error
         self.refuse_deletes = False
         self.connection_names: list[str] = behaviour.get("connections", [])
+        self.consumer_rows: list[dict[str, Any]] = []
         self.calls: list[str] = []
+
+    def consumers(self) -> list[dict[str, Any]]:
+        return self.consumer_rows
 
     def connections(self) -> list[dict[str, Any]]:
         return [
@@ -500,7 +504,26 @@ def test_restore_federation_refuses_while_a_mover_still_consumes() -> None:
         assert "publisher" not in str(raised.value)
         assert "shop-frontend" not in str(raised.value)
         assert clients["dr"].names() == ["orders/fed", "orders/rmq-spark-paused-1--fed"]
+        # The connection is gone, but the queue still lists its consumer: closing.
         clients["dr"].connection_names = ["shop-frontend"]
+        clients["dr"].consumer_rows = [
+            {
+                "queue": {"name": "orders.a", "vhost": "orders"},
+                "channel_details": {"connection_name": "127.0.0.1:9 -> 127.0.0.1:5672"},
+            },
+            {
+                "queue": {"name": "shop", "vhost": "orders"},
+                "channel_details": {"connection_name": "127.0.0.1:0"},
+            },
+        ]
+        with pytest.raises(FederationError) as raised:
+            restore_federation(pausing_config(), clients, unless_consuming=True)  # type: ignore[arg-type]
+        assert (
+            "cluster dr: a consumer of queue 'orders.a' in vhost 'orders' whose connection "
+            "is closing" in str(raised.value)
+        )
+        assert "'shop'" not in str(raised.value)
+        clients["dr"].consumer_rows = clients["dr"].consumer_rows[1:]
         assert restore_federation(pausing_config(), clients, unless_consuming=True) == [  # type: ignore[arg-type]
             (
                 "dr",
