@@ -33,6 +33,7 @@ from rmq_spark.broker.federation_plan import (
 from rmq_spark.config import parse_config
 from rmq_spark.errors import AccessRefusedError, ConfigError, FederationError
 from rmq_spark.model import QueueTransfer
+from rmq_spark.planning.rules import matching_queues
 from rmq_spark.report.console import plan_document, print_plan_table
 
 FED_ALL = {"federation-upstream-set": "all"}
@@ -532,3 +533,18 @@ def test_restore_federation_refuses_while_a_mover_still_consumes() -> None:
             )
         ]
     assert clients["dr"].names() == ["orders/fed"]
+
+
+def test_a_queue_a_crashed_run_left_paused_is_still_selected_by_its_policy() -> None:
+    config = parse_config(
+        CONFIG.replace("source: {cluster: dr}", "source: {cluster: dr, policy_pattern: fed}"),
+        {},
+    )
+    queues = [
+        {"name": "orders.a", "policy": "rmq-spark-paused-1--fed"},
+        {"name": "orders.b", "policy": "fed"},
+        {"name": "orders.c", "policy": "rmq-spark-paused-1--other"},
+        {"name": "orders.d"},
+    ]
+    chosen = matching_queues(config.routes[0], queues)
+    assert [q["name"] for q in chosen] == ["orders.a", "orders.b"]
