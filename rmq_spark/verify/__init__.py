@@ -63,8 +63,9 @@ from rmq_spark.verify.expectations import (
     validate_with_gx,
     write_results,
 )
-from rmq_spark.verify.summary_arrow import summarize_arrow
-from rmq_spark.verify.summary_spark import summarize
+from rmq_spark.verify.gaps import add_missing_positions, not_contiguous
+from rmq_spark.verify.summary_arrow import gaps_arrow, summarize_arrow
+from rmq_spark.verify.summary_spark import gaps_spark, summarize
 from rmq_spark.verify.verdicts import (
     QueueVerdict,
     Verification,
@@ -167,6 +168,9 @@ def verify_run(
         summary = summarize(messages, counters)
         collected = summary.collect()
         summary_rows = [row.asDict() for row in collected]
+        unnumbered = not_contiguous(summary_rows)
+        if unnumbered:
+            add_missing_positions(summary_rows, gaps_spark(messages, unnumbered))
         # GE validates the collected rows, not the summary plan, so the joins and windows
         # behind it run once however many metrics GE computes.
         summary_frame = messages.sparkSession.createDataFrame(collected, schema=summary.schema)
@@ -211,6 +215,9 @@ def verify_run_arrow(
             f"{', '.join(MESSAGE_CHECK_COLUMNS)}; found: {', '.join(messages.column_names)}"
         )
     summary_rows = summarize_arrow(messages, counters)
+    unnumbered = not_contiguous(summary_rows)
+    if unnumbered:
+        add_missing_positions(summary_rows, gaps_arrow(messages, unnumbered))
     # object columns keep Python's values as they are (ints stay ints, None stays None
     # rather than NaN), so GE sees what the Spark engine's rows hold.
     summary_frame = pd.DataFrame(summary_rows, columns=list(SUMMARY_COLUMNS), dtype=object)

@@ -11,6 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.ledger.schema import TRANSFER_KEY
+from rmq_spark.ledger.writer import KEY_COLUMNS
+from rmq_spark.model import TransferKey
 from rmq_spark.verify.columns import (
     CONFIRMED_BEFORE_CONSUMED,
     COUNTER_COLUMNS,
@@ -23,6 +25,7 @@ from rmq_spark.verify.columns import (
     SUMMARY_COLUMNS,
     SUMMARY_INPUT_COLUMNS,
 )
+from rmq_spark.verify.gaps import missing_ranges
 
 
 def summarize_arrow(
@@ -264,3 +267,17 @@ def _summary_row(
         **{name: count(f"{name}_sum") for name in PROBLEM_COUNTS},
     }
     return {name: row[name] for name in SUMMARY_COLUMNS}
+
+
+def gaps_arrow(
+    messages: pa.Table, keys: Sequence[TransferKey]
+) -> dict[TransferKey, list[tuple[int, int]]]:
+    """The positions missing from each of `keys`' ledger rows (`gaps.missing_ranges`)."""
+    gaps = {}
+    for transfer in keys:
+        wanted = pc.equal(messages["source_cluster"], transfer.source_cluster)
+        for name in KEY_COLUMNS:
+            wanted = pc.and_(wanted, pc.equal(messages[name], getattr(transfer, name)))
+        positions = messages.filter(wanted)["position"]
+        gaps[transfer] = missing_ranges(pc.unique(positions).to_pylist())
+    return gaps

@@ -11,6 +11,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from rmq_spark.ledger.schema import TRANSFER_KEY
+from rmq_spark.ledger.writer import KEY_COLUMNS
+from rmq_spark.model import TransferKey
 from rmq_spark.verify.columns import (
     CONFIRMED_BEFORE_CONSUMED,
     COUNTER_COLUMNS,
@@ -22,6 +24,9 @@ from rmq_spark.verify.columns import (
     PROBLEM_COUNTS,
     STATUS_UNPLANNED,
 )
+
+# Gaps collected per run at most (a ledger with more is named by its first ones).
+MAX_GAPS_COLLECTED = 10_000
 
 
 def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
@@ -139,6 +144,36 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         F.coalesce(contiguous, F.lit(False)).alias("positions_contiguous"),
         *(F.coalesce(F.col(name), zero).alias(name) for name in PROBLEM_COUNTS),
     ).orderBy(*key)
+
+
+def gaps_spark(
+    messages: DataFrame, keys: Sequence[TransferKey]
+) -> dict[TransferKey, list[tuple[int, int]]]:
+    """`summary_arrow.gaps_arrow` in Spark: the positions missing from each of `keys`'
+    ledger rows, as ranges (first, last), found with lag() over distinct positions."""
+    key = list(KEY_COLUMNS)
+    wanted = messages.sparkSession.createDataFrame(
+        [tuple(getattr(transfer, name) for name in key) for transfer in keys],
+        T.StructType([T.StructField(name, T.StringType()) for name in key]),
+    )
+    positions = (
+        messages.join(F.broadcast(wanted), on=key, how="left_semi")
+        .select(*key, "position")
+        .distinct()
+    )
+    previous = F.coalesce(
+        F.lag("position").over(Window.partitionBy(*key).orderBy("position")), F.lit(-1)
+    )
+    gaps = (
+        positions.select(*key, (previous + 1).alias("first"), (F.col("position") - 1).alias("last"))
+        .where(F.col("first") <= F.col("last"))
+        .orderBy(*key, "first")
+        .limit(MAX_GAPS_COLLECTED)
+    )
+    found: dict[TransferKey, list[tuple[int, int]]] = {transfer: [] for transfer in keys}
+    for row in gaps.collect():
+        found[TransferKey.of(row.asDict())].append((int(row["first"]), int(row["last"])))
+    return found
 
 
 def _require_columns(name: str, df: DataFrame, required: Sequence[str]) -> None:

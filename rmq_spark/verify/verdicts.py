@@ -17,6 +17,7 @@ from rmq_spark.verify.columns import (
     STATUS_MOVED,
     SUMMARY_COLUMNS,
 )
+from rmq_spark.verify.gaps import MISSING_POSITIONS
 
 # How many offending queues one failure line names before it says "and N more".
 MAX_QUEUES_NAMED = 10
@@ -190,6 +191,11 @@ def _offending_queues(
         return [
             f"{TransferKey.of(row).label()} ({column}={row[column]}"
             + (f", error: {row['error']}" if column == "status" and row["error"] else "")
+            + (
+                f", missing positions {row[MISSING_POSITIONS]}"
+                if column == "positions_contiguous" and row.get(MISSING_POSITIONS)
+                else ""
+            )
             + ")"
             for row in summary_rows
             if row[column] not in allowed

@@ -390,6 +390,7 @@ def test_gap_in_positions_fails(failing_run: Verification) -> None:
     assert (gap.lost, gap.unexpected) == (0, 0)
     (line,) = failures_naming(failing_run, "gap")
     assert "expect_column_values_to_be_in_set(positions_contiguous)" in line
+    assert "missing positions 2 (1 position(s))" in line  # both engines name the hole
 
 
 def test_failed_status_fails(failing_run: Verification) -> None:
