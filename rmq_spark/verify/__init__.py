@@ -49,10 +49,14 @@ from rmq_spark.verify.columns import (
     MESSAGE_CHECK_COLUMNS,
     MESSAGE_COLUMNS,
     PROBLEM_COUNTS,
+    SOURCE_REMOVED,
     STATUS_MOVED,
     STATUS_UNPLANNED,
     SUMMARY_COLUMNS,
     SUMMARY_INPUT_COLUMNS,
+    WITNESS_COUNTERS,
+    WITNESS_DEPTH,
+    WITNESS_NONE,
 )
 from rmq_spark.verify.expectations import (
     DATA_DOCS_DIR,
@@ -85,10 +89,14 @@ __all__ = [
     "MESSAGE_COLUMNS",
     "PROBLEM_COUNTS",
     "RESULTS_FILE",
+    "SOURCE_REMOVED",
     "STATUS_MOVED",
     "STATUS_UNPLANNED",
     "SUMMARY_COLUMNS",
     "SUMMARY_INPUT_COLUMNS",
+    "WITNESS_COUNTERS",
+    "WITNESS_DEPTH",
+    "WITNESS_NONE",
     "QueueVerdict",
     "Verification",
     "describe_failures",
@@ -126,8 +134,10 @@ def verify_ledger_run(
         messages = tables.read_arrow(ledger_path, "messages", run_id=run_id, columns=columns)
         return verify_run_arrow(run_id, messages, counters, out_dir)
     log.info("run %s: %d ledger rows, verified in Spark", run_id, rows)
-    counter_schema = spark_schema(tuple(c for c in QUEUES if c.name in COUNTER_COLUMNS)).add(
-        DESTINATION_SHARED, T.BooleanType(), nullable=False
+    counter_schema = (
+        spark_schema(tuple(c for c in QUEUES if c.name in COUNTER_COLUMNS))
+        .add(DESTINATION_SHARED, T.BooleanType(), nullable=False)
+        .add(SOURCE_REMOVED, T.LongType(), nullable=True)
     )
     return verify_run(
         run_id,
@@ -137,6 +147,7 @@ def verify_ledger_run(
                 {
                     **{name: row[name] for name in COUNTER_COLUMNS},
                     DESTINATION_SHARED: bool(row.get(DESTINATION_SHARED, False)),
+                    SOURCE_REMOVED: row.get(SOURCE_REMOVED),
                 }
                 for row in counters
             ],
@@ -259,6 +270,7 @@ def _verification(
         duplicates=sum(v.duplicates for v in verdicts),
         unexpected=sum(v.unexpected for v in verdicts),
         live_arrivals=sum(v.live_arrivals for v in verdicts),
+        sources_unproven=sum(1 for v in verdicts if v.source_witness == WITNESS_NONE),
         verified=all(result["success"] for result in results),
         failed_expectations=describe_failures(results, summary_rows),
         results_path=str(out / RESULTS_FILE),

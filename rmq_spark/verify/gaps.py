@@ -19,11 +19,12 @@ MISSING_POSITIONS = "missing_positions"
 MAX_RANGES_NAMED = 10
 
 
-def missing_ranges(positions: Iterable[int]) -> list[tuple[int, int]]:
-    """The ranges (first, last) of positions below the highest that are absent, from 0."""
+def missing_ranges(positions: Iterable[int | None]) -> list[tuple[int, int]]:
+    """The ranges (first, last) of positions below the highest that are absent, from 0
+    (a null position, which only a malformed row has, is no position)."""
     ranges = []
     expected = 0
-    for position in sorted(set(positions)):
+    for position in sorted({p for p in positions if p is not None}):
         if position > expected:
             ranges.append((expected, position - 1))
         expected = position + 1

@@ -22,7 +22,11 @@ from rmq_spark.verify.columns import (
     NULL_BODY_SHA256,
     NULL_PROPERTIES_SHA256,
     PROBLEM_COUNTS,
+    SOURCE_REMOVED,
     STATUS_UNPLANNED,
+    WITNESS_COUNTERS,
+    WITNESS_DEPTH,
+    WITNESS_NONE,
 )
 
 # Gaps collected per run at most (a ledger with more is named by its first ones).
@@ -85,7 +89,14 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         if DESTINATION_SHARED in counters.columns
         else F.lit(False)
     )
-    planned = counters.select(*COUNTER_COLUMNS, shared.alias(DESTINATION_SHARED))
+    removed_counter = (
+        F.col(SOURCE_REMOVED).cast(T.LongType())
+        if SOURCE_REMOVED in counters.columns
+        else F.lit(None).cast(T.LongType())
+    )
+    planned = counters.select(
+        *COUNTER_COLUMNS, shared.alias(DESTINATION_SHARED), removed_counter.alias(SOURCE_REMOVED)
+    )
     # Full outer: a planned transfer with no rows must still be checked, and a row of an
     # unplanned transfer must not vanish from the verification.
     joined = planned.join(ledger, on=key, how="full_outer")
@@ -107,6 +118,16 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     redelivered_or_retried = (F.coalesce(F.col("redelivered_rows"), zero) > 0) | (
         F.coalesce(F.col("retried_rows"), zero) > 0
     )
+    # What left the source: the consumer counters when they saw at least what was
+    # moved (above it, another consumer took messages), else the depth drop.
+    removed = F.col(SOURCE_REMOVED)
+    counted = removed.isNotNull() & (removed >= distinct_messages)
+    taken = F.when(counted, removed - distinct_messages)
+    witness = (
+        F.when(counted, F.lit(WITNESS_COUNTERS))
+        .when(source_drop >= distinct_messages, F.lit(WITNESS_DEPTH))
+        .otherwise(F.lit(WITNESS_NONE))
+    )
     contiguous = (ledger_rows == 0) | (
         (F.col("min_position") == 0) & (F.col("distinct_positions") == F.col("max_position") + 1)
     )
@@ -125,7 +146,10 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         destination_rise.alias("destination_rise"),
         # greatest() skips nulls: an unknown depth counts as nothing lost here, and is
         # caught by the pair-equality expectations, which treat null as a mismatch.
-        F.greatest(source_drop - distinct_messages, zero).alias("lost"),
+        F.greatest(source_drop - distinct_messages, F.coalesce(taken, zero), zero).alias("lost"),
+        removed.alias(SOURCE_REMOVED),
+        taken.alias("taken_by_others"),
+        witness.alias("source_witness"),
         F.when(is_shared, zero)
         .otherwise(F.greatest(destination_rise - ledger_rows, zero))
         .alias("unexpected"),
@@ -158,6 +182,7 @@ def gaps_spark(
     )
     positions = (
         messages.join(F.broadcast(wanted), on=key, how="left_semi")
+        .where(F.col("position").isNotNull())
         .select(*key, "position")
         .distinct()
     )

@@ -26,6 +26,7 @@ from rmq_spark.verify import (
     DESTINATION_SHARED,
     ENGINE_DRIVER,
     ENGINE_SPARK,
+    SOURCE_REMOVED,
     SUMMARY_COLUMNS,
     QueueVerdict,
     Verification,
@@ -63,6 +64,7 @@ COUNTER_SCHEMA = T.StructType(
         T.StructField("destination_depth_after", T.LongType(), False),
         T.StructField("status", T.StringType(), False),
         T.StructField("error", T.StringType(), True),
+        T.StructField(SOURCE_REMOVED, T.LongType(), True),
     ]
 )
 
@@ -119,6 +121,7 @@ def counter(
     destination: tuple[int, int],
     status: str = "moved",
     error: str | None = None,
+    removed: int | None = None,
 ) -> dict[str, Any]:
     return {
         **key(queue),
@@ -128,6 +131,7 @@ def counter(
         "destination_depth_after": destination[1],
         "status": status,
         "error": error,
+        SOURCE_REMOVED: removed,
     }
 
 
@@ -201,8 +205,12 @@ def passing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         message("retried", 0, BODY_A, publish_seq=3, attempts=2),
         message("retried", 1, BODY_B, publish_seq=2),
         message("retried", 2, BODY_C, publish_seq=4),
+        # A live source: 4 moved while 2 arrived (the depth fell by 2 only).
+        *(message(queue, p) for queue in ("live-counted", "live-unproven") for p in range(4)),
     ]
     counters = [
+        counter("live-counted", source=(3, 1), destination=(0, 4), removed=4),
+        counter("live-unproven", source=(3, 1), destination=(0, 4)),
         counter("clean", source=(3, 0), destination=(5, 8)),
         counter("dup", source=(2, 0), destination=(0, 3)),
         counter("empty", source=(0, 0), destination=(4, 4)),
@@ -338,8 +346,12 @@ def failing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         message("reordered", 1, BODY_B, publish_seq=1),
         # One row, but two messages arrived: one nobody can explain.
         message("unexplained", 0, BODY_A),
+        # A live source: another consumer took 1 while 1 arrived; the depth fell by the 4
+        # moved, only the consumer counters (5 removed) see it.
+        *(message("stolen", p) for p in range(4)),
     ]
     counters = [
+        counter("stolen", source=(5, 1), destination=(0, 4), removed=5),
         counter("ok", source=(1, 0), destination=(0, 1)),
         counter("missing", source=(3, 0), destination=(0, 2)),
         counter("gap", source=(3, 0), destination=(0, 3)),
@@ -378,9 +390,34 @@ def test_missing_ledger_row_is_lost_and_named(failing_run: Verification) -> None
     assert (missing.source_drop, missing.distinct_messages, missing.lost) == (3, 2, 1)
     assert missing.unexpected == 0
     (line,) = failures_naming(failing_run, "missing")
-    assert "expect_column_pair_values_to_be_equal(distinct_messages, source_drop)" in line
-    assert "distinct_messages=2, source_drop=3" in line
-    assert failing_run.lost == 1
+    assert "expect_column_values_to_be_in_set(lost)" in line
+    assert "lost=1, distinct_messages=2, source_drop=3" in line
+
+
+def test_another_consumer_on_a_live_source_is_lost_by_the_counters(
+    failing_run: Verification,
+) -> None:
+    stolen = verdict(failing_run, "stolen")
+    assert not stolen.passed
+    assert (stolen.source_drop, stolen.distinct_messages, stolen.lost) == (4, 4, 1)
+    assert stolen.source_witness == "counters"
+    (line,) = failures_naming(failing_run, "stolen")
+    assert "expect_column_values_to_be_in_set(lost)" in line
+    assert "source_removed=5" in line
+    assert failing_run.lost == 2  # "missing" and "stolen"
+
+
+def test_a_live_source_passes_on_its_counters_or_says_it_is_unproven(
+    passing_run: Verification,
+) -> None:
+    counted = verdict(passing_run, "live-counted")
+    unproven = verdict(passing_run, "live-unproven")
+    assert counted.passed
+    assert unproven.passed
+    assert (counted.source_drop, counted.distinct_messages, counted.lost) == (2, 4, 0)
+    assert (counted.source_witness, unproven.source_witness) == ("counters", "none")
+    assert verdict(passing_run, "clean").source_witness == "depth"
+    assert passing_run.sources_unproven == 1
 
 
 def test_gap_in_positions_fails(failing_run: Verification) -> None:
@@ -566,8 +603,8 @@ def test_rows_nobody_planned_fail_with_unknown_depths(
     assert (stray.status, stray.passed) == ("unplanned", False)
     lines = failures_naming(verification, "stray")
     assert any(
-        "expect_column_pair_values_to_be_equal(distinct_messages, source_drop)" in line
-        and "source_drop=None" in line
+        "expect_column_values_to_not_be_null(source_drop)" in line
+        and "(source_drop unknown)" in line
         for line in lines
     )
     assert any("expect_column_values_to_not_be_null(destination_rise)" in line for line in lines)
