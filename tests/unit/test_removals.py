@@ -81,3 +81,14 @@ def test_counters_that_never_catch_up_prove_nothing() -> None:
         deadline_seconds=2.0,
     )
     assert removed == {A: None}
+
+
+def test_read_once_when_asked_without_waiting() -> None:
+    reads: list[int] = []
+
+    def read(keys: Collection[TransferKey]) -> Readings:
+        reads.append(1)
+        return dict.fromkeys(keys, 3)
+
+    assert settle(read, {A: 0}, {A: 5}, deadline_seconds=0.0) == {A: None}
+    assert len(reads) == 1
