@@ -97,7 +97,7 @@ def move_while_publishing(
     )
     publisher = Publisher(brokers, vhost)
     publisher.start()
-    wait_until(lambda: min(publisher.sent.values(), default=0) >= 200, "the publisher to run")
+    wait_until(lambda: min(publisher.sent[q] for q in QUEUES) >= 200, "the publisher to run")
     if steal:
         threading.Thread(target=steal_during_the_run, args=(brokers, vhost), daemon=True).start()
     try:
