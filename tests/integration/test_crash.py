@@ -85,14 +85,13 @@ def ids_in(brokers: Brokers, node: LocalNode, vhost: str, queue: str) -> Counter
         channel = connection.channel()
         depth = channel.queue_declare(queue, passive=True).method.message_count
         channel.basic_qos(prefetch_count=1000)
-        read = 0
-        for method, properties, body in channel.consume(queue, inactivity_timeout=10):
+        deliveries = channel.consume(queue, inactivity_timeout=10)
+        for read, (method, properties, body) in enumerate(deliveries, start=1):
             if method is None:
                 break
             queue_of, index = str(properties.message_id).rsplit("/", 1)
             assert body == body_of(queue_of, int(index)), f"{properties.message_id} altered"
             found[properties.message_id] += 1
-            read += 1
             if read % 500 == 0 or read == depth:
                 channel.basic_ack(method.delivery_tag, multiple=True)
             if read == depth:
