@@ -270,7 +270,7 @@ def _verification(
         duplicates=sum(v.duplicates for v in verdicts),
         unexpected=sum(v.unexpected for v in verdicts),
         live_arrivals=sum(v.live_arrivals for v in verdicts),
-        sources_unproven=sum(1 for v in verdicts if v.source_witness == WITNESS_NONE),
+        sources_unproven=sum(1 for v in verdicts if v.passed and v.source_witness == WITNESS_NONE),
         verified=all(result["success"] for result in results),
         failed_expectations=describe_failures(results, summary_rows),
         results_path=str(out / RESULTS_FILE),
