@@ -297,8 +297,8 @@ def test_reordering_by_a_nack_retry_is_not_an_order_failure(passing_run: Verific
 def test_passing_run_is_verified_with_totals(passing_run: Verification) -> None:
     assert passing_run.verified
     assert passing_run.failed_expectations == ()
-    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (12, 2, 0)
-    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30
+    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (20, 2, 0)
+    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30 + 2 * 4 * 10
     assert passing_run.unexpected == 0
 
 
@@ -306,11 +306,13 @@ def test_results_json_and_data_docs_are_written(passing_run: Verification) -> No
     document = json.loads(Path(passing_run.results_path).read_text(encoding="utf-8"))
     assert document["run_id"] == RUN_ID
     assert document["verified"] is True
-    assert document["totals"]["messages"] == 12
+    assert document["totals"]["messages"] == 20
     assert [q["source_queue"] for q in document["queues"]] == [
         "clean",
         "dup",
         "empty",
+        "live-counted",
+        "live-unproven",
         "retried",
         "uncertain-arrived",
         "uncertain-vanished",
@@ -459,7 +461,7 @@ def test_null_checksum_fails(failing_run: Verification) -> None:
     nullsum = verdict(failing_run, "nullsum")
     assert not nullsum.passed
     (line,) = failures_naming(failing_run, "nullsum")
-    assert line.startswith("messages: expect_column_values_to_not_be_null(body_sha256): 1 of 11")
+    assert line.startswith("messages: expect_column_values_to_not_be_null(body_sha256): 1 of 15")
 
 
 # --- no ledger rows at all ---------------------------------------------------------------
