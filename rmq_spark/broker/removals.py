@@ -10,9 +10,11 @@ removed during the run; the movers' share is what they moved (each moved message
 acked once, a duplicate's redelivery included), so anything above it was taken by
 another consumer. Publishers do not touch these counters.
 
-What they are, measured on 3.10.8, 4.0.5 and 4.3.6: exact cumulative counts, but each
-channel reports them to the management database on its statistics timer
-(`collect_statistics_interval`, 5 s by default), so a reading lags by up to that much.
+What they are: cumulative counts that each channel reports to the management database
+on its statistics timer (`collect_statistics_interval`, 5 s by default), so a reading
+lags by up to that much. On 3.10.8 and 4.3.6 (tests/integration/test_live_source.py,
+1 s interval) they caught up with exactly what the movers moved, the movers' closed
+channels included, and counted another consumer's acks; 4.0.5 was not tested.
 Before the run the movers have not consumed yet, so only another consumer could move
 the counter; after it, `settle` reads again until the counters have caught up with what
 the movers acked. They restart from 0 when the queue's node restarts, and are absent
