@@ -21,8 +21,8 @@ from pyspark.sql import SparkSession
 
 from rmq_spark.config import load_config
 from rmq_spark.pipeline import RunResult, run_transfer
-from tests.support.brokers import Brokers, depth, fresh_vhost, write_config
-from tests.support.faults import wait_until
+from tests.support.brokers import Brokers, fresh_vhost, write_config
+from tests.support.faults import mover_connections, wait_until
 
 QUEUES = [f"live-{i}" for i in range(4)]
 SEEDED = 5_000
@@ -124,7 +124,12 @@ class Stealer(threading.Thread):
         self.taken = 0
 
     def run(self) -> None:
-        wait_until(lambda: depth(self._brokers.main, self._vhost, QUEUES[0]) > 0, "the move")
+        # Once the movers consume (their connection is named after the run): after the
+        # counters were read, while the movers hold the queue.
+        wait_until(
+            lambda: bool(mover_connections(self._brokers.dr, "consumer", self._vhost)),
+            "the movers to consume",
+        )
         connection = self._brokers.connect(self._brokers.dr, self._vhost)
         channel = connection.channel()
         channel.basic_qos(prefetch_count=1)
