@@ -74,7 +74,7 @@ test: lint typecheck roots
 # The fault matrix three times over (each run starts its own brokers): flaky
 # recovery shows up here before it shows up in CI.
 soak: setup
-	for round in 1 2 3; do $(BIN)/pytest -q tests/integration/test_faults.py || exit 1; done
+	for round in 1 2 3; do $(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_crash.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist build

@@ -22,6 +22,7 @@ from pyspark import RDD
 from pyspark.sql import Row, SparkSession
 
 from rmq_spark import verify
+from rmq_spark.broker import removals
 from rmq_spark.broker.colocation import node_uris
 from rmq_spark.broker.delivery_limit import budget_problem, task_attempts
 from rmq_spark.broker.federation import paused_federation
@@ -38,7 +39,12 @@ from rmq_spark.planning.plan import assign_partitions, plan_rows
 from rmq_spark.progress import ProgressReporter, depth_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
 from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force, route_rate_limits
-from rmq_spark.verify import DESTINATION_SHARED, Verification, verify_ledger_run
+from rmq_spark.verify import (
+    DESTINATION_SHARED,
+    SOURCE_REMOVED,
+    Verification,
+    verify_ledger_run,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +152,16 @@ def run_transfer(
     verify.preload_great_expectations()
     # federation: pause keeps federated source queues from pulling from upstream while
     # the movers consume them; restored on the way out, also after a failure.
+    # The sources' consumer counters as the movers start (`broker/removals.py`): on a
+    # source others keep publishing to, they prove what left it. Only for transfers
+    # this driver plans: a resumed one's depths span earlier drivers too.
+    fresh = fresh_transfers(to_move, transfers)
     with (
         management_clients(config) as clients,
         paused_federation(config, clients, to_move),
         ProgressReporter(to_move, depth_sampler(config, to_move), limits=limits_in_force(config)),
     ):
+        removed_before = removals.read_removed(clients, fresh)
         outcomes = move(
             spark,
             plan,
@@ -166,9 +177,12 @@ def run_transfer(
     tables.commit_run(ledger_path, run_id, committer)
 
     after = measure_depths(config, transfers)
+    removed = source_removals(config, removed_before, outcomes)
     partition_of = {t.key: p for t, p in zip(to_move, assignment, strict=True)}
     shared = {route.name for route in config.routes if route.destination.shared}
-    counters = counters_rows(run_id, transfers, partition_of, outcomes, after, shared_routes=shared)
+    counters = counters_rows(
+        run_id, transfers, partition_of, outcomes, after, shared_routes=shared, removed=removed
+    )
     verification = verify_ledger_run(
         spark,
         ledger_path,
@@ -197,6 +211,28 @@ def run_transfer(
         seconds=seconds,
         rabbitmq_versions=prepared.rabbitmq_versions,
     )
+
+
+def fresh_transfers(
+    to_move: Sequence[QueueTransfer], transfers: Sequence[QueueTransfer]
+) -> list[TransferKey]:
+    """The transfers this driver moves that no earlier driver of the run planned: the
+    run's plan keeps an earlier driver's own row (`record_plan`), not the one just
+    discovered."""
+    planned = {t.key: t for t in transfers}
+    return [t.key for t in to_move if planned.get(t.key) is t]
+
+
+def source_removals(
+    config: JobConfig, before: Mapping[TransferKey, int | None], outcomes: Sequence[MoveOutcome]
+) -> dict[TransferKey, int | None]:
+    """What consumers removed from each fresh transfer's source during the run, once
+    the counters caught up with what its mover moved (`removals.settle`)."""
+    if not before:
+        return {}
+    moved = {outcome.key: outcome.messages for outcome in outcomes}
+    with management_clients(config) as clients:
+        return removals.settle(lambda keys: removals.read_removed(clients, keys), before, moved)
 
 
 def probe_beside(
@@ -348,6 +384,7 @@ def counters_rows(
     after: dict[QueueTransfer, tuple[int, int]],
     *,
     shared_routes: Collection[str] = (),
+    removed: Mapping[TransferKey, int | None] | None = None,
 ) -> list[dict[str, object]]:
     """Broker counters before/after and the outcome, per transfer (_COUNTERS_SCHEMA).
 
@@ -384,6 +421,7 @@ def counters_rows(
                 "destination_depth_before": transfer.destination_messages,
                 "destination_depth_after": after[transfer][1],
                 DESTINATION_SHARED: transfer.route in shared_routes,
+                SOURCE_REMOVED: (removed or {}).get(key),
             }
         )
     return rows

@@ -110,7 +110,20 @@ QUEUES: tuple[Column, ...] = (
     _c("destination_depth_after", _INT64, "Ready messages in the destination after the run."),
     _c("ledger_rows", _INT64, "Rows of this queue in the messages table."),
     _c("duplicates", _INT64, "Rows that repeat an earlier row (redelivered, same checksums)."),
-    _c("lost", _INT64, "Source drop not accounted for by ledger rows."),
+    _c(
+        "lost",
+        _INT64,
+        "What left the source and is not in the ledger: the larger of its depth drop and "
+        "its consumer counters' count above the messages moved.",
+    ),
+    _c(
+        "source_removed",
+        _INT64,
+        "What consumers removed from the source during this driver's run, by its "
+        "management counters (ack, deliver_no_ack, get_no_ack); null when the broker "
+        "keeps none, they reset, or an earlier driver of the run planned the queue.",
+        nullable=True,
+    ),
     _c("unexpected", _INT64, "Destination rise not accounted for by ledger rows."),
 )
 

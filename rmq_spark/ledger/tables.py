@@ -307,11 +307,13 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
             pc.is_in(logged["position"], value_set=pa.array(sorted(present), pa.int64()))
         )
         orphans = logged.filter(missing)
-        # A position is logged twice only by a crash mid-retry of a nack; keep one row.
-        first_of_each: dict[int, int] = {}
+        # A position is logged twice when a lost session withdrew it unsent and the next
+        # session gave it again (`TransferWindow.next_position`): the later intent, in
+        # log order within the attempt's one file, is the one that may have been sent.
+        last_of_each: dict[int, int] = {}
         for index, position in enumerate(orphans["position"].to_pylist()):
-            first_of_each.setdefault(position, index)
-        orphans = orphans.take(pa.array(sorted(first_of_each.values()), pa.int64()))
+            last_of_each[position] = index
+        orphans = orphans.take(pa.array(sorted(last_of_each.values()), pa.int64()))
         if orphans.num_rows:
             orphans = orphans.select(writer.DATA_SCHEMA.names).cast(writer.DATA_SCHEMA)
             writer.write_data_file(

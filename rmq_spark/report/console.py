@@ -41,6 +41,9 @@ def result_summary(result: RunResult, ledger_path: str) -> dict[str, Any]:
         "duplicates": verification.duplicates,
         "unexpected": verification.unexpected,
         "verified": verification.verified,
+        # Sources that received messages meanwhile, with no consumer counters to prove
+        # that no other consumer took some: verified on their depth drop alone.
+        "sources_unproven": verification.sources_unproven,
         "seconds": round(result.seconds, 2),
         "ledger": ledger_path,
         "verification": verification.results_path,

@@ -12,6 +12,13 @@ A delivery moves through these states:
       └──connection lost before the confirm──► UNCERTAIN (written with no confirm time:
                                                           it may or may not have arrived)
 
+Positions number what the ledger records, with no gaps: every position handed out
+ends as a row (confirmed or uncertain), or is given again. A session that ends
+withdraws the publishes still waiting for their intents (never sent): they are the
+newest positions, so the next session numbers from the first of them
+(`next_position`). A nacked delivery waiting for its republish was sent at least
+once, so it ends as an uncertain row like any publish without a confirm.
+
 The source is acked with `multiple=True` up to the highest delivery tag below
 which every delivery is DURABLE. A REFUSED or NACKED delivery stops that prefix: a
 multiple ack past it would ack it too. Deliveries after one are acked one by one
@@ -85,6 +92,8 @@ class TransferWindow:
         self._unwritten: list[Delivery] = []
         self._next_seq = 1
         self._next_position = first_position
+        # Positions of first publishes withdrawn unsent: the next session gives them again.
+        self._released: set[int] = set()
         self._session = session  # a window lives for one pair of links
         # Set by the first nack or refusal: only then can single acks be needed, so
         # the common case never scans the whole window on every confirm.
@@ -185,22 +194,36 @@ class TransferWindow:
     def withdraw(self, deliveries: list[Delivery]) -> None:
         """These publishes were never sent (their session ended first).
 
-        Nobody will confirm them and they cannot have arrived, so they are neither
-        uncertain nor ever acked: they go back to the source with the channel.
+        Nobody will confirm them. A first publish cannot have arrived: it is neither
+        uncertain nor ever acked, it goes back to the source with the channel, and its
+        position is given again by the next session (`next_position`). A republish
+        that was never sent is NACKED again: its earlier publish was sent, so the
+        session's end writes it as uncertain (`mark_uncertain`).
         """
         for delivery in deliveries:
-            if delivery.state is DeliveryState.PUBLISHED:
-                self._unconfirmed.pop(delivery.seq, None)
-                self._refuse(delivery, "not published: the session ended first")
+            if delivery.state is not DeliveryState.PUBLISHED:
+                continue
+            self._unconfirmed.pop(delivery.seq, None)
+            if delivery.attempts > 1:
+                delivery.state = DeliveryState.NACKED
+                continue
+            self._refuse(delivery, "not published: the session ended first")
+            self._released.add(delivery.position)
 
     def mark_uncertain(self) -> list[Delivery]:
-        """The destination connection is gone: nobody will confirm what is unconfirmed.
+        """The session ends: nobody will confirm what is unconfirmed or nacked.
 
-        Returns those deliveries; their rows are written without a confirm time, so a
-        copy that did arrive is named in the ledger when the source redelivers it.
+        Returns those deliveries, in position order; their rows are written without a
+        confirm time, so a copy that did arrive is named in the ledger when the source
+        redelivers it.
         """
         uncertain = list(self._unconfirmed.values())
         self._unconfirmed.clear()
+        # Nacked ones still waiting for their republish were sent and never confirmed
+        # either (a nack is no proof of absence: another queue on the route may hold a
+        # copy); without a row their positions would be a gap.
+        uncertain += [d for d in self._by_tag.values() if d.state is DeliveryState.NACKED]
+        uncertain.sort(key=lambda delivery: delivery.position)
         for delivery in uncertain:
             delivery.state = DeliveryState.UNCERTAIN
             delivery.body = delivery.properties = None
@@ -314,7 +337,13 @@ class TransferWindow:
 
     @property
     def next_position(self) -> int:
-        return self._next_position
+        """Where the next session numbers: past every position that was sent, so the
+        positions of first publishes withdrawn at the end (the newest ones) are given
+        again and the ledger's positions stay contiguous."""
+        position = self._next_position
+        while position - 1 in self._released:
+            position -= 1
+        return position
 
     # -- internals ------------------------------------------------------------------
 

@@ -49,10 +49,14 @@ from rmq_spark.verify.columns import (
     MESSAGE_CHECK_COLUMNS,
     MESSAGE_COLUMNS,
     PROBLEM_COUNTS,
+    SOURCE_REMOVED,
     STATUS_MOVED,
     STATUS_UNPLANNED,
     SUMMARY_COLUMNS,
     SUMMARY_INPUT_COLUMNS,
+    WITNESS_COUNTERS,
+    WITNESS_DEPTH,
+    WITNESS_NONE,
 )
 from rmq_spark.verify.expectations import (
     DATA_DOCS_DIR,
@@ -63,8 +67,9 @@ from rmq_spark.verify.expectations import (
     validate_with_gx,
     write_results,
 )
-from rmq_spark.verify.summary_arrow import summarize_arrow
-from rmq_spark.verify.summary_spark import summarize
+from rmq_spark.verify.gaps import add_missing_positions, not_contiguous
+from rmq_spark.verify.summary_arrow import gaps_arrow, summarize_arrow
+from rmq_spark.verify.summary_spark import gaps_spark, summarize
 from rmq_spark.verify.verdicts import (
     QueueVerdict,
     Verification,
@@ -84,10 +89,14 @@ __all__ = [
     "MESSAGE_COLUMNS",
     "PROBLEM_COUNTS",
     "RESULTS_FILE",
+    "SOURCE_REMOVED",
     "STATUS_MOVED",
     "STATUS_UNPLANNED",
     "SUMMARY_COLUMNS",
     "SUMMARY_INPUT_COLUMNS",
+    "WITNESS_COUNTERS",
+    "WITNESS_DEPTH",
+    "WITNESS_NONE",
     "QueueVerdict",
     "Verification",
     "describe_failures",
@@ -125,8 +134,10 @@ def verify_ledger_run(
         messages = tables.read_arrow(ledger_path, "messages", run_id=run_id, columns=columns)
         return verify_run_arrow(run_id, messages, counters, out_dir)
     log.info("run %s: %d ledger rows, verified in Spark", run_id, rows)
-    counter_schema = spark_schema(tuple(c for c in QUEUES if c.name in COUNTER_COLUMNS)).add(
-        DESTINATION_SHARED, T.BooleanType(), nullable=False
+    counter_schema = (
+        spark_schema(tuple(c for c in QUEUES if c.name in COUNTER_COLUMNS))
+        .add(DESTINATION_SHARED, T.BooleanType(), nullable=False)
+        .add(SOURCE_REMOVED, T.LongType(), nullable=True)
     )
     return verify_run(
         run_id,
@@ -136,6 +147,7 @@ def verify_ledger_run(
                 {
                     **{name: row[name] for name in COUNTER_COLUMNS},
                     DESTINATION_SHARED: bool(row.get(DESTINATION_SHARED, False)),
+                    SOURCE_REMOVED: row.get(SOURCE_REMOVED),
                 }
                 for row in counters
             ],
@@ -167,6 +179,9 @@ def verify_run(
         summary = summarize(messages, counters)
         collected = summary.collect()
         summary_rows = [row.asDict() for row in collected]
+        unnumbered = not_contiguous(summary_rows)
+        if unnumbered:
+            add_missing_positions(summary_rows, gaps_spark(messages, unnumbered))
         # GE validates the collected rows, not the summary plan, so the joins and windows
         # behind it run once however many metrics GE computes.
         summary_frame = messages.sparkSession.createDataFrame(collected, schema=summary.schema)
@@ -211,6 +226,9 @@ def verify_run_arrow(
             f"{', '.join(MESSAGE_CHECK_COLUMNS)}; found: {', '.join(messages.column_names)}"
         )
     summary_rows = summarize_arrow(messages, counters)
+    unnumbered = not_contiguous(summary_rows)
+    if unnumbered:
+        add_missing_positions(summary_rows, gaps_arrow(messages, unnumbered))
     # object columns keep Python's values as they are (ints stay ints, None stays None
     # rather than NaN), so GE sees what the Spark engine's rows hold.
     summary_frame = pd.DataFrame(summary_rows, columns=list(SUMMARY_COLUMNS), dtype=object)
@@ -252,6 +270,7 @@ def _verification(
         duplicates=sum(v.duplicates for v in verdicts),
         unexpected=sum(v.unexpected for v in verdicts),
         live_arrivals=sum(v.live_arrivals for v in verdicts),
+        sources_unproven=sum(1 for v in verdicts if v.passed and v.source_witness == WITNESS_NONE),
         verified=all(result["success"] for result in results),
         failed_expectations=describe_failures(results, summary_rows),
         results_path=str(out / RESULTS_FILE),

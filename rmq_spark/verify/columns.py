@@ -22,6 +22,15 @@ COUNTER_COLUMNS: tuple[str, ...] = (*TRANSFER_KEY, *DEPTH_COLUMNS, "status", "er
 # run (routes[].destination.shared). Its rise above the ledger's rows is then their
 # messages (`live_arrivals`), not an unexplained copy; every other check is unchanged.
 DESTINATION_SHARED = "destination_shared"
+# Optional counter: what consumers removed from the source during the run, by the
+# broker's counters (`broker/removals.py`); null when they cannot tell. It proves what
+# left a source others keep publishing to, where the depth drop cannot.
+SOURCE_REMOVED = "source_removed"
+# What proves what left the source (`source_witness`): the consumer counters, the
+# depth drop (nothing was moved beyond it), or nothing (more was moved than the depth
+# fell, with no counters: messages arrived meanwhile, and whether another consumer took
+# some of them too cannot be told).
+WITNESS_COUNTERS, WITNESS_DEPTH, WITNESS_NONE = "counters", "depth", "none"
 MESSAGE_COLUMNS: tuple[str, ...] = tuple(c.name for c in MESSAGES)
 
 # Per-queue counts of message-level problems, kept in the summary so a failed
@@ -49,6 +58,9 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "source_drop",
     "destination_rise",
     "lost",
+    SOURCE_REMOVED,
+    "taken_by_others",
+    "source_witness",
     "unexpected",
     DESTINATION_SHARED,
     "live_arrivals",

@@ -11,6 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.ledger.schema import TRANSFER_KEY
+from rmq_spark.ledger.writer import KEY_COLUMNS
+from rmq_spark.model import TransferKey
 from rmq_spark.verify.columns import (
     CONFIRMED_BEFORE_CONSUMED,
     COUNTER_COLUMNS,
@@ -19,10 +21,15 @@ from rmq_spark.verify.columns import (
     NULL_BODY_SHA256,
     NULL_PROPERTIES_SHA256,
     PROBLEM_COUNTS,
+    SOURCE_REMOVED,
     STATUS_UNPLANNED,
     SUMMARY_COLUMNS,
     SUMMARY_INPUT_COLUMNS,
+    WITNESS_COUNTERS,
+    WITNESS_DEPTH,
+    WITNESS_NONE,
 )
+from rmq_spark.verify.gaps import missing_ranges
 
 
 def summarize_arrow(
@@ -232,6 +239,21 @@ def _summary_row(
         and min_position == 0
         and distinct_positions == max_position + 1
     )
+    # What left the source: the consumer counters when they saw at least what was
+    # moved (above it, another consumer took messages), else the depth drop.
+    removed = counters.get(SOURCE_REMOVED)
+    taken = (
+        removed - distinct_messages
+        if removed is not None and removed >= distinct_messages
+        else None
+    )
+    counted = taken is not None
+    if counted:
+        witness = WITNESS_COUNTERS
+    elif source_drop is not None and source_drop >= distinct_messages:
+        witness = WITNESS_DEPTH
+    else:
+        witness = WITNESS_NONE
     status = counters.get("status")
     shared = bool(counters.get(DESTINATION_SHARED) or False)
     above_ledger = max(minus(destination_rise, ledger_rows) or 0, 0)
@@ -248,7 +270,10 @@ def _summary_row(
         "bytes": count("_bytes_sum"),
         "source_drop": source_drop,
         "destination_rise": destination_rise,
-        "lost": max(minus(source_drop, distinct_messages) or 0, 0),
+        "lost": max(minus(source_drop, distinct_messages) or 0, taken or 0, 0),
+        SOURCE_REMOVED: removed,
+        "taken_by_others": taken,
+        "source_witness": witness,
         "unexpected": 0 if shared else above_ledger,
         DESTINATION_SHARED: shared,
         "live_arrivals": above_ledger if shared else 0,
@@ -264,3 +289,17 @@ def _summary_row(
         **{name: count(f"{name}_sum") for name in PROBLEM_COUNTS},
     }
     return {name: row[name] for name in SUMMARY_COLUMNS}
+
+
+def gaps_arrow(
+    messages: pa.Table, keys: Sequence[TransferKey]
+) -> dict[TransferKey, list[tuple[int, int]]]:
+    """The positions missing from each of `keys`' ledger rows (`gaps.missing_ranges`)."""
+    gaps = {}
+    for transfer in keys:
+        wanted = pc.equal(messages["source_cluster"], transfer.source_cluster)
+        for name in KEY_COLUMNS:
+            wanted = pc.and_(wanted, pc.equal(messages[name], getattr(transfer, name)))
+        positions = messages.filter(wanted)["position"]
+        gaps[transfer] = missing_ranges(pc.unique(positions).to_pylist())
+    return gaps

@@ -11,6 +11,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from rmq_spark.ledger.schema import TRANSFER_KEY
+from rmq_spark.ledger.writer import KEY_COLUMNS
+from rmq_spark.model import TransferKey
 from rmq_spark.verify.columns import (
     CONFIRMED_BEFORE_CONSUMED,
     COUNTER_COLUMNS,
@@ -20,8 +22,15 @@ from rmq_spark.verify.columns import (
     NULL_BODY_SHA256,
     NULL_PROPERTIES_SHA256,
     PROBLEM_COUNTS,
+    SOURCE_REMOVED,
     STATUS_UNPLANNED,
+    WITNESS_COUNTERS,
+    WITNESS_DEPTH,
+    WITNESS_NONE,
 )
+
+# Gaps collected per run at most (a ledger with more is named by its first ones).
+MAX_GAPS_COLLECTED = 10_000
 
 
 def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
@@ -80,7 +89,14 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         if DESTINATION_SHARED in counters.columns
         else F.lit(False)
     )
-    planned = counters.select(*COUNTER_COLUMNS, shared.alias(DESTINATION_SHARED))
+    removed_counter = (
+        F.col(SOURCE_REMOVED).cast(T.LongType())
+        if SOURCE_REMOVED in counters.columns
+        else F.lit(None).cast(T.LongType())
+    )
+    planned = counters.select(
+        *COUNTER_COLUMNS, shared.alias(DESTINATION_SHARED), removed_counter.alias(SOURCE_REMOVED)
+    )
     # Full outer: a planned transfer with no rows must still be checked, and a row of an
     # unplanned transfer must not vanish from the verification.
     joined = planned.join(ledger, on=key, how="full_outer")
@@ -102,6 +118,16 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     redelivered_or_retried = (F.coalesce(F.col("redelivered_rows"), zero) > 0) | (
         F.coalesce(F.col("retried_rows"), zero) > 0
     )
+    # What left the source: the consumer counters when they saw at least what was
+    # moved (above it, another consumer took messages), else the depth drop.
+    removed = F.col(SOURCE_REMOVED)
+    counted = removed.isNotNull() & (removed >= distinct_messages)
+    taken = F.when(counted, removed - distinct_messages)
+    witness = (
+        F.when(counted, F.lit(WITNESS_COUNTERS))
+        .when(source_drop >= distinct_messages, F.lit(WITNESS_DEPTH))
+        .otherwise(F.lit(WITNESS_NONE))
+    )
     contiguous = (ledger_rows == 0) | (
         (F.col("min_position") == 0) & (F.col("distinct_positions") == F.col("max_position") + 1)
     )
@@ -120,7 +146,10 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         destination_rise.alias("destination_rise"),
         # greatest() skips nulls: an unknown depth counts as nothing lost here, and is
         # caught by the pair-equality expectations, which treat null as a mismatch.
-        F.greatest(source_drop - distinct_messages, zero).alias("lost"),
+        F.greatest(source_drop - distinct_messages, F.coalesce(taken, zero), zero).alias("lost"),
+        removed.alias(SOURCE_REMOVED),
+        taken.alias("taken_by_others"),
+        witness.alias("source_witness"),
         F.when(is_shared, zero)
         .otherwise(F.greatest(destination_rise - ledger_rows, zero))
         .alias("unexpected"),
@@ -139,6 +168,37 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         F.coalesce(contiguous, F.lit(False)).alias("positions_contiguous"),
         *(F.coalesce(F.col(name), zero).alias(name) for name in PROBLEM_COUNTS),
     ).orderBy(*key)
+
+
+def gaps_spark(
+    messages: DataFrame, keys: Sequence[TransferKey]
+) -> dict[TransferKey, list[tuple[int, int]]]:
+    """`summary_arrow.gaps_arrow` in Spark: the positions missing from each of `keys`'
+    ledger rows, as ranges (first, last), found with lag() over distinct positions."""
+    key = list(KEY_COLUMNS)
+    wanted = messages.sparkSession.createDataFrame(
+        [tuple(getattr(transfer, name) for name in key) for transfer in keys],
+        T.StructType([T.StructField(name, T.StringType()) for name in key]),
+    )
+    positions = (
+        messages.join(F.broadcast(wanted), on=key, how="left_semi")
+        .where(F.col("position").isNotNull())
+        .select(*key, "position")
+        .distinct()
+    )
+    previous = F.coalesce(
+        F.lag("position").over(Window.partitionBy(*key).orderBy("position")), F.lit(-1)
+    )
+    gaps = (
+        positions.select(*key, (previous + 1).alias("first"), (F.col("position") - 1).alias("last"))
+        .where(F.col("first") <= F.col("last"))
+        .orderBy(*key, "first")
+        .limit(MAX_GAPS_COLLECTED)
+    )
+    found: dict[TransferKey, list[tuple[int, int]]] = {transfer: [] for transfer in keys}
+    for row in gaps.collect():
+        found[TransferKey.of(row.asDict())].append((int(row["first"]), int(row["last"])))
+    return found
 
 
 def _require_columns(name: str, df: DataFrame, required: Sequence[str]) -> None:

@@ -14,9 +14,12 @@ from rmq_spark.verify.columns import (
     NULL_BODY_SHA256,
     NULL_PROPERTIES_SHA256,
     PROBLEM_COUNTS,
+    SOURCE_REMOVED,
     STATUS_MOVED,
     SUMMARY_COLUMNS,
+    WITNESS_DEPTH,
 )
+from rmq_spark.verify.gaps import MISSING_POSITIONS
 
 # How many offending queues one failure line names before it says "and N more".
 MAX_QUEUES_NAMED = 10
@@ -58,6 +61,9 @@ class QueueVerdict:
     order_kept: bool
     passed: bool
     live_arrivals: int = 0  # other publishers' messages in a shared destination
+    # What proves what left the source: "counters" (its consumer counters), "depth" (its
+    # depth drop), "none" (more moved than its depth fell, and no counters to say why).
+    source_witness: str = WITNESS_DEPTH
 
     @property
     def key(self) -> TransferKey:
@@ -86,6 +92,9 @@ class Verification:
     data_docs_path: str | None  # index.html
     engine: str = ENGINE_SPARK  # where the summary and GE ran: spark, or driver (pyarrow/pandas)
     live_arrivals: int = 0  # other publishers' messages in shared destinations
+    # Queues whose source received messages during the run with no counters to prove
+    # that no other consumer took some (`source_witness` "none"); they still pass.
+    sources_unproven: int = 0
 
 
 def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:
@@ -99,7 +108,7 @@ def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:
         row["status"] == STATUS_MOVED
         and source_drop is not None
         and destination_rise is not None
-        and row["distinct_messages"] == source_drop
+        and row["lost"] == 0
         and row["unexpected"] == 0
         and row["missing_at_destination"] == 0
         and bool(row["positions_contiguous"])
@@ -128,6 +137,7 @@ def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:
         order_kept=bool(row["order_kept"]),
         passed=passed,
         live_arrivals=row["live_arrivals"] or 0,
+        source_witness=row["source_witness"],
     )
 
 
@@ -190,6 +200,17 @@ def _offending_queues(
         return [
             f"{TransferKey.of(row).label()} ({column}={row[column]}"
             + (f", error: {row['error']}" if column == "status" and row["error"] else "")
+            + (
+                f", distinct_messages={row['distinct_messages']}, source_drop="
+                f"{row['source_drop']}, {SOURCE_REMOVED}={row[SOURCE_REMOVED]}"
+                if column == "lost"
+                else ""
+            )
+            + (
+                f", missing positions {row[MISSING_POSITIONS]}"
+                if column == "positions_contiguous" and row.get(MISSING_POSITIONS)
+                else ""
+            )
             + ")"
             for row in summary_rows
             if row[column] not in allowed

@@ -26,6 +26,7 @@ from rmq_spark.verify import (
     DESTINATION_SHARED,
     ENGINE_DRIVER,
     ENGINE_SPARK,
+    SOURCE_REMOVED,
     SUMMARY_COLUMNS,
     QueueVerdict,
     Verification,
@@ -63,6 +64,7 @@ COUNTER_SCHEMA = T.StructType(
         T.StructField("destination_depth_after", T.LongType(), False),
         T.StructField("status", T.StringType(), False),
         T.StructField("error", T.StringType(), True),
+        T.StructField(SOURCE_REMOVED, T.LongType(), True),
     ]
 )
 
@@ -119,6 +121,7 @@ def counter(
     destination: tuple[int, int],
     status: str = "moved",
     error: str | None = None,
+    removed: int | None = None,
 ) -> dict[str, Any]:
     return {
         **key(queue),
@@ -128,6 +131,7 @@ def counter(
         "destination_depth_after": destination[1],
         "status": status,
         "error": error,
+        SOURCE_REMOVED: removed,
     }
 
 
@@ -201,8 +205,12 @@ def passing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         message("retried", 0, BODY_A, publish_seq=3, attempts=2),
         message("retried", 1, BODY_B, publish_seq=2),
         message("retried", 2, BODY_C, publish_seq=4),
+        # A live source: 4 moved while 2 arrived (the depth fell by 2 only).
+        *(message(queue, p) for queue in ("live-counted", "live-unproven") for p in range(4)),
     ]
     counters = [
+        counter("live-counted", source=(3, 1), destination=(0, 4), removed=4),
+        counter("live-unproven", source=(3, 1), destination=(0, 4)),
         counter("clean", source=(3, 0), destination=(5, 8)),
         counter("dup", source=(2, 0), destination=(0, 3)),
         counter("empty", source=(0, 0), destination=(4, 4)),
@@ -289,8 +297,8 @@ def test_reordering_by_a_nack_retry_is_not_an_order_failure(passing_run: Verific
 def test_passing_run_is_verified_with_totals(passing_run: Verification) -> None:
     assert passing_run.verified
     assert passing_run.failed_expectations == ()
-    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (12, 2, 0)
-    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30
+    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (20, 2, 0)
+    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30 + 2 * 4 * 10
     assert passing_run.unexpected == 0
 
 
@@ -298,11 +306,13 @@ def test_results_json_and_data_docs_are_written(passing_run: Verification) -> No
     document = json.loads(Path(passing_run.results_path).read_text(encoding="utf-8"))
     assert document["run_id"] == RUN_ID
     assert document["verified"] is True
-    assert document["totals"]["messages"] == 12
+    assert document["totals"]["messages"] == 20
     assert [q["source_queue"] for q in document["queues"]] == [
         "clean",
         "dup",
         "empty",
+        "live-counted",
+        "live-unproven",
         "retried",
         "uncertain-arrived",
         "uncertain-vanished",
@@ -338,8 +348,12 @@ def failing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         message("reordered", 1, BODY_B, publish_seq=1),
         # One row, but two messages arrived: one nobody can explain.
         message("unexplained", 0, BODY_A),
+        # A live source: another consumer took 1 while 1 arrived; the depth fell by the 4
+        # moved, only the consumer counters (5 removed) see it.
+        *(message("stolen", p) for p in range(4)),
     ]
     counters = [
+        counter("stolen", source=(5, 1), destination=(0, 4), removed=5),
         counter("ok", source=(1, 0), destination=(0, 1)),
         counter("missing", source=(3, 0), destination=(0, 2)),
         counter("gap", source=(3, 0), destination=(0, 3)),
@@ -378,9 +392,34 @@ def test_missing_ledger_row_is_lost_and_named(failing_run: Verification) -> None
     assert (missing.source_drop, missing.distinct_messages, missing.lost) == (3, 2, 1)
     assert missing.unexpected == 0
     (line,) = failures_naming(failing_run, "missing")
-    assert "expect_column_pair_values_to_be_equal(distinct_messages, source_drop)" in line
-    assert "distinct_messages=2, source_drop=3" in line
-    assert failing_run.lost == 1
+    assert "expect_column_values_to_be_in_set(lost)" in line
+    assert "lost=1, distinct_messages=2, source_drop=3" in line
+
+
+def test_another_consumer_on_a_live_source_is_lost_by_the_counters(
+    failing_run: Verification,
+) -> None:
+    stolen = verdict(failing_run, "stolen")
+    assert not stolen.passed
+    assert (stolen.source_drop, stolen.distinct_messages, stolen.lost) == (4, 4, 1)
+    assert stolen.source_witness == "counters"
+    (line,) = failures_naming(failing_run, "stolen")
+    assert "expect_column_values_to_be_in_set(lost)" in line
+    assert "source_removed=5" in line
+    assert failing_run.lost == 2  # "missing" and "stolen"
+
+
+def test_a_live_source_passes_on_its_counters_or_says_it_is_unproven(
+    passing_run: Verification,
+) -> None:
+    counted = verdict(passing_run, "live-counted")
+    unproven = verdict(passing_run, "live-unproven")
+    assert counted.passed
+    assert unproven.passed
+    assert (counted.source_drop, counted.distinct_messages, counted.lost) == (2, 4, 0)
+    assert (counted.source_witness, unproven.source_witness) == ("counters", "none")
+    assert verdict(passing_run, "clean").source_witness == "depth"
+    assert passing_run.sources_unproven == 1
 
 
 def test_gap_in_positions_fails(failing_run: Verification) -> None:
@@ -390,6 +429,7 @@ def test_gap_in_positions_fails(failing_run: Verification) -> None:
     assert (gap.lost, gap.unexpected) == (0, 0)
     (line,) = failures_naming(failing_run, "gap")
     assert "expect_column_values_to_be_in_set(positions_contiguous)" in line
+    assert "missing positions 2 (1 position(s))" in line  # both engines name the hole
 
 
 def test_failed_status_fails(failing_run: Verification) -> None:
@@ -421,7 +461,7 @@ def test_null_checksum_fails(failing_run: Verification) -> None:
     nullsum = verdict(failing_run, "nullsum")
     assert not nullsum.passed
     (line,) = failures_naming(failing_run, "nullsum")
-    assert line.startswith("messages: expect_column_values_to_not_be_null(body_sha256): 1 of 11")
+    assert line.startswith("messages: expect_column_values_to_not_be_null(body_sha256): 1 of 15")
 
 
 # --- no ledger rows at all ---------------------------------------------------------------
@@ -565,8 +605,8 @@ def test_rows_nobody_planned_fail_with_unknown_depths(
     assert (stray.status, stray.passed) == ("unplanned", False)
     lines = failures_naming(verification, "stray")
     assert any(
-        "expect_column_pair_values_to_be_equal(distinct_messages, source_drop)" in line
-        and "source_drop=None" in line
+        "expect_column_values_to_not_be_null(source_drop)" in line
+        and "(source_drop unknown)" in line
         for line in lines
     )
     assert any("expect_column_values_to_not_be_null(destination_rise)" in line for line in lines)

@@ -154,3 +154,22 @@ def test_one_listing_gives_every_transfer_its_next_position(tmp_path: Path) -> N
     assert earlier.next_position(other) == 5
     unseen = TransferKey("dr", "/", "refunds", "main", "/", "refunds")
     assert earlier.next_position(unseen) == 0
+
+
+def test_a_position_given_again_after_a_withdrawal_keeps_the_later_intent(tmp_path: Path) -> None:
+    tables.ensure_tables(str(tmp_path))
+    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
+    intents.append([delivery(p, confirmed=False) for p in range(3)])
+    # A lost session withdrew position 2 unsent; the next one gave it to a redelivery
+    # (another message here, to tell them apart), then the task died unconfirmed.
+    again = delivery(2, confirmed=False)
+    again.body_sha256 = "body-sent"
+    intents.append([again])
+    intents.close(finished=False)
+    MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0").write(
+        [delivery(p, confirmed=True) for p in range(2)]
+    )
+
+    assert tables.commit_run(str(tmp_path), "r1") == 3
+    rows = committed_rows(tmp_path, "r1")
+    assert [(r["position"], r["body_sha256"]) for r in rows][2:] == [(2, "body-sent")]

@@ -71,7 +71,7 @@ from rmq_spark.devtools.local_brokers.node import (
     _script_command,
     _server_env,
 )
-from rmq_spark.devtools.local_brokers.processes import _node_pids
+from rmq_spark.devtools.local_brokers.processes import _node_pids, kill_vm, restart_node
 from rmq_spark.devtools.local_brokers.saved import load_nodes, node_to_dict, save_nodes
 
 __all__ = [
@@ -90,9 +90,11 @@ __all__ = [
     "_node_pids",
     "_script_command",
     "_server_env",
+    "kill_vm",
     "load_nodes",
     "main",
     "node_to_dict",
+    "restart_node",
     "running_nodes",
     "save_nodes",
     "start_cluster",

@@ -219,7 +219,13 @@ def _node_alive(node: LocalNode, crash: Path) -> bool:
 
 
 def _await_node(node: LocalNode, deadline: float, cancel: threading.Event) -> None:
-    """Wait for boot, create the admin user, name the cluster, wait for management.
+    """Wait for boot, create the admin user, name the cluster, wait for management."""
+    _await_boot(node, deadline, cancel)
+    _set_up_node(node, deadline, cancel)
+
+
+def _await_boot(node: LocalNode, deadline: float, cancel: threading.Event) -> None:
+    """Wait for the node's boot (``rabbitmqctl await_startup``).
 
     ``await_startup`` fails fast while the node is not yet registered with epmd, so it
     is retried in short rounds (so ``cancel``, set on Ctrl-C, is honoured quickly);
@@ -251,6 +257,9 @@ def _await_node(node: LocalNode, deadline: float, cancel: threading.Event) -> No
             time.sleep(1.0)
     logger.info("node %s booted in %.1f s", node.label, time.monotonic() - t0)
 
+
+def _set_up_node(node: LocalNode, deadline: float, cancel: threading.Event) -> None:
+    """A first boot: the admin user, its permissions and the cluster name; management."""
     if node.root is not None:
         _set_up_admin_over_http(node, deadline, cancel)
         _await_management(node, deadline, cancel)
@@ -416,3 +425,33 @@ def _stop_one(node: LocalNode, remove_data: bool) -> str | None:
     if remove_data:
         _remove_node_dir(node)
     return None
+
+
+def kill_vm(node: LocalNode, *, timeout: float = 15.0) -> int:
+    """SIGKILL the node's Erlang VM (``beam.smp``), as a host crash or the OOM killer
+    would: no shutdown, no connection.close, queues left as the disk has them. Returns
+    the VM's pid once every process of the node is gone (its helpers end with it;
+    epmd, never the node's, stays)."""
+    vms = [
+        pid
+        for pid, comm in _marked_processes(f"{_MARKER_ENV}={node.node_name}")
+        if comm.startswith(b"beam")
+    ]
+    if len(vms) != 1:
+        raise LocalBrokerError(f"node {node.label}: expected one Erlang VM, found pids {vms}")
+    _signal_all(vms, signal.SIGKILL)
+    left = _wait_gone(node.node_name, timeout)
+    if left:
+        raise LocalBrokerError(f"node {node.label}: processes {left} outlived its VM")
+    return vms[0]
+
+
+def restart_node(node: LocalNode, *, timeout: float = 180.0) -> None:
+    """Start a stopped (or killed) node again on its directory, ports and data, and
+    wait until it boots and its management API answers (its user and cluster name
+    are in its data already)."""
+    deadline = time.monotonic() + timeout
+    cancel = threading.Event()
+    _launch(node)
+    _await_boot(node, deadline, cancel)
+    _await_management(node, deadline, cancel)

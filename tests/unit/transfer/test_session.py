@@ -205,3 +205,29 @@ def test_a_message_too_large_for_the_destination_is_refused_and_fails_the_queue(
     assert rig.ledger.rows[0].state is DeliveryState.UNCERTAIN
     assert rig.source.acks == []
     assert len(rig.connector.links) == 1  # no new session: it would meet the same answer
+
+
+def test_positions_withdrawn_by_a_lost_session_are_numbered_again_without_a_gap() -> None:
+    rig = mover_rig()
+    rig.open_session()
+    rig.receive(b"a", b"b")
+    rig.confirm(1, multiple=False)
+    rig.lanes.finish("ledger")
+    for tag, body in enumerate((b"c", b"d", b"e"), start=3):
+        rig.source.deliver(tag, body)
+    rig.timers.run_due()
+    assert rig.lanes.waiting("intents") == 1  # positions 2..4 given, not yet sent
+
+    rig.destination.lose()  # the destination's node dies with the read-ahead unsent
+    assert [d.position for d in rig.intents.logged] == [0, 1, 2, 3, 4]
+    assert sorted(row.position for row in rig.ledger.rows) == [0, 1]  # 1 uncertain
+
+    rig.timers.run_due()
+    rig.timers.advance(MoverConfig().backoff_seconds)
+    rig.open_session()
+    rig.receive(b"b", b"c", b"d", b"e", first_tag=1)  # redelivered
+    assert [d.position for d in rig.intents.logged][-4:] == [2, 3, 4, 5]
+    rig.confirm(4)
+    rig.lanes.finish("ledger")
+    positions = sorted(row.position for row in rig.ledger.rows)
+    assert positions == list(range(6))  # contiguous: every position has a row

@@ -283,3 +283,61 @@ def test_withdrawn_publishes_are_neither_uncertain_nor_acked(clock: FakeClock) -
     assert window.take_acks() == [Ack(2, multiple=True)]
     assert window.take_acks() == []  # 3 uncertain, 4 never sent: neither is acked
     assert window.in_flight == 2
+
+
+def test_withdrawn_first_publishes_give_their_positions_to_the_next_session(
+    clock: FakeClock,
+) -> None:
+    window = TransferWindow(10, first_position=40, clock=clock)
+    for tag in (1, 2):
+        publish(window, tag)
+    unsent = [
+        window.on_publish(
+            tag,
+            redelivered=False,
+            body_size=1,
+            body_sha256="b",
+            properties_sha256="p",
+            message_id=None,
+        )
+        for tag in (3, 4, 5)
+    ]
+    window.on_confirm(1, multiple=False)
+    window.withdraw(unsent)  # the session ended before their intents were durable
+
+    assert [d.position for d in window.mark_uncertain()] == [41]
+    assert [d.position for d in window.rows_to_write()] == [40]
+    assert window.next_position == 42  # 42..44 were never sent: numbered again
+
+
+def test_a_withdrawn_position_below_a_sent_one_is_not_given_again(clock: FakeClock) -> None:
+    window = TransferWindow(10, clock=clock)
+    withdrawn = window.on_publish(
+        1, redelivered=False, body_size=1, body_sha256="b", properties_sha256="p", message_id=None
+    )
+    publish(window, 2)
+    window.withdraw([withdrawn])
+    # Only the newest positions are given again: numbering never goes below a sent one.
+    assert window.next_position == 2
+
+
+def test_nacked_deliveries_at_the_end_of_a_session_become_uncertain_rows(
+    clock: FakeClock,
+) -> None:
+    window = TransferWindow(10, clock=clock)
+    for tag in (1, 2, 3):
+        publish(window, tag)
+    (waiting,) = window.on_nack(1, multiple=False)  # waits for its republish's backoff
+    (resent,) = window.on_nack(2, multiple=False)
+    window.republish(resent)
+    window.withdraw([resent])  # the republish waited for the intents lane: never sent
+    assert (waiting.state, resent.state) == (DeliveryState.NACKED, DeliveryState.NACKED)
+
+    uncertain = window.mark_uncertain()  # sent at least once, never confirmed
+    assert [(d.position, d.state) for d in uncertain] == [
+        (0, DeliveryState.UNCERTAIN),
+        (1, DeliveryState.UNCERTAIN),
+        (2, DeliveryState.UNCERTAIN),
+    ]
+    assert window.take_acks() == []
+    assert window.next_position == 3

@@ -1,0 +1,134 @@
+"""What consumers removed from a source queue during a run, by the broker's own counters:
+the witness that a live source (other publishers still sending to it) lost nothing.
+
+A depth drop is what left a queue minus what arrived meanwhile, so on a source that
+keeps receiving it cannot say what left. The management API's per-queue
+`message_stats` count, cumulatively, the deliveries consumers acked (`ack`) and those
+they took without acks (`deliver_no_ack`, `get_no_ack`): what consumers removed.
+Read when the movers start and after they end, the difference is what every consumer
+removed during the run; the movers' share is what they moved (each moved message is
+acked once, a duplicate's redelivery included), so anything above it was taken by
+another consumer. Publishers do not touch these counters.
+
+What they are: cumulative counts that each channel reports to the management database
+on its statistics timer (`collect_statistics_interval`, 5 s by default), so a reading
+lags by up to that much. On 3.10.8 and 4.3.6 (tests/integration/test_live_source.py,
+1 s interval) they caught up with exactly what the movers moved, the movers' closed
+channels included, and counted another consumer's acks; 4.0.5 was not tested.
+Before the run the movers have not consumed yet, so only another consumer could move
+the counter; after it, `settle` reads again until the counters have caught up with what
+the movers acked. They restart from 0 when the queue's node restarts, and are absent
+where the broker keeps no message statistics (the metrics collector disabled): then
+the run's witness is unknown (None) and verification falls back to the depths.
+
+What they do not see: messages that left without a consumer (expired by a TTL,
+dropped by a length limit, purged). The depth check still counts those as lost when
+they outnumber what arrived.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
+
+from rmq_spark.broker.management import ManagementClient
+from rmq_spark.errors import RmqSparkError
+from rmq_spark.model import TransferKey
+
+log = logging.getLogger(__name__)
+
+# The message_stats counters of deliveries that left the queue through a consumer.
+REMOVAL_COUNTERS = ("ack", "deliver_no_ack", "get_no_ack")
+# How long `settle` waits for the counters to catch up (two statistics intervals and a bit).
+SETTLE_SECONDS = 12.0
+POLL_SECONDS = 0.5
+
+Readings = dict[TransferKey, int | None]
+
+
+def removed_of(row: Mapping[str, Any] | None) -> int | None:
+    """What consumers removed from the queue of a management API row; None when the
+    row has no message statistics (none collected, or none yet)."""
+    stats = (row or {}).get("message_stats")
+    if not isinstance(stats, Mapping):
+        return None
+    return sum(int(stats.get(name) or 0) for name in REMOVAL_COUNTERS)
+
+
+def read_removed(clients: Mapping[str, ManagementClient], keys: Iterable[TransferKey]) -> Readings:
+    """The counters of each transfer's source queue now (one listing per vhost)."""
+    by_vhost: dict[tuple[str, str], list[TransferKey]] = defaultdict(list)
+    for key in keys:
+        by_vhost[(key.source_cluster, key.source_vhost)].append(key)
+    readings: Readings = {}
+    for (cluster, vhost), wanted in by_vhost.items():
+        try:
+            rows = clients[cluster].queues(vhost, columns="name,message_stats")
+        except RmqSparkError as exc:
+            log.warning("cluster %s vhost %r: no consumer counters (%s)", cluster, vhost, exc)
+            rows = []
+        by_name = {row.get("name"): row for row in rows}
+        for key in wanted:
+            readings[key] = removed_of(by_name.get(key.source_queue))
+    return readings
+
+
+def removed_during(before: int | None, after: int | None) -> int | None:
+    """What consumers removed between two readings; None when it cannot be told.
+
+    A queue never consumed from has no statistics yet: before the run that is 0. None
+    after the run (the movers consumed) means the broker keeps none; a fall means they
+    were reset (the node restarted)."""
+    if after is None:
+        return None
+    start = before or 0
+    return after - start if after >= start else None
+
+
+def settle(
+    read: Callable[[Collection[TransferKey]], Readings],
+    before: Mapping[TransferKey, int | None],
+    moved: Mapping[TransferKey, int],
+    *,
+    monotonic: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    deadline_seconds: float = SETTLE_SECONDS,
+) -> Readings:
+    """What consumers removed from each source during the run (`removed_during`).
+
+    Reads again, for up to `deadline_seconds`, the transfers whose counters have not
+    yet reached what the movers moved (`moved`): they lag by a statistics interval.
+    One still below it then is unknown (None): lagging or reset, it proves nothing.
+    With `deadline_seconds` 0 each is read once.
+    """
+    end = monotonic() + deadline_seconds
+    waiting = set(before)
+    removed: Readings = {}
+    while True:
+        for key, after in read(waiting).items():
+            removed[key] = removed_during(before.get(key), after)
+        waiting = {
+            key
+            for key in waiting
+            if removed.get(key) is not None and removed[key] < moved.get(key, 0)  # type: ignore[operator]
+        }
+        if not waiting or monotonic() >= end:
+            break
+        sleep(POLL_SECONDS)
+    for key in waiting:
+        if deadline_seconds <= 0:
+            removed[key] = None  # read once, by request: nothing to warn about
+            continue
+        log.warning(
+            "%s: the source's consumer counters (%s) did not reach the %d moved within %.0fs; "
+            "what left it is proven by its depth only",
+            key.label(),
+            removed[key],
+            moved.get(key, 0),
+            deadline_seconds,
+        )
+        removed[key] = None
+    return removed

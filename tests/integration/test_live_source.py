@@ -1,0 +1,187 @@
+"""Moving from sources that publishers keep writing to (a migration before every
+publisher has switched, a redrive from a dead-letter queue still receiving): the run
+ends verified on the sources' consumer counters (`broker/removals.py`), and another
+consumer taking messages during the run still fails it, however many arrived meanwhile.
+
+On 3.10 and 4.3: 4 queues of 5,000 messages, a publisher sending several hundred
+messages per second to every source queue from before the job starts until after it
+ends. An independent reader then finds every message in exactly one place.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pika
+import pytest
+from pyspark.sql import SparkSession
+
+from rmq_spark.config import load_config
+from rmq_spark.pipeline import RunResult, run_transfer
+from tests.support.brokers import Brokers, fresh_vhost, write_config
+from tests.support.faults import mover_connections, wait_until
+
+QUEUES = [f"live-{i}" for i in range(4)]
+SEEDED = 5_000
+RATE_PER_QUEUE = 400  # messages per second, to every source queue
+STOLEN = 100
+
+
+class Publisher(threading.Thread):
+    """Publishes to every source queue at RATE_PER_QUEUE each, ids "queue/n", until stopped."""
+
+    def __init__(self, brokers: Brokers, vhost: str) -> None:
+        super().__init__(daemon=True, name="live-publisher")
+        self._brokers, self._vhost = brokers, vhost
+        self.stop = threading.Event()
+        self.sent: Counter[str] = Counter()  # per queue
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            connection = self._brokers.connect(self._brokers.dr, self._vhost)
+            channel = connection.channel()
+            started, ticks = time.monotonic(), 0
+            while not self.stop.is_set():
+                for queue in QUEUES:
+                    n = SEEDED + self.sent[queue]
+                    properties = pika.BasicProperties(delivery_mode=2, message_id=f"{queue}/{n}")
+                    channel.basic_publish("", queue, f"{queue}/{n}".encode(), properties)
+                    self.sent[queue] += 1
+                ticks += 1
+                # Pace to the rate (a publisher's own clock, not a wait on a condition).
+                ahead = started + ticks / RATE_PER_QUEUE - time.monotonic()
+                if ahead > 0:
+                    connection.sleep(ahead)
+            connection.close()
+        except BaseException as exc:  # handed to the test thread, which asserts on it
+            self.error = exc
+
+
+def seed(brokers: Brokers, vhost: str) -> None:
+    connection = brokers.connect(brokers.dr, vhost)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for queue in QUEUES:
+        channel.queue_declare(queue, durable=True)
+        for n in range(SEEDED):
+            properties = pika.BasicProperties(delivery_mode=2, message_id=f"{queue}/{n}")
+            channel.basic_publish("", queue, f"{queue}/{n}".encode(), properties)
+    connection.close()
+
+
+def ids_in(brokers: Brokers, node_label: str, vhost: str, queue: str) -> Counter[str]:
+    node = brokers.dr if node_label == "dr" else brokers.main
+    found: Counter[str] = Counter()
+    connection = brokers.connect(node, vhost)
+    channel = connection.channel()
+    while True:
+        method, properties, _body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        found[str(properties.message_id)] += 1
+    connection.close()
+    return found
+
+
+def move_while_publishing(
+    brokers: Brokers, tmp_path: Path, spark: SparkSession, name: str, *, steal: bool
+) -> tuple[RunResult, Publisher, int]:
+    vhost = fresh_vhost(brokers, name)
+    seed(brokers, vhost)
+    config = load_config(
+        write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger")
+    )
+    publisher = Publisher(brokers, vhost)
+    publisher.start()
+    wait_until(lambda: min(publisher.sent[q] for q in QUEUES) >= 200, "the publisher to run")
+    stealer = Stealer(brokers, vhost)
+    if steal:
+        stealer.start()
+    try:
+        result = run_transfer(spark, config, run_id=name)
+    finally:
+        publisher.stop.set()
+        publisher.join(30)
+        stealer.stop.set()
+        if steal:
+            stealer.join(30)
+    assert publisher.error is None, publisher.error
+    return result, publisher, stealer.taken
+
+
+class Stealer(threading.Thread):
+    """Another consumer on the first queue while the movers consume it: RabbitMQ hands it
+    a share of the deliveries; it acks (removes) up to STOLEN of them, until stopped."""
+
+    def __init__(self, brokers: Brokers, vhost: str) -> None:
+        super().__init__(daemon=True, name="stealer")
+        self._brokers, self._vhost = brokers, vhost
+        self.stop = threading.Event()
+        self.taken = 0
+
+    def run(self) -> None:
+        # Once the movers consume (their connection is named after the run): after the
+        # counters were read, while the movers hold the queue.
+        wait_until(
+            lambda: bool(mover_connections(self._brokers.dr, "consumer", self._vhost)),
+            "the movers to consume",
+        )
+        connection = self._brokers.connect(self._brokers.dr, self._vhost)
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=1)
+        for method, _properties, _body in channel.consume(QUEUES[0], inactivity_timeout=0.1):
+            if method is not None:
+                channel.basic_ack(method.delivery_tag)
+                self.taken += 1
+            if self.taken >= STOLEN or self.stop.is_set():
+                break
+        channel.cancel()
+        connection.close()
+
+
+@pytest.mark.parametrize("brokers_of_version", ["3.10", "4.3"], indirect=True)
+def test_a_live_source_is_verified_on_its_consumer_counters(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    brokers = brokers_of_version
+    vhost = "live-source"
+    result, publisher, _taken = move_while_publishing(brokers, tmp_path, spark, vhost, steal=False)
+    verification = result.verification
+    assert verification.verified, verification.failed_expectations
+    assert verification.lost == 0
+    for verdict in verification.queues:
+        assert verdict.source_witness == "counters", verdict
+        assert verdict.distinct_messages > verdict.source_drop  # messages arrived meanwhile
+    # Independent reader: every message in exactly one place, the destination or the source.
+    moved = 0
+    for queue in QUEUES:
+        in_destination = ids_in(brokers, "main", vhost, queue)
+        in_source = ids_in(brokers, "dr", vhost, queue)
+        moved += sum(in_destination.values())
+        published = Counter(f"{queue}/{n}" for n in range(SEEDED + publisher.sent[queue]))
+        assert in_destination + in_source == published, queue
+    assert verification.messages == moved
+
+
+@pytest.mark.parametrize("brokers_of_version", ["3.10", "4.3"], indirect=True)
+def test_another_consumer_on_a_live_source_fails_verification(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    brokers = brokers_of_version
+    result, _publisher, taken = move_while_publishing(
+        brokers, tmp_path, spark, "live-stolen", steal=True
+    )
+    assert taken > 0, "the other consumer took nothing"
+    verification = result.verification
+    assert not verification.verified
+    verdicts = {v.source_queue: v for v in verification.queues}
+    # Taken while the movers ran (or after, before the counters were read): lost.
+    assert 0 < verdicts[QUEUES[0]].lost <= taken
+    assert verdicts[QUEUES[0]].source_witness == "counters"
+    assert all(verdicts[queue].passed for queue in QUEUES[1:])
+    (line,) = [line for line in verification.failed_expectations if "(lost)" in line]
+    assert f"lost={verdicts[QUEUES[0]].lost}" in line
