@@ -12,12 +12,10 @@ import argparse
 import json
 import logging
 import os
-import secrets
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +24,7 @@ from rmq_spark.compat import check_pika
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.logs import mask_known_secrets, mask_secrets_in_logs, setup_logging
+from rmq_spark.run_id import resolve_run_id
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,11 +91,6 @@ def run_guarded(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         return EXIT_INTERNAL
 
 
-def new_run_id(now: datetime | None = None) -> str:
-    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{secrets.token_hex(3)}"
-
-
 def default_master() -> str | None:
     """local[*,4] unless spark-submit or Databricks already chose a master.
 
@@ -132,7 +126,11 @@ def command_session(app_name: str, master: str | None) -> Iterator[SparkSession]
 
 def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML config file (see conf/example.yaml)")
-    parser.add_argument("--run-id", help="run identifier (default: timestamp + random suffix)")
+    parser.add_argument(
+        "--run-id",
+        help="run identifier (default: $RMQ_SPARK_RUN_ID, else the YARN application id, "
+        "else timestamp + random suffix): a driver started again with the same id resumes",
+    )
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
     add_logging_arguments(parser, "INFO")
 
@@ -152,10 +150,11 @@ def run_transfer_command(args: argparse.Namespace) -> int:
         check_pika()
         config = load_config(args.config)
         mask_secrets_in_logs(config)
-        run_id = validate_run_id(args.run_id or new_run_id())
+        run_id, source = resolve_run_id(args.run_id, os.environ)
     except RmqSparkError as exc:
         print_error(exc)
         return EXIT_ERROR
+    log.info("run %s (run id from %s)", run_id, source)
 
     from rmq_spark.pipeline import prepare_run, run_transfer
     from rmq_spark.report.console import print_queue_table, result_line, result_summary
