@@ -9,6 +9,7 @@ library the job did not expect: the traceback is in the log, one line names it).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -91,6 +92,23 @@ def run_guarded(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         return EXIT_INTERNAL
 
 
+SPARK_EXTRA = "pip install 'rmq-spark[spark]'"
+
+
+def require_spark(command: str) -> None:
+    """Exit-2 error, before anything runs, when this Python has no pyspark.
+
+    `plan`, `report` and `restore-federation` need no Spark and run from the wheel
+    alone; `transfer` and `migrate` run on Spark: on a cluster its own pyspark, on a
+    laptop the `[spark]` extra.
+    """
+    if importlib.util.find_spec("pyspark") is None:
+        raise RmqSparkError(
+            f"rmq-spark {command} runs on Spark and this Python has no pyspark: run it "
+            f"with spark-submit or on Databricks, or install the extra: {SPARK_EXTRA}"
+        )
+
+
 def default_master() -> str | None:
     """local[*,4] unless spark-submit or Databricks already chose a master.
 
@@ -147,6 +165,7 @@ def transfer_main(argv: Sequence[str] | None = None) -> int:
 def run_transfer_command(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
+        require_spark("transfer")
         check_pika()
         config = load_config(args.config)
         mask_secrets_in_logs(config)
@@ -225,7 +244,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     from rmq_spark.broker.management import management_clients
     from rmq_spark.planning.discovery import discover
-    from rmq_spark.planning.plan import assign_partitions
+    from rmq_spark.planning.partitions import assign_partitions
     from rmq_spark.report.console import plan_document, print_plan_table
 
     config: JobConfig | None = None
@@ -336,6 +355,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
     config finishes a migration a crash interrupted.
     """
     setup_logging(args.log_level, args.log_format)
+    require_spark("migrate")  # its modules import pyspark, --dry-run's too
     from rmq_spark.migrate import (
         MigrationOptions,
         migrate,
