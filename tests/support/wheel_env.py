@@ -48,7 +48,16 @@ def build_wheel_env(base: Path) -> WheelEnv:
     (wheel,) = dist.glob("rmq_spark-*.whl")
     env = WheelEnv(base / "venv")
     run([sys.executable, "-m", "venv", str(env.root)])
-    pip = [str(env.python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # --no-compile: the commands import a fraction of what is installed.
+    pip = [
+        str(env.python),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-compile",
+    ]
     run([*pip, "--no-deps", "-r", str(REPO / "requirements-runtime.lock"), str(wheel)])
     run([*pip, "-c", str(REPO / "requirements.lock"), f"{wheel}[notebook]"])
     return env
