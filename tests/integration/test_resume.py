@@ -59,6 +59,8 @@ SCHEDULERS = [
         "yarn-reattempt",
         "application_1764000000000_0042",
         ((), ()),
+        # YARN gives every container its id and its local directories (LOCAL_DIRS,
+        # which Spark uses instead of spark.local.dir once it sees CONTAINER_ID).
         (
             {"CONTAINER_ID": "container_e07_1764000000000_0042_01_000001"},
             {"CONTAINER_ID": "container_e07_1764000000000_0042_02_000001"},
@@ -74,13 +76,19 @@ SCHEDULERS = [
 
 
 def submit(
-    config: Path, arguments: tuple[str, ...], scheduler: dict[str, str]
+    config: Path, arguments: tuple[str, ...], scheduler: dict[str, str], attempt_dir: Path
 ) -> subprocess.Popen[str]:
+    """spark-submit.sh as the scheduler starts it; `attempt_dir` is the attempt's own
+    scratch space (YARN's LOCAL_DIRS when the scheduler is YARN)."""
     environment = {
         key: value
         for key, value in job_environment().items()
-        if key not in ("RMQ_SPARK_RUN_ID", "CONTAINER_ID")  # only what the scheduler sets
+        # only what the scheduler sets
+        if key not in ("RMQ_SPARK_RUN_ID", "CONTAINER_ID", "LOCAL_DIRS")
     }
+    if "CONTAINER_ID" in scheduler:
+        attempt_dir.mkdir()
+        scheduler = {**scheduler, "LOCAL_DIRS": str(attempt_dir)}
     return subprocess.Popen(
         [str(REPO / "spark-submit.sh"), "--config", str(config), *arguments],
         env={**environment, **scheduler},
@@ -108,19 +116,23 @@ def test_a_killed_driver_started_again_by_its_scheduler_finishes_the_run(
         window={"messages": WINDOW},
     )
 
-    first = submit(config, attempts.arguments[0], attempts.environments[0])
-    wait_until(
-        lambda: sum(depth(brokers.main, vhost, q) for q in QUEUES) >= MESSAGES // 5,
-        "a tenth of the messages to arrive",
-        timeout=180,
-    )
+    first = submit(config, attempts.arguments[0], attempts.environments[0], tmp_path / "first")
+
+    def a_fifth_arrived() -> bool:
+        if first.poll() is not None:
+            raise AssertionError(
+                f"the first driver ended by itself: {first.communicate()[1][-4000:]}"
+            )
+        return sum(depth(brokers.main, vhost, q) for q in QUEUES) >= MESSAGES // 5
+
+    wait_until(a_fifth_arrived, "a fifth of the messages to arrive", timeout=180)
     os.killpg(first.pid, signal.SIGKILL)  # the driver dies, and its executors with it
     first.wait(30)
     plans = tables.read_arrow(str(tmp_path / "ledger"), "plans").to_pylist()
     assert {(p["source_queue"], p["messages"]) for p in plans} == {(q, MESSAGES) for q in QUEUES}
     assert {p["run_id"] for p in plans} == {attempts.run_id}
 
-    second = submit(config, attempts.arguments[1], attempts.environments[1])
+    second = submit(config, attempts.arguments[1], attempts.environments[1], tmp_path / "second")
     stdout, stderr = second.communicate(timeout=600)
 
     assert second.returncode == 0, stderr[-4000:]
