@@ -9,8 +9,8 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
-.PHONY: setup system roots demo test lint typecheck unit soak bench bench-memory bench-stages bench-many-queues clean \
-	package lock-runtime
+.PHONY: setup system roots demo test test-dbr lint typecheck unit soak bench bench-memory bench-stages \
+	bench-many-queues clean package wheel lock-runtime
 
 setup: system $(INSTALLED)
 
@@ -68,8 +68,32 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest tests/unit
 
-test: lint typecheck roots
+test: lint typecheck roots test-dbr
 	$(BIN)/pytest tests
+
+# The unit and Spark suites again on what Databricks Runtime 17.3 LTS runs: pyspark 4.0
+# and the runtime's pyarrow, pandas and numpy (requirements-dbr.lock), on Python 3.12
+# when pyenv or the system has it. Its own venv, .venv-dbr.
+# (A pyenv shim named python3.12 exists without that version selected: each candidate runs.)
+DBR_PYTHON ?= $(or $(shell for p in $$HOME/.pyenv/versions/3.12.*/bin/python3.12 python3.12; do \
+	"$$p" -c '' 2>/dev/null && { command -v "$$p"; break; }; done),$(PYTHON))
+DBR_VENV := .venv-dbr
+DBR_INSTALLED := $(DBR_VENV)/.installed
+$(DBR_INSTALLED): pyproject.toml requirements.lock requirements-dbr.lock
+	rm -rf $(DBR_VENV)
+	$(DBR_PYTHON) -m venv $(DBR_VENV)
+	$(DBR_VENV)/bin/pip install -q --upgrade pip
+	@# The tested closure, with the runtime's versions in place of ours.
+	grep -viE "^($$(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' requirements-dbr.lock | paste -sd'|'))==" \
+	  requirements.lock > $(DBR_VENV)/requirements.txt
+	$(DBR_VENV)/bin/pip install -q --no-deps -r $(DBR_VENV)/requirements.txt -r requirements-dbr.lock
+	$(DBR_VENV)/bin/pip install -q --no-deps -e .
+	$(DBR_VENV)/bin/pip check
+	touch $@
+
+test-dbr: setup $(DBR_INSTALLED)
+	$(DBR_VENV)/bin/python -c 'import sys, pyspark, pyarrow, pandas; print("test-dbr: Python", sys.version.split()[0], "pyspark", pyspark.__version__, "pyarrow", pyarrow.__version__, "pandas", pandas.__version__)'
+	$(DBR_VENV)/bin/pytest -q -p no:cacheprovider tests/unit tests/spark
 
 # The fault matrix three times over (each run starts its own brokers): flaky
 # recovery shows up here before it shows up in CI.
@@ -77,7 +101,7 @@ soak: setup
 	for round in 1 2 3; do $(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_crash.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist build
+	rm -rf $(VENV) $(DBR_VENV) .demo .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist build
 
 bench-memory: setup
 	$(BIN)/python -m bench.memory
@@ -126,6 +150,14 @@ package: setup
 	  chmod 644 "$(DIST)/rmq-spark-env-$$version-$$tag.tar.gz"  # venv-pack writes it 0600
 	rm -rf $(PACK_ENV)
 	@ls -l $(DIST)
+
+# The wheel alone, dist/rmq_spark-VERSION-py3-none-any.whl: what databricks.yml's artifact
+# build runs on the deploying machine. Needs only Python and pip (no apt, Java or brokers).
+wheel:
+	rm -rf build $(DIST)/rmq_spark-*.whl
+	$(PYTHON) -m pip wheel -q --no-deps --wheel-dir $(DIST) .
+	rm -rf build
+	@ls -l $(DIST)/rmq_spark-*.whl
 
 # requirements-runtime.lock from requirements.lock: resolve the package's own
 # dependencies (no dev tools, no Spark) in a scratch venv, constrained to the tested pins.

@@ -9,15 +9,14 @@ library the job did not expect: the traceback is in the log, one line names it).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
-import secrets
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ from rmq_spark.compat import check_pika
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.logs import mask_known_secrets, mask_secrets_in_logs, setup_logging
+from rmq_spark.run_id import resolve_run_id
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,9 +92,21 @@ def run_guarded(command: Callable[[argparse.Namespace], int], args: argparse.Nam
         return EXIT_INTERNAL
 
 
-def new_run_id(now: datetime | None = None) -> str:
-    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{secrets.token_hex(3)}"
+SPARK_EXTRA = "pip install 'rmq-spark[spark]'"
+
+
+def require_spark(command: str) -> None:
+    """Exit-2 error, before anything runs, when this Python has no pyspark.
+
+    `plan`, `report` and `restore-federation` need no Spark and run from the wheel
+    alone; `transfer` and `migrate` run on Spark: on a cluster its own pyspark, on a
+    laptop the `[spark]` extra.
+    """
+    if importlib.util.find_spec("pyspark") is None:
+        raise RmqSparkError(
+            f"rmq-spark {command} runs on Spark and this Python has no pyspark: run it "
+            f"with spark-submit or on Databricks, or install the extra: {SPARK_EXTRA}"
+        )
 
 
 def default_master() -> str | None:
@@ -132,7 +144,11 @@ def command_session(app_name: str, master: str | None) -> Iterator[SparkSession]
 
 def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML config file (see conf/example.yaml)")
-    parser.add_argument("--run-id", help="run identifier (default: timestamp + random suffix)")
+    parser.add_argument(
+        "--run-id",
+        help="run identifier (default: $RMQ_SPARK_RUN_ID, else the YARN application id, "
+        "else timestamp + random suffix): a driver started again with the same id resumes",
+    )
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
     add_logging_arguments(parser, "INFO")
 
@@ -149,13 +165,15 @@ def transfer_main(argv: Sequence[str] | None = None) -> int:
 def run_transfer_command(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
+        require_spark("transfer")
         check_pika()
         config = load_config(args.config)
         mask_secrets_in_logs(config)
-        run_id = validate_run_id(args.run_id or new_run_id())
+        run_id, source = resolve_run_id(args.run_id, os.environ)
     except RmqSparkError as exc:
         print_error(exc)
         return EXIT_ERROR
+    log.info("run %s (run id from %s)", run_id, source)
 
     from rmq_spark.pipeline import prepare_run, run_transfer
     from rmq_spark.report.console import print_queue_table, result_line, result_summary
@@ -227,7 +245,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     from rmq_spark.broker.federation import pause_preview
     from rmq_spark.broker.management import management_clients
     from rmq_spark.planning.discovery import discover
-    from rmq_spark.planning.plan import assign_partitions
+    from rmq_spark.planning.partitions import assign_partitions
     from rmq_spark.report.console import plan_document, print_plan_table
 
     config: JobConfig | None = None
@@ -341,6 +359,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
     config finishes a migration a crash interrupted.
     """
     setup_logging(args.log_level, args.log_format)
+    require_spark("migrate")  # its modules import pyspark, --dry-run's too
     from rmq_spark.migrate import (
         MigrationOptions,
         migrate,

@@ -6,8 +6,10 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from pyspark.sql import SparkSession
+if TYPE_CHECKING:  # imported where a session is built: `report` and `plan` run without Spark
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ def build_session(
 
     `master` is only used when nothing (spark-submit, Databricks) has set one.
     """
+    from pyspark.sql import SparkSession
+
     builder = SparkSession.builder.appName(app_name)
     conf = {**DELTA_CONF, **(extra_conf or {}), **ENFORCED_CONF}
     if master:

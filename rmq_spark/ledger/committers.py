@@ -20,18 +20,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import AddAction, RemoveAction
-from pyspark.sql import DataFrame, SparkSession
 
 from rmq_spark.ledger import schema
 from rmq_spark.ledger.storage import storage_options
 from rmq_spark.ledger.writer import DATA_COLUMNS
 from rmq_spark.spark_session import spark_has_delta
+
+if TYPE_CHECKING:  # Spark's writer is chosen only when a session exists
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 

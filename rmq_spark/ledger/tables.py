@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -26,7 +26,6 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
-from pyspark.sql import DataFrame, SparkSession
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import compaction, schema, writer
@@ -35,6 +34,9 @@ from rmq_spark.ledger.storage import describe, storage_options
 from rmq_spark.ledger.writer import read_stream, run_intents_dir, run_partition_dir, run_rows_dir
 from rmq_spark.model import TransferKey
 from rmq_spark.spark_session import spark_has_delta
+
+if TYPE_CHECKING:  # the driver's Spark reads; `report` reads with delta-rs, without Spark
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 

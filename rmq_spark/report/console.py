@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -18,9 +18,11 @@ from rich.table import Table
 from rmq_spark.broker.federation_plan import Override
 from rmq_spark.config import JobConfig
 from rmq_spark.model import QueueTransfer
-from rmq_spark.pipeline import RunResult
 from rmq_spark.transfer.rate_limit import describe_limits
 from rmq_spark.transfer.window import prefetch_for
+
+if TYPE_CHECKING:  # results only: `plan` prints with this module and runs without Spark
+    from rmq_spark.pipeline import RunResult
 
 RESULT_PREFIX = "RESULT "
 MIGRATION_PREFIX = "MIGRATION "

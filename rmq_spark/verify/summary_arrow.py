@@ -171,11 +171,27 @@ def _same_as_previous(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
     return same
 
 
+def _per_key_null_placement() -> bool:
+    """Whether this pyarrow takes (name, order, null_placement) sort keys: newer ones do
+    and deprecate the global option (25.0); older ones, as Databricks Runtime 17.3's
+    19.0.1, have only the global one."""
+    try:
+        pc.SortOptions(sort_keys=[("column", "ascending", "at_start")])
+    except ValueError:
+        return False
+    return True
+
+
+_PER_KEY_NULLS = _per_key_null_placement()
+
+
 def _sorted_indices(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
-    return np.asarray(
-        # Nulls first, like Spark's ascending sort.
-        pc.sort_indices(table, sort_keys=[(name, "ascending", "at_start") for name in columns])
-    )
+    # Nulls first, like Spark's ascending sort.
+    if _PER_KEY_NULLS:
+        keys = [(name, "ascending", "at_start") for name in columns]
+        return np.asarray(pc.sort_indices(table, sort_keys=keys))
+    ascending = [(name, "ascending") for name in columns]
+    return np.asarray(pc.sort_indices(table, sort_keys=ascending, null_placement="at_start"))
 
 
 def _first_of_group(table: pa.Table, group: Sequence[str], order: Sequence[str]) -> np.ndarray:

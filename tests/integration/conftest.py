@@ -17,6 +17,7 @@ from rmq_spark.devtools.local_brokers import (
 )
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
 from tests.support.brokers import PASSWORD_ENV, Brokers
+from tests.support.wheel_env import WheelEnv, build_wheel_env
 
 
 @pytest.fixture(scope="session")
@@ -105,3 +106,10 @@ def cluster_password_env(quorum_cluster: LocalCluster, monkeypatch: pytest.Monke
     """The cluster's admin password, in the variable the test configs name."""
     monkeypatch.setenv(PASSWORD_ENV, quorum_cluster.first.password)
     return quorum_cluster.first.password
+
+
+@pytest.fixture(scope="session")
+def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> WheelEnv:
+    """A venv with the built wheel, its runtime lock and its [notebook] extra, no pyspark
+    (tests/support/wheel_env.py), built once."""
+    return build_wheel_env(tmp_path_factory.mktemp("wheel-env"))

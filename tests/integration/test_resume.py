@@ -1,4 +1,11 @@
-"""A driver killed mid-run is resumed by re-running the same run id."""
+"""A driver killed mid-run is resumed by starting it again as its scheduler would.
+
+Each scheduler starts the second driver with what it keeps across attempts, and no
+--run-id of ours: Databricks a repair run's arguments ({{job.run_id}} resolved, the
+same job run), YARN a new ApplicationMaster container of the same application (its
+CONTAINER_ID's attempt number changes), Kubernetes a new driver pod with the same
+RMQ_SPARK_RUN_ID (set from the Job's or SparkApplication's name).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,10 @@ import json
 import os
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from rmq_spark.ledger import tables
 from rmq_spark.report.console import RESULT_PREFIX
@@ -28,10 +38,60 @@ MESSAGES = 20_000
 WINDOW = 1000
 
 
-def submit(config: Path, run_id: str) -> subprocess.Popen[str]:
+@dataclass(frozen=True)
+class Attempts:
+    """How one scheduler starts the first driver and the second: arguments, environment."""
+
+    name: str
+    run_id: str  # what both drivers must take
+    arguments: tuple[tuple[str, ...], tuple[str, ...]]
+    environments: tuple[dict[str, str], dict[str, str]]
+
+
+SCHEDULERS = [
+    Attempts(
+        "databricks-repair",
+        "7340298465120813",
+        (("--run-id", "7340298465120813"),) * 2,
+        ({}, {}),
+    ),
+    Attempts(
+        "yarn-reattempt",
+        "application_1764000000000_0042",
+        ((), ()),
+        # YARN gives every container its id and its local directories (LOCAL_DIRS,
+        # which Spark uses instead of spark.local.dir once it sees CONTAINER_ID).
+        (
+            {"CONTAINER_ID": "container_e07_1764000000000_0042_01_000001"},
+            {"CONTAINER_ID": "container_e07_1764000000000_0042_02_000001"},
+        ),
+    ),
+    Attempts(
+        "kubernetes-restart",
+        "rmq-spark-nightly-29401",
+        ((), ()),
+        ({"RMQ_SPARK_RUN_ID": "rmq-spark-nightly-29401"},) * 2,
+    ),
+]
+
+
+def submit(
+    config: Path, arguments: tuple[str, ...], scheduler: dict[str, str], attempt_dir: Path
+) -> subprocess.Popen[str]:
+    """spark-submit.sh as the scheduler starts it; `attempt_dir` is the attempt's own
+    scratch space (YARN's LOCAL_DIRS when the scheduler is YARN)."""
+    environment = {
+        key: value
+        for key, value in job_environment().items()
+        # only what the scheduler sets
+        if key not in ("RMQ_SPARK_RUN_ID", "CONTAINER_ID", "LOCAL_DIRS")
+    }
+    if "CONTAINER_ID" in scheduler:
+        attempt_dir.mkdir()
+        scheduler = {**scheduler, "LOCAL_DIRS": str(attempt_dir)}
     return subprocess.Popen(
-        [str(REPO / "spark-submit.sh"), "--config", str(config), "--run-id", run_id],
-        env=job_environment(),
+        [str(REPO / "spark-submit.sh"), "--config", str(config), *arguments],
+        env={**environment, **scheduler},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -39,10 +99,11 @@ def submit(config: Path, run_id: str) -> subprocess.Popen[str]:
     )
 
 
-def test_rerun_with_the_same_run_id_finishes_a_killed_run(
-    brokers: Brokers, password_env: str, tmp_path: Path
+@pytest.mark.parametrize("attempts", SCHEDULERS, ids=lambda a: a.name)
+def test_a_killed_driver_started_again_by_its_scheduler_finishes_the_run(
+    brokers: Brokers, password_env: str, tmp_path: Path, attempts: Attempts
 ) -> None:
-    vhost = fresh_vhost(brokers, "resume")
+    vhost = fresh_vhost(brokers, f"resume-{attempts.name}")
     for queue in QUEUES:
         seed(brokers.dr, vhost, queue, MESSAGES)
         declare(brokers.main, vhost, queue)
@@ -55,24 +116,32 @@ def test_rerun_with_the_same_run_id_finishes_a_killed_run(
         window={"messages": WINDOW},
     )
 
-    first = submit(config, "resume-1")
-    wait_until(
-        lambda: sum(depth(brokers.main, vhost, q) for q in QUEUES) >= MESSAGES // 5,
-        "a tenth of the messages to arrive",
-        timeout=180,
-    )
+    first = submit(config, attempts.arguments[0], attempts.environments[0], tmp_path / "first")
+
+    def a_fifth_arrived() -> bool:
+        if first.poll() is not None:
+            raise AssertionError(
+                f"the first driver ended by itself: {first.communicate()[1][-4000:]}"
+            )
+        return sum(depth(brokers.main, vhost, q) for q in QUEUES) >= MESSAGES // 5
+
+    wait_until(a_fifth_arrived, "a fifth of the messages to arrive", timeout=180)
     os.killpg(first.pid, signal.SIGKILL)  # the driver dies, and its executors with it
     first.wait(30)
     plans = tables.read_arrow(str(tmp_path / "ledger"), "plans").to_pylist()
     assert {(p["source_queue"], p["messages"]) for p in plans} == {(q, MESSAGES) for q in QUEUES}
+    assert {p["run_id"] for p in plans} == {attempts.run_id}
 
-    second = submit(config, "resume-1")
+    second = submit(config, attempts.arguments[1], attempts.environments[1], tmp_path / "second")
     stdout, stderr = second.communicate(timeout=600)
 
     assert second.returncode == 0, stderr[-4000:]
     (line,) = [x for x in stdout.splitlines() if x.startswith(RESULT_PREFIX)]
     result = json.loads(line[len(RESULT_PREFIX) :])
     assert result["verified"] is True
+    assert result["run_id"] == attempts.run_id
+    runs = tables.read_arrow(str(tmp_path / "ledger"), "runs").to_pylist()
+    assert [run["run_id"] for run in runs] == [attempts.run_id]  # one run, not two
     assert result["queues"] == len(QUEUES)
     assert result["messages"] == len(QUEUES) * MESSAGES  # the whole run, both drivers
     assert (result["lost"], result["unexpected"]) == (0, 0)

@@ -4,13 +4,14 @@ Two small transfers between the test nodes build the ledger (one queue x 100 mes
 then the run under test, 2 queues x 500 messages); then the report is written (as a
 function and as `rmq-spark report`), the analysts' notebook is executed headless
 against it, failing on any cell error, and so are docs/LEDGER.md's Python examples.
+The command and the notebook also run from the installed wheel alone (no pyspark, no
+checkout: tests/support/wheel_env.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import sys
+import subprocess
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -27,6 +28,7 @@ from rmq_spark.config import load_config
 from rmq_spark.pipeline import run_transfer
 from rmq_spark.report.html import build_report
 from tests.support.brokers import PASSWORD_ENV, Brokers, fresh_vhost, seed, write_config
+from tests.support.wheel_env import WheelEnv
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "ledger_inspection.ipynb"
@@ -126,27 +128,52 @@ def test_report_of_an_unknown_run_names_the_run_and_the_ledger(
     )
 
 
-def test_notebook_runs_headless_against_the_ledger(ledger: Path, tmp_path: Path) -> None:
+def test_report_command_runs_from_the_wheel_alone(
+    ledger: Path, wheel_env: WheelEnv, tmp_path: Path
+) -> None:
+    out = tmp_path / "run.html"
+
+    report = subprocess.run(
+        [str(wheel_env.rmq_spark), "report", RUN_ID, "--ledger", str(ledger), "--out", str(out)],
+        cwd=tmp_path,
+        env=wheel_env.environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert report.returncode == 0, report.stderr
+    assert report.stdout == f"{out}\n"
+    assert "Every expectation passed." in out.read_text(encoding="utf-8")
+
+
+def test_notebook_runs_headless_from_the_installed_wheel(
+    ledger: Path, wheel_env: WheelEnv, tmp_path: Path
+) -> None:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
+    # Where the kernel's rmq_spark came from, printed after the notebook's own cells.
+    notebook.cells.append(nbformat.v4.new_code_cell("import rmq_spark\nprint(rmq_spark.__file__)"))
     client = NotebookClient(
         notebook,
-        km=this_interpreters_kernel(tmp_path),
+        km=interpreters_kernel(tmp_path, wheel_env.python),
         timeout=CELL_TIMEOUT_SECONDS,
-        resources={"metadata": {"path": str(NOTEBOOK.parent)}},  # as Jupyter runs it
+        resources={"metadata": {"path": str(tmp_path)}},  # outside the checkout
     )
 
     # Any cell error raises CellExecutionError, which fails the test.
     client.execute(
-        env={
-            **os.environ,
-            "RMQ_SPARK_LEDGER": str(ledger),
-            "RMQ_SPARK_RUN_ID": RUN_ID,
-            "RMQ_SPARK_MESSAGE_ID": f"run-report/{QUEUES[0]}/7",
-            # The checkout first, whether or not rmq_spark is installed in this venv.
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        }
+        env=wheel_env.environment(
+            {
+                "RMQ_SPARK_LEDGER": str(ledger),
+                "RMQ_SPARK_RUN_ID": RUN_ID,
+                "RMQ_SPARK_MESSAGE_ID": f"run-report/{QUEUES[0]}/7",
+            }
+        )
     )
 
+    (imported,) = notebook.cells[-1].outputs
+    assert imported["text"].startswith(str(wheel_env.root / "lib"))
     text = "\n".join(
         output.get("text", "") + output.get("data", {}).get("text/plain", "")
         for cell in notebook.cells
@@ -196,15 +223,18 @@ def test_notebook_spark_cell_queries_the_ledger(
         assert re.search(row, shown), shown
 
 
-def this_interpreters_kernel(directory: Path) -> KernelManager:
-    """A kernel manager starting ipykernel with this interpreter, whatever other
-    `python3` kernelspecs are installed on the machine."""
+def interpreters_kernel(directory: Path, python: Path) -> KernelManager:
+    """A kernel manager starting ipykernel with `python`, whatever other `python3`
+    kernelspecs are installed on the machine."""
     kernels = directory / "kernels"
-    write_kernel_spec(str(kernels / KERNEL_NAME), overrides={"display_name": KERNEL_NAME})
+    argv = [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    write_kernel_spec(
+        str(kernels / KERNEL_NAME), overrides={"display_name": KERNEL_NAME, "argv": argv}
+    )
     specs = KernelSpecManager(kernel_dirs=[str(kernels)])
     manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
     assert manager.kernel_spec is not None
-    assert manager.kernel_spec.argv[0] == sys.executable
+    assert manager.kernel_spec.argv[0] == str(python)
     return manager
 
 

@@ -140,3 +140,23 @@ def test_without_the_dev_harness_the_other_commands_still_parse() -> None:
 
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip().endswith(rmq_spark.__version__)
+
+
+@pytest.mark.parametrize("command", ["transfer", "migrate"])
+def test_a_spark_command_without_pyspark_exits_2_naming_the_extra(
+    command: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    found = cli.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli.importlib.util, "find_spec", lambda name: None if name == "pyspark" else found(name)
+    )
+
+    exit_code = cli.main([command, "--config", str(tmp_path / "never-read.yaml")])
+
+    assert exit_code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"rmq-spark: error: rmq-spark {command} runs on Spark")
+    assert "pip install 'rmq-spark[spark]'" in error

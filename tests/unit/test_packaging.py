@@ -41,10 +41,32 @@ def exact_pins(requirements: list[str]) -> dict[str, str]:
     return pins
 
 
+# Ranges, not pins: a Spark runtime brings its own (see pyproject.toml).
+RANGED = {"pyarrow", "pandas"}
+
+
+def pinned(requirements: list[str]) -> list[str]:
+    return [r for r in requirements if canonicalize_name(Requirement(r).name) not in RANGED]
+
+
+def test_the_ranged_dependencies_are_tested_at_both_ends() -> None:
+    tested = lock(REPO / "requirements.lock")
+    runtime = lock(REPO / "requirements-dbr.lock")
+    requirements = [Requirement(r) for r in project()["dependencies"]]  # type: ignore[attr-defined]
+    ranges = {
+        canonicalize_name(r.name): {(s.operator, s.version) for s in r.specifier}
+        for r in requirements
+        if canonicalize_name(r.name) in RANGED
+    }
+    assert set(ranges) == RANGED
+    for name, specifiers in ranges.items():
+        assert specifiers == {(">=", runtime[name]), ("<=", tested[name])}, name
+
+
 def test_the_wheels_dependencies_are_the_tested_versions() -> None:
     tested = lock(REPO / "requirements.lock")
     table = project()
-    runtime = exact_pins(table["dependencies"])  # type: ignore[arg-type]
+    runtime = exact_pins(pinned(table["dependencies"]))  # type: ignore[arg-type]
     spark = exact_pins(table["optional-dependencies"]["spark"])  # type: ignore[index]
     assert {name: tested[name] for name in runtime} == runtime
     assert {name: tested[name] for name in spark} == spark
@@ -57,8 +79,10 @@ def test_the_runtime_lock_is_the_tested_closure_without_spark_or_dev_tools() -> 
     tested = lock(REPO / "requirements.lock")
     runtime = lock(REPO / "requirements-runtime.lock")
     assert {name: tested.get(name) for name in runtime} == runtime
-    direct = exact_pins(project()["dependencies"])  # type: ignore[arg-type]
+    direct = exact_pins(pinned(project()["dependencies"]))  # type: ignore[arg-type]
     assert {name: runtime.get(name) for name in direct} == direct
+    for name in RANGED:  # the archive and the image get the upper end
+        assert runtime[name] == tested[name]
     for absent in ("pyspark", "py4j", "delta-spark", "pytest", "mypy", "ruff", "venv-pack"):
         assert absent not in runtime
 
