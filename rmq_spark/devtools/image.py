@@ -212,14 +212,14 @@ def _stage_context(repo: Path, context: Path) -> None:
     shutil.copy2(repo / "docker" / "entrypoint.sh", context / "entrypoint.sh")
 
 
-def _remove_older(repository: str, keep: str) -> None:
+def _remove_older(repository: str, *keep: str) -> None:
     """Remove the images of ``repository`` other than ``keep`` (earlier inputs)."""
     listed = _run(
         "podman images",
         [*PODMAN, "images", "--format", "{{.Repository}}:{{.Tag}}", repository],
     )
     for tag in listed.split():
-        if tag != keep and tag.startswith(f"{repository}:"):
+        if tag not in keep and tag.startswith(f"{repository}:"):
             subprocess.run([*PODMAN, "rmi", "--force", tag], capture_output=True, check=False)
 
 
@@ -234,6 +234,7 @@ def ensure_image(repo: Path = REPO, *, mirror: str | None = None) -> Image:
         version = _package_version(repo)
         tag = f"{IMAGE_REPOSITORY}:{version}-{image_key(repo, base)}"
         if image_exists(tag):
+            _run("podman tag", [*PODMAN, "tag", tag, f"{IMAGE_REPOSITORY}:{version}"])
             return Image(tag=tag, size_bytes=image_size(tag), build_seconds=0.0)
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="rmq-spark-image-") as context:
@@ -256,7 +257,7 @@ def ensure_image(repo: Path = REPO, *, mirror: str | None = None) -> Image:
                 ],
             )
         _run("podman tag", [*PODMAN, "tag", tag, f"{IMAGE_REPOSITORY}:{version}"])
-        _remove_older(IMAGE_REPOSITORY, tag)
+        _remove_older(IMAGE_REPOSITORY, tag, f"{IMAGE_REPOSITORY}:{version}")
         _remove_older(BASE_REPOSITORY, base)
         _run("podman image prune", [*PODMAN, "image", "prune", "--force"])
         return Image(
