@@ -232,7 +232,8 @@ def ensure_image(repo: Path = REPO, *, mirror: str | None = None) -> Image:
     with _lock(directory):
         base = ensure_base(directory, mirror or host_mirror())
         version = _package_version(repo)
-        tag = f"{IMAGE_REPOSITORY}:{version}-{image_key(repo, base)}"
+        key = image_key(repo, base)
+        tag = f"{IMAGE_REPOSITORY}:{version}-{key}"
         if image_exists(tag):
             _run("podman tag", [*PODMAN, "tag", tag, f"{IMAGE_REPOSITORY}:{version}"])
             return Image(tag=tag, size_bytes=image_size(tag), build_seconds=0.0)
@@ -249,6 +250,8 @@ def ensure_image(repo: Path = REPO, *, mirror: str | None = None) -> Image:
                     "host",
                     "--build-arg",
                     f"BASE_IMAGE={base}",
+                    "--build-arg",
+                    f"INPUTS_KEY={key}",
                     "--file",
                     str(repo / "docker" / "Dockerfile"),
                     "--tag",
