@@ -151,7 +151,9 @@ def image_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def test_the_image_runs_as_an_arbitrary_uid_with_a_user_name(image: str) -> None:
     script = 'id -un; id -u; touch "$HOME/written" && echo "$HOME"; java -version 2>&1 | head -1'
-    completed = podman("run", "--rm", "--user", ARBITRARY_USER, image, "sh", "-c", script)
+    completed = podman(
+        "run", "--rm", *ulimits(), "--user", ARBITRARY_USER, image, "sh", "-c", script
+    )
     assert completed.returncode == 0, completed.stderr
     lines = completed.stdout.splitlines()
     assert lines[:3] == [
@@ -164,7 +166,7 @@ def test_the_image_runs_as_an_arbitrary_uid_with_a_user_name(image: str) -> None
 
 def test_the_image_holds_one_spark_and_the_package(image: str) -> None:
     script = "import pyspark, rmq_spark; print(pyspark.__version__, rmq_spark.__version__)"
-    completed = podman("run", "--rm", image, "python", "-c", script)
+    completed = podman("run", "--rm", *ulimits(), image, "python", "-c", script)
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.split() == [pyspark.__version__, rmq_spark.__version__]
 
