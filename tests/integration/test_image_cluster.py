@@ -45,6 +45,8 @@ from tests.support.faults import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ARBITRARY_USER = "1000700000:0"  # a UID of OpenShift's range; no passwd entry in the image
+# As OpenShift's runtime: podman would otherwise add the UID to the container's passwd.
+AS_ARBITRARY_USER = ("--user", ARBITRARY_USER, "--passwd=false")
 WORK_DIR = "/opt/rmq-spark/work-dir/worker"
 QUEUES = ("q1", "q2", "q3", "q4")
 MESSAGES = 1000
@@ -120,7 +122,7 @@ def image_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "--webui-port", str(free_port()), "--work-dir", WORK_DIR,
         ],
         f"{prefix}-worker-1": [
-            "--user", ARBITRARY_USER,
+            *AS_ARBITRARY_USER,
             image, "worker", url, "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
             "--webui-port", str(free_port()), "--work-dir", WORK_DIR,
         ],
@@ -151,9 +153,7 @@ def image_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def test_the_image_runs_as_an_arbitrary_uid_with_a_user_name(image: str) -> None:
     script = 'id -un; id -u; touch "$HOME/written" && echo "$HOME"; java -version 2>&1 | head -1'
-    completed = podman(
-        "run", "--rm", *ulimits(), "--user", ARBITRARY_USER, image, "sh", "-c", script
-    )
+    completed = podman("run", "--rm", *ulimits(), *AS_ARBITRARY_USER, image, "sh", "-c", script)
     assert completed.returncode == 0, completed.stderr
     lines = completed.stdout.splitlines()
     assert lines[:3] == [
