@@ -51,7 +51,7 @@ roots: setup
 	$(BIN)/python -m rmq_spark.devtools.rabbitmq_roots build
 
 # The rmq-spark image (docker/Dockerfile) with podman, FROM a Debian root mmdebstrap makes
-# (no registry needed): localhost/rmq-spark:VERSION. ~5 min the first time; rebuilt only
+# (no registry needed): localhost/rmq-spark:VERSION. ~3.5 min the first time; rebuilt only
 # when its inputs change (seconds otherwise). tests/integration/test_image_cluster.py
 # builds it too.
 image: setup
