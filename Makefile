@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
-.PHONY: setup system roots demo test test-dbr lint typecheck unit soak bench bench-memory bench-stages \
+.PHONY: setup system roots image demo test test-dbr lint typecheck unit soak bench bench-memory bench-stages \
 	bench-many-queues clean package wheel lock-runtime
 
 setup: system $(INSTALLED)
@@ -38,11 +38,24 @@ system:
 	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap; \
 	fi
+	@# podman and runc: the image test's containers (crun fails on this kernel's hybrid cgroups).
+	@if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then \
+	  echo "installing podman and runc (builds and runs the rmq-spark image)"; \
+	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc; \
+	fi
 
 # RabbitMQ 4.0 (Debian trixie) and 4.3 (Debian forky) in Debian roots under
 # ~/.cache/rmq-spark/roots, built only when missing (~20 s each); never on the host.
 roots: setup
 	$(BIN)/python -m rmq_spark.devtools.rabbitmq_roots build
+
+# The rmq-spark image (docker/Dockerfile) with podman, FROM a Debian root mmdebstrap makes
+# (no registry needed): localhost/rmq-spark:VERSION. ~3.5 min the first time; rebuilt only
+# when its inputs change (seconds otherwise). tests/integration/test_image_cluster.py
+# builds it too.
+image: setup
+	$(BIN)/python -m rmq_spark.devtools.image build
 
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)

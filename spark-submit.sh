@@ -28,6 +28,15 @@
 # (or the cluster's spark.pyspark.python, or a PYSPARK_PYTHON you export).
 # The job defaults to jobs/transfer.py; RMQ_SPARK_JOB=jobs/other.py picks another.
 #
+# --in-image: the cluster runs the rmq-spark image (docker/Dockerfile, `make image`),
+# which holds the package, its dependencies and jobs/. Nothing is zipped or shipped,
+# the executors' Python is the image's (/opt/rmq-spark/venv/bin/python), and in
+# cluster deploy mode the driver runs the image's local:///opt/rmq-spark/jobs/JOB with
+# the image's log4j2.properties. Kubernetes cluster mode (k8s:// master, --deploy-mode
+# cluster) implies it: Spark would otherwise have to upload the package zip
+# (spark.kubernetes.file.upload.path). In cluster mode without the image, the driver
+# uses the cluster's own log4j configuration (a path of this machine means nothing there).
+#
 # Live progress: spark-submit's JVM passes everything the Python driver writes on to
 # its own stdout through a pipe, so the driver cannot tell whether a terminal is
 # listening. This script can: when stdout is a terminal it exports
@@ -45,6 +54,7 @@ has_master=0
 master=""
 deploy_mode="client"
 env_archive=""
+in_image=0
 user_archives=""
 in_job_args=0
 pending=""  # the option whose value the next argument is
@@ -72,6 +82,7 @@ for arg in "$@"; do
   fi
   case "$arg" in
     --env-archive|--archives) pending="$arg"; continue ;;
+    --in-image) in_image=1; continue ;;
     --env-archive=*) env_archive="${arg#*=}"; continue ;;
     --archives=*) user_archives="${arg#*=}"; continue ;;
     --master|--deploy-mode|--conf) pending="$arg" ;;
@@ -83,7 +94,7 @@ for arg in "$@"; do
   spark_args+=("$arg")
 done
 if [ "${#job_args[@]}" = 0 ]; then
-  echo "usage: $0 [spark-submit options...] [--env-archive ARCHIVE] --config FILE [job options...]" >&2
+  echo "usage: $0 [spark-submit options...] [--env-archive ARCHIVE | --in-image] --config FILE [job options...]" >&2
   exit 2
 fi
 if [ -n "$pending" ]; then
@@ -105,7 +116,31 @@ if [ -n "$env_archive" ]; then
   fi
   env_archive="$(cd "$(dirname "$env_archive")" && pwd)/$(basename "$env_archive")"
 fi
-driver_java_options="-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties"
+case "$master" in
+  k8s://*)
+    if [ "$deploy_mode" = cluster ] && [ -z "$env_archive" ]; then in_image=1; fi ;;
+esac
+if [ "$in_image" = 1 ]; then
+  if [ -n "$env_archive" ]; then
+    echo "$0: --in-image and --env-archive: the image already holds the environment; choose one" >&2
+    exit 2
+  fi
+  if [ "$local_master" = 1 ]; then
+    echo "$0: --in-image is for cluster masters (k8s://, spark://); a local run uses this checkout's .venv" >&2
+    exit 2
+  fi
+fi
+# The paths the image (docker/Dockerfile) puts its Python, jobs and log4j config at.
+image_python="/opt/rmq-spark/venv/bin/python"
+image_dir="/opt/rmq-spark"
+if [ "$deploy_mode" != cluster ]; then
+  driver_java_options="-Dlog4j2.configurationFile=file:$here/conf/log4j2.properties"
+elif [ "$in_image" = 1 ]; then
+  driver_java_options="-Dlog4j2.configurationFile=file:$image_dir/conf/log4j2.properties"
+  case "$job" in local://*) ;; *) job="local://$image_dir/jobs/$(basename "$job")" ;; esac
+else
+  driver_java_options=""
+fi
 if [ "$has_master" = 0 ]; then
   # ',4': local mode retries a failed task only when told how often.
   spark_args=(--master 'local[*,4]' "${spark_args[@]}")
@@ -135,6 +170,18 @@ if [ "$local_master" = 1 ]; then
   # Local executors run on this machine: this environment's Python is theirs too.
   export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$local_python}"
   export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$local_python}"
+elif [ "$in_image" = 1 ]; then
+  # Every executor (and in cluster mode the driver) runs in the image, beside its Python.
+  python_args+=(--conf "spark.pyspark.python=$image_python")
+  unset PYSPARK_PYTHON
+  if [ "$deploy_mode" = cluster ]; then
+    python_args+=(--conf "spark.pyspark.driver.python=$image_python")
+    unset PYSPARK_DRIVER_PYTHON
+  else
+    driver_python="${PYSPARK_DRIVER_PYTHON:-$local_python}"
+    python_args+=(--conf "spark.pyspark.driver.python=$driver_python")
+    export PYSPARK_DRIVER_PYTHON="$driver_python"
+  fi
 elif [ -n "$env_archive" ]; then
   # Every container unpacks the archive into ./environment of its working directory.
   # spark.pyspark.python is what the driver hands to the executors (as PYSPARK_PYTHON
@@ -222,11 +269,14 @@ if [ -z "${RMQ_SPARK_TERMINAL:-}" ]; then
   fi
 fi
 
-package_zip="$(mktemp -d)/rmq_spark.zip"
-trap 'rm -rf "$(dirname "$package_zip")"' EXIT
-# Without the dev harness (rmq_spark/devtools: local brokers, the demo), which no job
-# imports, and without bytecode caches.
-(cd "$here" && "$local_python" - "$package_zip" <<'PY'
+py_files_args=()
+if [ "$in_image" = 0 ]; then
+  package_zip="$(mktemp -d)/rmq_spark.zip"
+  py_files_args=(--py-files "$package_zip")
+  trap 'rm -rf "$(dirname "$package_zip")"' EXIT
+  # Without the dev harness (rmq_spark/devtools: local brokers, the demo), which no job
+  # imports, and without bytecode caches.
+  (cd "$here" && "$local_python" - "$package_zip" <<'PY'
 import sys
 import zipfile
 from pathlib import Path
@@ -237,15 +287,20 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as archive:
         if path.is_file() and parts[1] != "devtools" and "__pycache__" not in parts:
             archive.write(path)
 PY
-)
+  )
+fi
+driver_java_args=()
+if [ -n "$driver_java_options" ]; then
+  driver_java_args=(--conf "spark.driver.extraJavaOptions=$driver_java_options")
+fi
 
 status=0
 "$submit" \
   --name "rmq-spark $(basename "$job" .py)" \
-  --py-files "$package_zip" \
+  ${py_files_args[@]+"${py_files_args[@]}"} \
   --conf spark.speculation=false \
   --conf spark.ui.showConsoleProgress=false \
-  --conf "spark.driver.extraJavaOptions=$driver_java_options" \
+  ${driver_java_args[@]+"${driver_java_args[@]}"} \
   ${python_args[@]+"${python_args[@]}"} \
   "${spark_args[@]}" \
   "$job" "${job_args[@]}" || status=$?

@@ -91,14 +91,3 @@ def test_one_version_everywhere() -> None:
     assert re.fullmatch(r"\d+\.\d+\.\d+", rmq_spark.__version__)
     changelog = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
     assert f"## {rmq_spark.__version__}" in changelog
-
-
-def test_the_kubernetes_image_installs_the_runtime_lock_on_python_3_11() -> None:
-    # The image cannot be built here (no registry): its recipe is checked instead.
-    dockerfile = (REPO / "docker" / "Dockerfile").read_text(encoding="utf-8")
-    assert "ARG PYTHON_IMAGE=python:3.11-" in dockerfile
-    assert "--no-deps -r /tmp/rmq-spark/requirements-runtime.lock" in dockerfile
-    assert "--no-deps /tmp/rmq-spark/rmq_spark-*.whl" in dockerfile
-    py4j = lock(REPO / "requirements.lock")["py4j"]
-    assert f"ARG PY4J_VERSION={py4j}" in dockerfile  # Spark 4.0's and the tested pyspark's
-    assert "USER 185" in dockerfile

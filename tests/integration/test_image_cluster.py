@@ -1,0 +1,233 @@
+"""The job on a Spark standalone cluster whose master and workers are containers of the
+rmq-spark image (docker/Dockerfile), built on this machine with podman (`make image`).
+
+The image is built (or found, keyed by its inputs) by rmq_spark.devtools.image. A
+module fixture runs a master and two workers from it with podman (`--runtime runc`,
+host network, free loopback ports); one worker runs as an arbitrary UID in group 0, as
+OpenShift runs images. The containers see nothing of this machine but one host
+directory, mounted at the same path in each: the ledger's. The job is submitted from
+here in client mode by `spark-submit.sh --in-image` with the pip pyspark of the tests
+(the image holds the same 4.2.0): no package zip, no environment archive; the
+executors run the image's Python and import the package the image holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyspark
+import pytest
+import requests
+
+import rmq_spark
+from rmq_spark.devtools.image import PODMAN, ensure_image
+from rmq_spark.ledger import tables
+from rmq_spark.report.console import RESULT_PREFIX
+from tests.integration.test_standalone_cluster import alive_workers, free_port
+from tests.support.brokers import (
+    Brokers,
+    declare,
+    depth,
+    fresh_vhost,
+    job_environment,
+    seed,
+    write_config,
+)
+from tests.support.faults import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+ARBITRARY_USER = "1000700000:0"  # a UID of OpenShift's range; no passwd entry in the image
+# As OpenShift's runtime: podman would otherwise add the UID to the container's passwd.
+AS_ARBITRARY_USER = ("--user", ARBITRARY_USER, "--passwd=false")
+WORK_DIR = "/opt/rmq-spark/work-dir/worker"
+QUEUES = ("q1", "q2", "q3", "q4")
+MESSAGES = 1000
+START_TIMEOUT_SECONDS = 120
+CONTAINER_LIMIT = 4096  # open files and processes per container's user
+
+
+def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PODMAN, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def ulimits() -> list[str]:
+    """Limits at or below this machine's own: runc cannot raise them (podman's default
+    nofile is above the host's here). nproc counts the UID's processes host-wide; the
+    containers run as UIDs nothing else on this machine uses."""
+    options = []
+    for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        value = min(resource.getrlimit(limit)[0], CONTAINER_LIMIT)
+        options += ["--ulimit", f"{name}={value}:{value}"]
+    return options
+
+
+@dataclass(frozen=True)
+class ImageCluster:
+    url: str
+    ui_port: int
+    ledger_volume: Path
+    workers: tuple[str, ...]
+
+    def completed_apps(self) -> list[str]:
+        state = requests.get(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5).json()
+        return [app["id"] for app in state.get("completedapps", [])]
+
+    def worker_apps(self, worker: str) -> list[str]:
+        """The application directories in a worker container's work dir."""
+        listed = podman("exec", worker, "ls", WORK_DIR)
+        assert listed.returncode == 0, listed.stderr
+        return listed.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    return ensure_image().tag
+
+
+@pytest.fixture(scope="module")
+def image_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageCluster]:
+    volume = tmp_path_factory.mktemp("image-volume")
+    volume.chmod(0o2775)  # gid 0 (the containers' group), group-writable, inherited
+    port, ui_port = free_port(), free_port()
+    url = f"spark://127.0.0.1:{port}"
+    prefix = f"rmq-spark-test-{os.getpid()}"
+    common = [
+        "run",
+        "--detach",
+        "--network",
+        "host",
+        *ulimits(),
+        "--env",
+        "SPARK_LOCAL_IP=127.0.0.1",
+        "--volume",
+        f"{volume}:{volume}",
+    ]
+    containers = {
+        f"{prefix}-master": [
+            image, "master", "--host", "127.0.0.1", "--port", str(port),
+            "--webui-port", str(ui_port),
+        ],
+        f"{prefix}-worker-0": [
+            image, "worker", url, "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+            "--webui-port", str(free_port()), "--work-dir", WORK_DIR,
+        ],
+        f"{prefix}-worker-1": [
+            *AS_ARBITRARY_USER,
+            image, "worker", url, "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+            "--webui-port", str(free_port()), "--work-dir", WORK_DIR,
+        ],
+    }  # fmt: skip
+    started: list[str] = []
+    try:
+        for name, args in containers.items():
+            run = podman(*common, "--name", name, *args)
+            assert run.returncode == 0, f"podman run {name}: {run.stderr[-2000:]}"
+            started.append(name)
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while alive_workers(ui_port) < len(containers) - 1:
+            running = podman("inspect", "--format", "{{.State.Running}}", *started)
+            if running.stdout.split() != ["true"] * len(started) or time.monotonic() > deadline:
+                logs = {name: podman("logs", name).stdout[-1500:] for name in started}
+                pytest.fail(f"the containers' cluster is not up: {running.stdout!r}\n{logs}")
+            time.sleep(0.5)
+        yield ImageCluster(
+            url=url,
+            ui_port=ui_port,
+            ledger_volume=volume,
+            workers=tuple(name for name in started if "-worker-" in name),
+        )
+    finally:
+        if started:
+            podman("rm", "--force", "--time", "10", *started)
+
+
+def test_the_image_runs_as_an_arbitrary_uid_with_a_user_name(image: str) -> None:
+    script = 'id -un; id -u; touch "$HOME/written" && echo "$HOME"; java -version 2>&1 | head -1'
+    completed = podman("run", "--rm", *ulimits(), *AS_ARBITRARY_USER, image, "sh", "-c", script)
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert lines[:3] == [
+        "rmq-spark",
+        ARBITRARY_USER.split(":", maxsplit=1)[0],
+        "/opt/rmq-spark/work-dir",
+    ]
+    assert '"17.' in lines[3]
+
+
+def test_the_image_holds_one_spark_and_the_package(image: str) -> None:
+    script = "import pyspark, rmq_spark; print(pyspark.__version__, rmq_spark.__version__)"
+    completed = podman("run", "--rm", *ulimits(), image, "python", "-c", script)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == [pyspark.__version__, rmq_spark.__version__]
+
+
+def test_the_job_runs_on_containers_of_the_image_and_verifies(
+    brokers: Brokers, password_env: str, tmp_path: Path, image_cluster: ImageCluster
+) -> None:
+    vhost = fresh_vhost(brokers, "image-cluster")
+    ledger = image_cluster.ledger_volume / "ledger"
+    # max_active 4 with two queues per task: two tasks, one per worker.
+    config = write_config(
+        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=ledger, max_active=4
+    )
+    for queue in QUEUES:
+        seed(brokers.dr, vhost, queue, MESSAGES)
+        declare(brokers.main, vhost, queue)
+    # Nothing of this machine's Python is exported: --in-image names the image's.
+    environ = {
+        key: value
+        for key, value in job_environment().items()
+        if key not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    }
+    for container in image_cluster.workers:  # the containers do not see this machine
+        seen = podman("exec", container, "ls", "-d", str(REPO), sys.executable, str(ledger.parent))
+        assert seen.stdout.split() == [str(ledger.parent)], seen.stdout + seen.stderr
+
+    completed = subprocess.run(
+        [
+            str(REPO / "spark-submit.sh"),
+            "--master", image_cluster.url,
+            "--conf", "spark.driver.host=127.0.0.1",
+            "--in-image",
+            "--config", str(config), "--run-id", "in-image",
+        ],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        # The driver creates ledger directories the arbitrary UID must write into: group 0.
+        umask=0o002,
+    )  # fmt: skip
+
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-4000:]
+    (line,) = [x for x in completed.stdout.splitlines() if x.startswith(RESULT_PREFIX)]
+    result = json.loads(line[len(RESULT_PREFIX) :])
+    assert result["verified"] is True
+    assert result["messages"] == len(QUEUES) * MESSAGES
+    assert (result["lost"], result["duplicates"]) == (0, 0)
+    for queue in QUEUES:
+        assert (depth(brokers.dr, vhost, queue), depth(brokers.main, vhost, queue)) == (
+            0,
+            MESSAGES,
+        )
+    (run,) = tables.read_arrow(str(ledger), "runs").to_pylist()
+    app_id = run["spark_app_id"]
+    assert app_id.startswith("app-")  # a standalone application, not local[*]
+    # Both workers (one of them the arbitrary UID) ran executors of this application.
+    for worker in image_cluster.workers:
+        assert app_id in image_cluster.worker_apps(worker), worker
+    wait_until(
+        lambda: app_id in image_cluster.completed_apps(), f"the master to list {app_id} as ended"
+    )
