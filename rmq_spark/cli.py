@@ -98,12 +98,16 @@ def new_run_id(now: datetime | None = None) -> str:
 
 
 def default_master() -> str | None:
-    """local[*,4] unless spark-submit or Databricks already chose a master.
+    """local[*,4] unless spark-submit or Databricks already chose a master, or the user
+    set one where spark-submit would read it (`spark_session.configured_master`:
+    PYSPARK_SUBMIT_ARGS, spark-defaults.conf, MASTER).
 
     The ",4" lets a failed task run again: local mode ignores spark.task.maxFailures.
     """
+    from rmq_spark.spark_session import configured_master
+
     launched = "PYSPARK_GATEWAY_PORT" in os.environ or "DATABRICKS_RUNTIME_VERSION" in os.environ
-    return None if launched else LOCAL_MASTER
+    return None if launched else (configured_master() or LOCAL_MASTER)
 
 
 @contextmanager

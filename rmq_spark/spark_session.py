@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 import sys
 from collections.abc import Mapping
+from itertools import zip_longest
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -29,6 +33,61 @@ DELTA_CONF: Mapping[str, str] = {
 }
 
 _DELTA_CLASS = "io.delta.tables.DeltaTable"
+
+# spark.master in a Java properties file: "key value", "key=value" or "key: value".
+_PROPERTIES_MASTER = re.compile(r"^\s*spark\.master(?:\s*[=:]\s*|\s+)(\S.*?)\s*$", re.MULTILINE)
+
+
+def configured_master(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The master the user set outside this program, where a spark-submit would find it.
+
+    spark-submit's precedence: --master, then --conf spark.master (here both from
+    PYSPARK_SUBMIT_ARGS), then a --properties-file, then spark-defaults.conf of
+    SPARK_CONF_DIR or of the Spark that runs (SPARK_HOME, else pip pyspark's conf/),
+    then MASTER. None: nothing set one, and the caller's default applies.
+    """
+    words = shlex.split(environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    options = _submit_options(words)
+    if master := options.get("--master") or options.get("spark.master"):
+        return master
+    files = []
+    if properties := options.get("--properties-file"):
+        files.append(Path(properties))
+    if not properties or "--load-spark-defaults" in words:
+        files.append(_spark_conf_dir(environ) / "spark-defaults.conf")
+    for path in files:
+        try:
+            found = _PROPERTIES_MASTER.findall(path.read_text(encoding="utf-8"))
+        except OSError:
+            continue
+        if found:
+            return str(found[-1])
+    return environ.get("MASTER") or None
+
+
+def _submit_options(words: list[str]) -> dict[str, str]:
+    """--master, --properties-file and --conf key=value settings of spark-submit words."""
+    options: dict[str, str] = {}
+    for word, following in zip_longest(words, words[1:], fillvalue=""):
+        option, value = (
+            word.split("=", 1) if word.startswith("--") and "=" in word else (word, following)
+        )
+        if option in ("--master", "--properties-file"):
+            options[option] = value
+        elif option == "--conf" and "=" in value:
+            key, setting = value.split("=", 1)
+            options[key] = setting
+    return options
+
+
+def _spark_conf_dir(environ: Mapping[str, str]) -> Path:
+    if conf_dir := environ.get("SPARK_CONF_DIR"):
+        return Path(conf_dir)
+    if home := environ.get("SPARK_HOME"):
+        return Path(home) / "conf"
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "conf"
 
 
 def build_session(
