@@ -111,9 +111,14 @@ def default_master() -> str | None:
 
 
 @contextmanager
-def command_session(app_name: str, master: str | None) -> Iterator[SparkSession]:
+def command_session(
+    app_name: str, master: str | None, remote: str | None = None
+) -> Iterator[SparkSession]:
     """A command's SparkSession, stopped on the way out unless one was already active:
-    a notebook's or Databricks' session is theirs to stop, not ours."""
+    a notebook's or Databricks' session is theirs to stop, not ours.
+
+    `remote` (--remote, else SPARK_REMOTE): a Spark Connect server, sc://host:port.
+    """
     from pyspark.sql import SparkSession
 
     from rmq_spark.spark_session import build_session
@@ -123,7 +128,11 @@ def command_session(app_name: str, master: str | None) -> Iterator[SparkSession]
     ours = (
         SparkSession.getActiveSession() is None and "DATABRICKS_RUNTIME_VERSION" not in os.environ
     )
-    spark = build_session(app_name, master=master or default_master())
+    remote = remote or os.environ.get("SPARK_REMOTE") or None
+    if remote:
+        spark = build_session(app_name, remote=remote)
+    else:
+        spark = build_session(app_name, master=master or default_master())
     try:
         yield spark
     finally:
@@ -138,6 +147,10 @@ def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML config file (see conf/example.yaml)")
     parser.add_argument("--run-id", help="run identifier (default: timestamp + random suffix)")
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
+    parser.add_argument(
+        "--remote",
+        help="Spark Connect server, sc://host:port (default: $SPARK_REMOTE); replaces --master",
+    )
     add_logging_arguments(parser, "INFO")
 
 
@@ -171,7 +184,7 @@ def run_transfer_command(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmq-spark-preflight") as pool:
         preflight = pool.submit(prepare_run, config, run_id)
         preload_great_expectations()
-        with command_session(f"rmq-spark transfer {run_id}", args.master) as spark:
+        with command_session(f"rmq-spark transfer {run_id}", args.master, args.remote) as spark:
             try:
                 # Still running: the executors are probed meanwhile (pipeline.probe_beside).
                 result = run_transfer(spark, config, run_id=run_id, prepared=preflight)
@@ -330,6 +343,10 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--replicas", type=int, help="x-quorum-initial-group-size of new queues")
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
+    parser.add_argument(
+        "--remote",
+        help="Spark Connect server, sc://host:port (default: $SPARK_REMOTE); replaces --master",
+    )
     add_logging_arguments(parser, "INFO")
 
 
@@ -385,7 +402,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         print_error(exc, config)
         return EXIT_ERROR
 
-    with command_session(f"rmq-spark migrate {migration_id}", args.master) as spark:
+    with command_session(f"rmq-spark migrate {migration_id}", args.master, args.remote) as spark:
         try:
             result = migrate(spark, config, options=options, migration_id=migration_id)
         except RmqSparkError as exc:

@@ -7,11 +7,15 @@ import os
 import re
 import shlex
 import sys
+import tempfile
+import zipfile
 from collections.abc import Mapping
 from itertools import zip_longest
 from pathlib import Path
 
 from pyspark.sql import SparkSession
+
+from rmq_spark.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +99,16 @@ def build_session(
     *,
     master: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
+    remote: str | None = None,
 ) -> SparkSession:
     """Get or create the session, forcing the settings in ENFORCED_CONF.
 
     `master` is only used when nothing (spark-submit, Databricks) has set one.
+    `remote` (sc://host:port) makes a Spark Connect session instead: see
+    `connect_session`.
     """
+    if remote:
+        return connect_session(app_name, remote)
     builder = SparkSession.builder.appName(app_name)
     conf = {**DELTA_CONF, **(extra_conf or {}), **ENFORCED_CONF}
     if master:
@@ -122,6 +131,43 @@ def build_session(
     return spark
 
 
+def connect_session(app_name: str, remote: str) -> SparkSession:
+    """A Spark Connect session to `remote`, with the package shipped as an artifact.
+
+    The server's settings are its own: a client sets SQL settings only. A server that
+    runs speculative tasks is refused (a speculative copy of a mover task would consume
+    the same queue twice at once); spark.task.maxFailures is the server's.
+    """
+    spark = SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+    speculation = str(spark.conf.get("spark.speculation", "false")).strip().lower()
+    if speculation == "true":
+        spark.stop()
+        raise ConfigError(
+            f"Spark Connect server {remote} runs with spark.speculation=true: a speculative "
+            "copy of a mover task would consume the same queue twice; start it with "
+            "--conf spark.speculation=false"
+        )
+    for key, value in ENFORCED_CONF.items():
+        if key.startswith("spark.sql."):
+            spark.conf.set(key, value)
+    ship_package(spark)
+    return spark
+
+
+def ship_package(spark: SparkSession) -> None:
+    """Add this rmq_spark package (without devtools/) to the session as a Python artifact,
+    as spark-submit.sh ships it with --py-files: the server's workers import it."""
+    package = Path(__file__).resolve().parent
+    with tempfile.TemporaryDirectory(prefix="rmq-spark-artifact-") as scratch:
+        archive = Path(scratch) / "rmq_spark.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+            for path in sorted(package.rglob("*")):
+                parts = path.relative_to(package).parts
+                if path.is_file() and parts[0] != "devtools" and "__pycache__" not in parts:
+                    out.write(path, Path(package.name, *parts))
+        spark.addArtifacts(str(archive), pyfile=True)
+
+
 def delta_jars_on_classpath_hint(conf: Mapping[str, str]) -> bool:
     """Whether the Delta jars are probably present before the JVM starts.
 
@@ -138,7 +184,14 @@ def delta_jars_on_classpath_hint(conf: Mapping[str, str]) -> bool:
 
 
 def spark_has_delta(spark: SparkSession) -> bool:
-    """Whether Spark's own Delta reader/writer can be used in this session."""
+    """Whether Spark's own Delta reader/writer can be used in this session.
+
+    A Spark Connect session has no JVM here to ask: Delta counts as there when the
+    server's session names Delta's extension (not tried on Databricks, whose runtime
+    has Delta built in).
+    """
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return "delta" in str(spark.conf.get("spark.sql.extensions", "") or "").lower()
     jvm = spark.sparkContext._jvm
     if jvm is None:
         return False
