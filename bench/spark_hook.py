@@ -1,14 +1,19 @@
-"""What the movers' Spark hook costs: `DataFrame.mapInArrow` over `spark.range(n, n)`
-(`partition_tasks.run_tasks`, what the job runs since issue 24) against the
-`sparkContext.parallelize(groups, n).mapPartitions` it replaced, side by side.
+"""What the movers' Spark hook costs, side by side in one fresh session per round:
+
+- `arrow`: `DataFrame.mapInArrow` over `spark.range(n, n)`, what Spark Connect runs
+  (`partition_tasks.run_tasks` on a Connect session);
+- `rdd`: `parallelize(range(n), n).mapPartitions` with the groups and settings in
+  the task's closure, what classic Spark runs (`run_tasks` on a classic session);
+- `broadcast`: `parallelize(groups, n).flatMap.mapPartitions` with the settings in a
+  broadcast, what the job ran before issue 24.
 
     python -m bench.spark_hook            # 4 tasks (the demo's), 1,000-queue plan
 
-Each round starts a fresh local[*,4] session (as spark-submit.sh's default) in a
-child process and runs the same do-nothing task (one row per task, the plan groups
-and settings of `--queues` queues in its closure) through both hooks, the first call
-of each on fresh Python workers: the order alternates between rounds. Also reports
-the pickled size of a task's closure. Writes bench/results/spark-hook-<stamp>.json.
+Each round starts a fresh local[*,4] session in a child process and runs the same
+do-nothing task (one row per task; the plan groups and settings of `--queues` queues
+in its closure) through each hook, the first call of each on a session that has run
+no job: the order rotates between rounds. Also reports the pickled size of a task's
+closure. Writes bench/results/spark-hook-<stamp>.json.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+HOOKS = ("arrow", "rdd", "broadcast")
 
 
 def _plan(queues: int, tasks: int) -> tuple[list[list[dict[str, Any]]], Any]:
@@ -82,11 +88,11 @@ def _rdd_task(rows: Any, *, settings: Any) -> Any:
     yield {"index": 0, "queues": len(rows) + len(resolved.run_id) * 0}
 
 
-def child(queues: int, tasks: int, calls: int, arrow_first: bool) -> dict[str, Any]:
-    """One fresh session: each hook `calls` times, alternating, the first as told."""
+def child(queues: int, tasks: int, calls: int, first: int) -> dict[str, Any]:
+    """One fresh session: each hook `calls` times, HOOKS[first] first."""
     import pyarrow as pa
 
-    from rmq_spark.partition_tasks import run_tasks
+    from rmq_spark.partition_tasks import _arrow_task, index_frame, run_tasks, spark_schema_of
     from rmq_spark.spark_session import build_session
 
     started = time.monotonic()
@@ -95,10 +101,19 @@ def child(queues: int, tasks: int, calls: int, arrow_first: bool) -> dict[str, A
     groups, settings = _plan(queues, tasks)
     schema = pa.schema([("index", pa.int64()), ("queues", pa.int64())])
 
+    task = partial(_task, groups=groups, settings=settings)
+
     def arrow() -> list[dict[str, Any]]:
-        return run_tasks(spark, tasks, partial(_task, groups=groups, settings=settings), schema)
+        frame = index_frame(spark, tasks).mapInArrow(
+            partial(_arrow_task, task=task, schema=schema), spark_schema_of(schema)
+        )
+        rows: list[dict[str, Any]] = frame.toArrow().to_pylist()
+        return rows
 
     def rdd() -> list[dict[str, Any]]:
+        return run_tasks(spark, tasks, task, schema)
+
+    def broadcast() -> list[dict[str, Any]]:
         # As pipeline.move did before: rows in the RDD, settings in a broadcast.
         context = spark.sparkContext
         shared = context.broadcast(settings)
@@ -113,9 +128,9 @@ def child(queues: int, tasks: int, calls: int, arrow_first: bool) -> dict[str, A
             shared.unpersist()
         return rows
 
-    timings: dict[str, list[float]] = {"arrow": [], "rdd": []}
-    hooks = {"arrow": arrow, "rdd": rdd}
-    order = ["arrow", "rdd"] if arrow_first else ["rdd", "arrow"]
+    hooks = {"arrow": arrow, "rdd": rdd, "broadcast": broadcast}
+    timings: dict[str, list[float]] = {name: [] for name in hooks}
+    order = list(HOOKS[first:] + HOOKS[:first])
     for _ in range(calls):
         for name in order:
             began = time.monotonic()
@@ -131,12 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--queues", type=int, default=1000)
     parser.add_argument("--tasks", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=5)
-    parser.add_argument("--child", choices=["arrow", "rdd"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        result = child(args.queues, args.tasks, args.calls, args.child == "arrow")
+    if args.child is not None:
+        result = child(args.queues, args.tasks, args.calls, args.child)
         print(json.dumps(result))
         return 0
 
@@ -144,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     closure = len(pickle.dumps((groups, settings)))
     rounds = []
     for index in range(args.rounds):
-        first = "arrow" if index % 2 == 0 else "rdd"
+        first = index % len(HOOKS)
         out = (
             subprocess.run(
                 [
@@ -152,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                     "-m",
                     "bench.spark_hook",
                     "--child",
-                    first,
+                    str(first),
                     "--queues",
                     str(args.queues),
                     "--tasks",
@@ -167,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             .stdout.strip()
             .splitlines()[-1]
         )
-        rounds.append({"first": first, **json.loads(out)})
+        rounds.append({"first": HOOKS[first], **json.loads(out)})
 
     def summary(name: str) -> dict[str, float]:
         firsts = [r["timings"][name][0] for r in rounds]
@@ -177,19 +192,20 @@ def main(argv: list[str] | None = None) -> int:
             "later_calls_median_s": round(statistics.median(later), 3),
         }
 
-    arrow, rdd = summary("arrow"), summary("rdd")
+    summaries = {name: summary(name) for name in HOOKS}
+    base = summaries["broadcast"]
     report = {
         "queues": args.queues,
         "tasks": args.tasks,
         "closure_bytes": closure,
-        "mapInArrow": arrow,
-        "rdd_mapPartitions": rdd,
-        "first_call_ratio_arrow_over_rdd": round(
-            arrow["first_call_median_s"] / rdd["first_call_median_s"], 2
-        ),
-        "later_calls_ratio_arrow_over_rdd": round(
-            arrow["later_calls_median_s"] / rdd["later_calls_median_s"], 2
-        ),
+        **summaries,
+        "ratios_over_broadcast": {
+            name: {
+                "first_call": round(s["first_call_median_s"] / base["first_call_median_s"], 2),
+                "later_calls": round(s["later_calls_median_s"] / base["later_calls_median_s"], 2),
+            }
+            for name, s in summaries.items()
+        },
         "rounds": rounds,
     }
     RESULTS.mkdir(exist_ok=True)

@@ -1,16 +1,19 @@
 """One Spark task per index, on classic Spark and Spark Connect alike.
 
 Spark Connect (Databricks Standard access mode, serverless, Databricks Connect) has
-no RDDs, no SparkContext and no broadcast: `DataFrame.mapInArrow` is the partition-wise
-hook both kinds of session share, so the movers and the executors' pre-flight run
-through it. `spark.range(0, n, 1, n)` makes n partitions of one number each (a range
-is split evenly), so index i is partition i and runs as task i, with no shuffle. What
-the tasks need travels in the function's closure, pickled into the plan Spark runs,
-not in a broadcast.
+no RDDs, no SparkContext and no broadcast: there `DataFrame.mapInArrow` over
+`spark.range(0, n, 1, n)` runs the tasks (n partitions of one number each: a range is
+split evenly, so index i is partition i and runs as task i, no shuffle). On classic
+Spark the same task runs through `parallelize(range(n), n).mapPartitions`: the
+DataFrame hook's first call costs 2-3 s more on a fresh session (Spark SQL's first
+plan, the Arrow worker's imports; `bench/spark_hook.py`), and its worker needs pyarrow
+before any code of ours runs, where the RDD hook answers from a bare Python (the
+executors' pre-flight relies on that). Either way, what the tasks need travels in the
+task function's closure, not in a broadcast, and the task is the same function.
 
-Runs on executors too (`_arrow_task`): the module imports neither pyarrow nor pyspark
-at the top, so a probe task still unpickles where they are missing (Spark's Arrow
-worker needs pyarrow all the same; `missing_arrow` tells that error apart).
+Runs on executors too (`_arrow_task`, `_rdd_task`): the module imports neither
+pyarrow nor pyspark at the top, so a probe task unpickles where they are missing
+(`missing_arrow` tells Spark Connect's error for a worker without pyarrow apart).
 """
 
 from __future__ import annotations
@@ -35,15 +38,23 @@ def run_tasks(
 ) -> list[dict[str, Any]]:
     """Run `task([i])` for each i in range(count), each as Spark task i; their rows.
 
-    `schema` is the rows' Arrow schema (their Spark schema is derived from it).
+    `schema` is the rows' Arrow schema (over Spark Connect their Spark schema is
+    derived from it).
     """
     if count == 0:
         return []
+    if not is_connect(spark):
+        rows: list[dict[str, Any]] = (
+            spark.sparkContext.parallelize(range(count), count)
+            .mapPartitions(partial(_rdd_task, task=task))
+            .collect()
+        )
+        return rows
     frame = index_frame(spark, count).mapInArrow(
         partial(_arrow_task, task=task, schema=schema), spark_schema_of(schema)
     )
-    rows: list[dict[str, Any]] = frame.toArrow().to_pylist()
-    return rows
+    arrow_rows: list[dict[str, Any]] = frame.toArrow().to_pylist()
+    return arrow_rows
 
 
 def index_frame(spark: SparkSession, count: int) -> Any:
@@ -68,6 +79,12 @@ def _arrow_task(
     yield pa.RecordBatch.from_pylist(list(task(indices)), schema=schema)
 
 
+def _rdd_task(partition: Iterable[int], *, task: IndexTask) -> Iterator[dict[str, Any]]:
+    """mapPartitions function: the partition's indices in, the task's rows out."""
+    for row in task([int(i) for i in partition]):
+        yield dict(row)
+
+
 def missing_arrow(error: BaseException) -> bool:
     """Whether a failed task's error says the executor's Python lacks pyarrow."""
     return _NO_ARROW in str(error)
@@ -88,5 +105,6 @@ def default_parallelism(spark: SparkSession) -> int:
         return int(spark.sparkContext.defaultParallelism)
     from pyspark.sql import functions as F
 
-    row = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("last")).first()
+    partitions = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("partition"))
+    row = partitions.agg(F.max("partition").alias("last")).first()
     return 1 + int(row["last"]) if row is not None else 1

@@ -10,10 +10,11 @@ and reports what it wrote; the driver then reads every sentinel back.
 The probe runs in the executors' Python before any dependency is known to be there,
 so this module imports the standard library only (the package's `__init__` too):
 an executor without pika still answers, and the driver can say what is missing. The
-probe is a `DataFrame.mapInArrow` task (`partition_tasks`, as the movers; Spark
-Connect has no RDDs), whose worker needs pyarrow before it runs any code of ours: an
-executor without it fails the probe with Spark's ModuleNotFoundError, which
-`check_executors` turns into the same clear error.
+probe runs as the movers do (`partition_tasks.run_tasks`): on classic Spark an RDD
+task, which a bare Python answers; over Spark Connect a `DataFrame.mapInArrow` task,
+whose worker needs pyarrow before it runs any code of ours: a server without it fails
+the probe with Spark's ModuleNotFoundError, which `check_executors` turns into the
+same clear error.
 
 Spark places tasks, not this module: `probe_tasks` asks for at least one task per
 core the cluster offers and per registered executor, so every executor running when
@@ -211,8 +212,8 @@ def check_executors(spark: SparkSession, ledger_path: str) -> None:
                 raise
             raise ExecutorEnvironmentError(
                 "executor pre-flight refused the run; nothing was moved:\n  the executors' "
-                "Python lacks the Python module(s) pyarrow (Spark's Arrow tasks, which run "
-                f"the movers, need it): {ARCHIVE_HINT}"
+                "Python lacks the Python module(s) pyarrow (Spark Connect's Arrow tasks, which "
+                f"run the movers, need it): {ARCHIVE_HINT}"
             ) from None
         reports = [
             ProbeReport(
