@@ -1,6 +1,6 @@
 """The transfer job on the driver, one function per stage.
 
-    discover ─► plan groups ─► mapInArrow(move) ─► commit ledger ─► verify ─► record
+    discover ─► plan groups ─► run_tasks(move) ─► commit ledger ─► verify ─► record
 
 Each stage is a plain function of its inputs; `run_transfer` only strings them
 together, so a notebook or a test can run any stage alone.

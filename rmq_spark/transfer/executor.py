@@ -1,9 +1,9 @@
 """The movers' Spark task: run the mover for each plan row of a partition.
 
 Thin on purpose: it builds the mover's collaborators from the settings and the
-task's identity, and returns one MoveOutcome row per queue. It runs through
-`DataFrame.mapInArrow` (`partition_tasks.run_tasks`), so classic Spark and Spark
-Connect run it alike; the settings and the plan's groups travel in its closure (no
+task's identity, and returns one MoveOutcome row per queue. It runs as a
+`partition_tasks.run_tasks` task (an RDD task on classic Spark, `mapInArrow` over
+Spark Connect); the settings and the plan's groups travel in its closure (no
 broadcast: Spark Connect has none). A lost connection raises, so Spark retries the
 task; the retried attempt numbers its deliveries after the highest ledger position
 already durable for the queue.
