@@ -4,9 +4,11 @@
 #   ./spark-submit.sh [spark-submit options...] --config FILE [job options...]
 #
 # Everything before --config goes to spark-submit, everything from --config on goes
-# to the job. Without --master the job runs on local[*,4] (all cores, 4 attempts per
-# task), its JVM compiling with C1 only and sharing class data (below); any --master
-# passes through:
+# to the job. Without a master the job runs on local[*,4] (all cores, 4 attempts per
+# task), its JVM compiling with C1 only and sharing class data (below). A master of
+# yours wins, found as spark-submit finds it: --master, else --conf spark.master, else
+# spark.master in --properties-file, else in spark-defaults.conf ($SPARK_CONF_DIR, or
+# the conf directory of the Spark this script runs), else $MASTER:
 #
 #   ./spark-submit.sh --config conf/prod.yaml                       # local[*,4]
 #   ./spark-submit.sh --master spark://host:7077 --config conf/prod.yaml
@@ -50,8 +52,10 @@ job="${RMQ_SPARK_JOB:-$here/jobs/transfer.py}"
 
 spark_args=()
 job_args=()
-has_master=0
-master=""
+master=""          # --master
+conf_master=""     # --conf spark.master=...
+properties_file="" # --properties-file
+load_defaults=0    # --load-spark-defaults: spark-defaults.conf beside --properties-file
 deploy_mode="client"
 env_archive=""
 in_image=0
@@ -73,7 +77,12 @@ for arg in "$@"; do
     --archives) user_archives="$arg"; pending=""; continue ;;
     --master) master="$arg" ;;
     --deploy-mode) deploy_mode="$arg" ;;
-    --conf) case "$arg" in spark.submit.deployMode=*) deploy_mode="${arg#*=}" ;; esac ;;
+    --properties-file) properties_file="$arg" ;;
+    --conf)
+      case "$arg" in
+        spark.submit.deployMode=*) deploy_mode="${arg#*=}" ;;
+        spark.master=*) conf_master="${arg#*=}" ;;
+      esac ;;
   esac
   if [ -n "$pending" ]; then
     pending=""
@@ -85,12 +94,14 @@ for arg in "$@"; do
     --in-image) in_image=1; continue ;;
     --env-archive=*) env_archive="${arg#*=}"; continue ;;
     --archives=*) user_archives="${arg#*=}"; continue ;;
-    --master|--deploy-mode|--conf) pending="$arg" ;;
+    --master|--deploy-mode|--conf|--properties-file) pending="$arg" ;;
     --master=*) master="${arg#*=}" ;;
     --deploy-mode=*) deploy_mode="${arg#*=}" ;;
+    --properties-file=*) properties_file="${arg#*=}" ;;
+    --load-spark-defaults) load_defaults=1 ;;
     --conf=spark.submit.deployMode=*) deploy_mode="${arg#*deployMode=}" ;;
+    --conf=spark.master=*) conf_master="${arg#*spark.master=}" ;;
   esac
-  case "$arg" in --master|--master=*) has_master=1 ;; esac
   spark_args+=("$arg")
 done
 if [ "${#job_args[@]}" = 0 ]; then
@@ -101,6 +112,38 @@ if [ -n "$pending" ]; then
   echo "$0: $pending needs a value" >&2
   exit 2
 fi
+
+# spark.master in a Java properties file ("key value", "key=value" or "key: value").
+properties_master() {
+  [ -f "$1" ] || return 0
+  sed -n -E 's/^[[:space:]]*spark\.master([[:space:]]*[=:][[:space:]]*|[[:space:]]+)(.*[^[:space:]])[[:space:]]*$/\2/p' \
+    "$1" | tail -n 1
+}
+# spark-submit's precedence: --master, --conf spark.master, --properties-file (which
+# replaces spark-defaults.conf unless --load-spark-defaults), spark-defaults.conf of
+# $SPARK_CONF_DIR or of the Spark that runs ($SPARK_HOME, else the .venv's pyspark),
+# $MASTER. None of them: local[*,4] (below).
+if [ -z "$master" ]; then master="$conf_master"; fi
+if [ -z "$master" ] && [ -n "$properties_file" ]; then
+  master="$(properties_master "$properties_file")"
+fi
+if [ -z "$master" ] && { [ -z "$properties_file" ] || [ "$load_defaults" = 1 ]; }; then
+  spark_conf_dir="${SPARK_CONF_DIR:-}"
+  if [ -z "$spark_conf_dir" ] && [ -n "${SPARK_HOME:-}" ]; then
+    spark_conf_dir="$SPARK_HOME/conf"
+  fi
+  if [ -z "$spark_conf_dir" ]; then
+    for candidate in "$here"/.venv/lib/python3*/site-packages/pyspark; do
+      if [ -d "$candidate" ]; then spark_conf_dir="$candidate/conf"; fi
+    done
+  fi
+  if [ -n "$spark_conf_dir" ]; then
+    master="$(properties_master "$spark_conf_dir/spark-defaults.conf")"
+  fi
+fi
+if [ -z "$master" ]; then master="${MASTER:-}"; fi
+has_master=0
+if [ -n "$master" ]; then has_master=1; fi
 local_master=0
 case "${master:-local}" in local|local\[*) local_master=1 ;; esac
 if [ -n "$env_archive" ]; then

@@ -110,18 +110,27 @@ def require_spark(command: str) -> None:
 
 
 def default_master() -> str | None:
-    """local[*,4] unless spark-submit or Databricks already chose a master.
+    """local[*,4] unless spark-submit or Databricks already chose a master, or the user
+    set one where spark-submit would read it (`spark_session.configured_master`:
+    PYSPARK_SUBMIT_ARGS, spark-defaults.conf, MASTER).
 
     The ",4" lets a failed task run again: local mode ignores spark.task.maxFailures.
     """
+    from rmq_spark.spark_session import configured_master
+
     launched = "PYSPARK_GATEWAY_PORT" in os.environ or "DATABRICKS_RUNTIME_VERSION" in os.environ
-    return None if launched else LOCAL_MASTER
+    return None if launched else (configured_master() or LOCAL_MASTER)
 
 
 @contextmanager
-def command_session(app_name: str, master: str | None) -> Iterator[SparkSession]:
+def command_session(
+    app_name: str, master: str | None, remote: str | None = None
+) -> Iterator[SparkSession]:
     """A command's SparkSession, stopped on the way out unless one was already active:
-    a notebook's or Databricks' session is theirs to stop, not ours."""
+    a notebook's or Databricks' session is theirs to stop, not ours.
+
+    `remote` (--remote, else SPARK_REMOTE): a Spark Connect server, sc://host:port.
+    """
     from pyspark.sql import SparkSession
 
     from rmq_spark.spark_session import build_session
@@ -131,7 +140,11 @@ def command_session(app_name: str, master: str | None) -> Iterator[SparkSession]
     ours = (
         SparkSession.getActiveSession() is None and "DATABRICKS_RUNTIME_VERSION" not in os.environ
     )
-    spark = build_session(app_name, master=master or default_master())
+    remote = remote or os.environ.get("SPARK_REMOTE") or None
+    if remote:
+        spark = build_session(app_name, remote=remote)
+    else:
+        spark = build_session(app_name, master=master or default_master())
     try:
         yield spark
     finally:
@@ -150,6 +163,10 @@ def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
         "else timestamp + random suffix): a driver started again with the same id resumes",
     )
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
+    parser.add_argument(
+        "--remote",
+        help="Spark Connect server, sc://host:port (default: $SPARK_REMOTE); replaces --master",
+    )
     add_logging_arguments(parser, "INFO")
 
 
@@ -185,7 +202,7 @@ def run_transfer_command(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmq-spark-preflight") as pool:
         preflight = pool.submit(prepare_run, config, run_id)
         preload_great_expectations()
-        with command_session(f"rmq-spark transfer {run_id}", args.master) as spark:
+        with command_session(f"rmq-spark transfer {run_id}", args.master, args.remote) as spark:
             try:
                 # Still running: the executors are probed meanwhile (pipeline.probe_beside).
                 result = run_transfer(spark, config, run_id=run_id, prepared=preflight)
@@ -348,6 +365,10 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--replicas", type=int, help="x-quorum-initial-group-size of new queues")
     parser.add_argument("--master", help="Spark master when not launched by spark-submit")
+    parser.add_argument(
+        "--remote",
+        help="Spark Connect server, sc://host:port (default: $SPARK_REMOTE); replaces --master",
+    )
     add_logging_arguments(parser, "INFO")
 
 
@@ -404,7 +425,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         print_error(exc, config)
         return EXIT_ERROR
 
-    with command_session(f"rmq-spark migrate {migration_id}", args.master) as spark:
+    with command_session(f"rmq-spark migrate {migration_id}", args.master, args.remote) as spark:
         try:
             result = migrate(spark, config, options=options, migration_id=migration_id)
         except RmqSparkError as exc:

@@ -1,6 +1,6 @@
 """The transfer job on the driver, one function per stage.
 
-    discover ─► plan rows ─► mapPartitions(move) ─► commit ledger ─► verify ─► record
+    discover ─► plan groups ─► run_tasks(move) ─► commit ledger ─► verify ─► record
 
 Each stage is a plain function of its inputs; `run_transfer` only strings them
 together, so a notebook or a test can run any stage alone.
@@ -18,8 +18,7 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from pyspark import RDD
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import SparkSession
 
 from rmq_spark import verify
 from rmq_spark.broker import removals
@@ -33,11 +32,13 @@ from rmq_spark.ledger import schema, tables
 from rmq_spark.ledger.brakes import BrakeRecord, HeldBack, write_brakes
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey
+from rmq_spark.partition_tasks import run_tasks
 from rmq_spark.planning.discovery import discover, measure_depths
 from rmq_spark.planning.executor_preflight import check_executors
-from rmq_spark.planning.plan import assign_partitions, plan_rows
+from rmq_spark.planning.plan import assign_partitions, plan_groups
 from rmq_spark.progress import ProgressReporter, depth_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
+from rmq_spark.transfer.outcomes import OUTCOME_SCHEMA, outcome_of
 from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force, route_rate_limits
 from rmq_spark.verify import (
     DESTINATION_SHARED,
@@ -144,7 +145,7 @@ def run_transfer(
     to_move, transfers = prepared.to_move, prepared.transfers
     assignment = assign_partitions(to_move, config.max_active, config.mover.queues_per_task)
     check_delivery_limits(to_move, config.mover.reconnect_attempts, spark_task_attempts(spark))
-    plan = plan_rows(spark, to_move, assignment)
+    plan = plan_groups(to_move, assignment)
     log.info("run %s: %d queues in %d partitions", run_id, len(to_move), len(set(assignment)))
 
     # Verification's Great Expectations import takes seconds: started here, while the
@@ -252,7 +253,10 @@ def probe_beside(
 
 def spark_task_attempts(spark: SparkSession) -> int:
     """How many times Spark may run a mover task (each attempt may return what it holds)."""
-    return task_attempts(spark.sparkContext.master, spark.conf.get("spark.task.maxFailures", None))
+    return task_attempts(
+        str(spark.conf.get("spark.master", "local")),
+        spark.conf.get("spark.task.maxFailures", None),
+    )
 
 
 def check_delivery_limits(
@@ -322,36 +326,33 @@ def record_plan(
 
 def move(
     spark: SparkSession,
-    plan: RDD[Row],
+    plan: Sequence[Sequence[dict[str, object]]],
     config: JobConfig,
     run_id: str,
     nodes: dict[str, dict[str, str]] | None = None,
     *,
     rate_limits: dict[str, Limits] | None = None,
 ) -> list[MoveOutcome]:
-    """Run the movers on the executors; one outcome per planned queue.
+    """Run the movers on the executors, task i on `plan` group i; one outcome per queue.
 
     `nodes` (cluster -> node -> AMQP URI) lets each mover connect to the node that
-    hosts its queues first (rmq_spark.broker.colocation).
+    hosts its queues first (rmq_spark.broker.colocation). The settings and the groups
+    travel in the tasks' closure (128 KB pickled for 1,000 queues), not in a broadcast.
     """
-    settings = spark.sparkContext.broadcast(
-        ExecutorSettings(
-            run_id=run_id,
-            ledger_path=str(Path(config.ledger.path).resolve()),
-            clusters=dict(config.clusters),
-            window_messages=config.window.messages,
-            window_bytes=config.window.bytes,
-            mover=config.mover,
-            max_active=config.max_active,
-            task_attempts=spark_task_attempts(spark),
-            node_uris=nodes or {},
-            rate_limits=rate_limits or {},
-        )
+    settings = ExecutorSettings(
+        run_id=run_id,
+        ledger_path=str(Path(config.ledger.path).resolve()),
+        clusters=dict(config.clusters),
+        window_messages=config.window.messages,
+        window_bytes=config.window.bytes,
+        mover=config.mover,
+        max_active=config.max_active,
+        task_attempts=spark_task_attempts(spark),
+        node_uris=nodes or {},
+        rate_limits=rate_limits or {},
     )
-    try:
-        return plan.mapPartitions(partial(move_partition, settings=settings)).collect()
-    finally:
-        settings.unpersist()
+    task = partial(move_partition, groups=plan, settings=settings)
+    return [outcome_of(row) for row in run_tasks(spark, len(plan), task, OUTCOME_SCHEMA)]
 
 
 def record_brakes(config: JobConfig, run_id: str, outcomes: Sequence[MoveOutcome]) -> None:
@@ -464,7 +465,7 @@ def record_run(
                 "started_at": started_at,
                 "finished_at": finished_at,
                 "config_digest": config.digest(),
-                "spark_app_id": spark.sparkContext.applicationId,
+                "spark_app_id": spark.conf.get("spark.app.id", None),
                 "queues": len(counters),
                 "messages": verification.messages,
                 "bytes": verification.bytes,

@@ -12,7 +12,6 @@ unreachable cluster is reported within seconds instead of after the full backoff
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from rmq_spark.broker import paging
+from rmq_spark.broker import http_reasons, paging
 from rmq_spark.config import ClusterConfig, JobConfig
 from rmq_spark.errors import AccessRefusedError, BrokerUnreachableError, DiscoveryError
 
@@ -463,7 +462,7 @@ class ManagementClient:
             )
         except requests.RequestException as exc:
             raise BrokerUnreachableError(
-                f"{where}: cannot reach it to {what} ({_reason(exc)})"
+                f"{where}: cannot reach it to {what} ({http_reasons.reason(exc)})"
             ) from exc
         if response.status_code in (401, 403):
             raise self._refused(where, what, response)
@@ -483,7 +482,7 @@ class ManagementClient:
 
     def _refused(self, where: str, what: str, response: requests.Response) -> AccessRefusedError:
         """401/403: the API says why in its JSON `reason`; the fix differs per reason."""
-        reason = _json_reason(response)
+        reason = http_reasons.json_reason(response)
         user = f"user {self.username!r}"
         if reason == _LOGIN_FAILED:
             return AccessRefusedError(f"{where}: the username or password was refused ({user})")
@@ -517,7 +516,6 @@ def _session(cluster: ClusterConfig, retry: Retry) -> requests.Session:
 
 # OpenSSL's reason, as Python's ssl module words it, e.g. "self-signed certificate in
 # certificate chain" or "IP address mismatch, certificate is not valid for 'localhost'."
-_CERTIFICATE_REFUSED = re.compile(r"certificate verify failed: ([^(\"]+)")
 
 
 def _tags(whoami: dict[str, Any]) -> tuple[str, ...]:
@@ -526,42 +524,6 @@ def _tags(whoami: dict[str, Any]) -> tuple[str, ...]:
     if isinstance(tags, str):
         return tuple(tag.strip() for tag in tags.split(",") if tag.strip())
     return tuple(str(tag) for tag in tags)
-
-
-def _json_reason(response: requests.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return ""
-    return str(body.get("reason") or "") if isinstance(body, dict) else ""
-
-
-def _reason(exc: requests.RequestException) -> str:
-    """A short cause: 'connection refused', 'timed out after 5s', ... (never a secret)."""
-    if isinstance(exc, requests.ConnectTimeout):
-        return "connect timed out"
-    if isinstance(exc, requests.Timeout):
-        return "no answer in time"
-    if isinstance(exc, requests.exceptions.SSLError):
-        refused = _CERTIFICATE_REFUSED.search(repr(exc))
-        if refused:
-            said = refused.group(1).replace("\\'", "'").strip()  # repr escapes quotes
-            return f"TLS: the server's certificate was not accepted: {said}"
-        return "TLS handshake failed"
-    text = repr(exc)
-    for known, said in (
-        ("Connection refused", "connection refused"),
-        ("Name or service not known", "host name not resolved"),
-        ("Temporary failure in name resolution", "host name not resolved"),
-        ("No route to host", "no route to host"),
-        (
-            "Connection aborted",
-            "the connection was cut without an HTTP answer; is it the management port?",
-        ),
-    ):
-        if known in text:
-            return said
-    return type(exc).__name__
 
 
 def addressable(name: str) -> bool:

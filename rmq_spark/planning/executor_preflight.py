@@ -9,7 +9,12 @@ and reports what it wrote; the driver then reads every sentinel back.
 
 The probe runs in the executors' Python before any dependency is known to be there,
 so this module imports the standard library only (the package's `__init__` too):
-an executor without pika still answers, and the driver can say what is missing.
+an executor without pika still answers, and the driver can say what is missing. The
+probe runs as the movers do (`partition_tasks.run_tasks`): on classic Spark an RDD
+task, which a bare Python answers; over Spark Connect a `DataFrame.mapInArrow` task,
+whose worker needs pyarrow before it runs any code of ours: a server without it fails
+the probe with Spark's ModuleNotFoundError, which `check_executors` turns into the
+same clear error.
 
 Spark places tasks, not this module: `probe_tasks` asks for at least one task per
 core the cluster offers and per registered executor, so every executor running when
@@ -39,6 +44,7 @@ from rmq_spark.errors import (
     PreflightError,
     RmqSparkError,
 )
+from rmq_spark.partition_tasks import default_parallelism, is_connect, missing_arrow, run_tasks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -74,7 +80,7 @@ class ProbeReport:
 def probe(
     partition: Iterable[Any], *, sentinel_dir: str, modules: Sequence[str] = EXECUTOR_MODULES
 ) -> Iterator[dict[str, object]]:
-    """Runs on an executor (mapPartitions): check imports, write one sentinel, report.
+    """Runs on an executor (a Spark task): check imports, write one sentinel, report.
 
     Returns plain dicts: a dataclass would have to be unpickled from this module on the
     driver, which is fine, but dicts keep the wire format independent of it.
@@ -160,14 +166,34 @@ def problems_of(
 
 def probe_tasks(spark: SparkSession) -> int:
     """How many probe tasks: one per core offered and per executor registered."""
-    context = spark.sparkContext
     executors = 1
-    try:
-        # The driver's block manager is in the map too; on local[*] it is the only one.
-        executors = max(1, context._jsc.sc().getExecutorMemoryStatus().size() - 1)
-    except Exception:  # py4j: the call is a JVM detail; the parallelism still counts
-        executors = 1
-    return max(context.defaultParallelism, executors)
+    if not is_connect(spark):  # Spark Connect shows no executors: the cores count
+        try:
+            # The driver's block manager is in the map too; on local[*] it is the only one.
+            status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()  # type: ignore[union-attr]
+            executors = max(1, status.size() - 1)
+        except Exception:  # py4j: the call is a JVM detail; the parallelism still counts
+            executors = 1
+    return max(default_parallelism(spark), executors)
+
+
+def probe_schema() -> Any:
+    """The Arrow schema of probe()'s rows (pyarrow imported on the driver only)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("host", pa.string()),
+            ("pid", pa.int64()),
+            ("python", pa.string()),
+            ("python_version", pa.string()),
+            ("missing", pa.list_(pa.string())),
+            ("sentinel", pa.string()),
+            ("token", pa.string()),
+            ("write_error", pa.string()),
+            ("pika_version", pa.string()),
+        ]
+    )
 
 
 def check_executors(spark: SparkSession, ledger_path: str) -> None:
@@ -179,11 +205,16 @@ def check_executors(spark: SparkSession, ledger_path: str) -> None:
     sentinel_dir = os.path.join(ledger_path, SENTINEL_DIR, secrets.token_hex(8))
     tasks = probe_tasks(spark)
     try:
-        raw: list[dict[str, Any]] = (
-            spark.sparkContext.parallelize(range(tasks), tasks)
-            .mapPartitions(partial(probe, sentinel_dir=sentinel_dir))
-            .collect()
-        )
+        try:
+            raw = run_tasks(spark, tasks, partial(probe, sentinel_dir=sentinel_dir), probe_schema())
+        except Exception as exc:  # Spark's task failure: py4j's or Spark Connect's class
+            if not missing_arrow(exc):
+                raise
+            raise ExecutorEnvironmentError(
+                "executor pre-flight refused the run; nothing was moved:\n  the executors' "
+                "Python lacks the Python module(s) pyarrow (Spark Connect's Arrow tasks, which "
+                f"run the movers, need it): {ARCHIVE_HINT}"
+            ) from None
         reports = [
             ProbeReport(
                 host=str(row["host"]),

@@ -1,17 +1,20 @@
-"""The mapPartitions adapter: run the mover for each plan row of a partition.
+"""The movers' Spark task: run the mover for each plan row of a partition.
 
-Thin on purpose: it builds the mover's collaborators from the broadcast settings
-and the task's identity, and yields one MoveOutcome per queue. A lost connection
-raises, so Spark retries the task; the retried attempt numbers its deliveries
-after the highest ledger position already durable for the queue.
+Thin on purpose: it builds the mover's collaborators from the settings and the
+task's identity, and returns one MoveOutcome row per queue. It runs as a
+`partition_tasks.run_tasks` task (an RDD task on classic Spark, `mapInArrow` over
+Spark Connect); the settings and the plan's groups travel in its closure (no
+broadcast: Spark Connect has none). A lost connection raises, so Spark retries the
+task; the retried attempt numbers its deliveries after the highest ledger position
+already durable for the queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any
 
 from rmq_spark.broker.colocation import preferred_uri
 from rmq_spark.broker.connection import connection_parameters
@@ -23,15 +26,13 @@ from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_l
 from rmq_spark.transfer.amqp091.pool import ConnectionPool
 from rmq_spark.transfer.lanes import run_movers
 from rmq_spark.transfer.mover import QueueMover
-
-if TYPE_CHECKING:
-    from pyspark import Broadcast
-    from pyspark.sql import Row
+from rmq_spark.transfer.outcomes import outcome_row
 
 
 @dataclass(frozen=True)
 class ExecutorSettings:
-    """What every mover task needs. Broadcast, so passwords stay out of Spark's conf.
+    """What every mover task needs. In the task's closure, so passwords stay out of
+    Spark's conf.
 
     Cluster passwords are pydantic SecretStr: they print as '**********'.
     """
@@ -56,11 +57,15 @@ class ExecutorSettings:
 
 
 def move_partition(
-    rows: Iterable[Row], settings: Broadcast[ExecutorSettings]
-) -> Iterator[MoveOutcome]:
-    """mapPartitions function: move this partition's queues, several at once."""
-    resolved = settings.value
-    yield from move_queues([row.asDict() for row in rows], resolved, task_attempt())
+    indices: Sequence[int],
+    *,
+    groups: Sequence[Sequence[dict[str, object]]],
+    settings: ExecutorSettings,
+) -> list[dict[str, Any]]:
+    """Spark task (`partition_tasks.run_tasks`): move the queues of plan group(s)
+    `indices` (the task's partition), several at once; OUTCOME_SCHEMA rows."""
+    rows = [row for index in indices for row in groups[index]]
+    return [outcome_row(outcome) for outcome in move_queues(rows, settings, task_attempt())]
 
 
 def move_queues(

@@ -241,7 +241,7 @@ def test_lost_sessions_stop_the_queue_before_its_delivery_limit_and_drop_nothing
 
 
 def plan_row(transfer: QueueTransfer) -> dict[str, object]:
-    """The executor's plan row for a transfer (plan.plan_rows builds the same)."""
+    """The executor's plan row for a transfer (plan.plan_groups builds the same)."""
     return asdict(transfer)
 
 

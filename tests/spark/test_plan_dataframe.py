@@ -1,11 +1,15 @@
-"""The plan (rows and DataFrame) puts each queue in the partition the planner chose,
-with no shuffle."""
+"""The plan (groups and DataFrame) puts each queue in the partition the planner chose,
+with no shuffle; the movers' tasks (partition_tasks.run_tasks) run group i as task i."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from rmq_spark.planning.plan import PLAN_SCHEMA, assign_partitions, plan_dataframe, plan_rows
+from rmq_spark.partition_tasks import run_tasks
+from rmq_spark.planning.plan import PLAN_SCHEMA, assign_partitions, plan_dataframe, plan_groups
 from tests.support.builders import transfer
 
 
@@ -36,21 +40,27 @@ def test_empty_plan_is_an_empty_dataframe(spark: SparkSession) -> None:
     assert plan.schema == PLAN_SCHEMA
 
 
-def test_plan_rows_are_what_the_movers_get(spark: SparkSession) -> None:
-    transfers = [transfer(f"q{i}", n) for i, n in enumerate([50, 400, 10, 300])]
-    assignment = assign_partitions(transfers, 2)
+def test_task_i_gets_group_i_whole(spark: SparkSession) -> None:
+    transfers = [transfer(f"q{i}", n) for i, n in enumerate([50, 400, 10, 300, 7])]
+    groups = plan_groups(transfers, assign_partitions(transfers, 3))
 
-    partitions = plan_rows(spark, transfers, assignment).glom().collect()
+    def task(indices: Sequence[int]) -> list[dict[str, object]]:
+        from pyspark import TaskContext
 
-    assert len(partitions) == 2
-    for index, rows in enumerate(partitions):
-        for row in rows:
-            # move_partition reads row.asDict(): every plan column, by name.
-            assert list(row.asDict()) == PLAN_SCHEMA.fieldNames()
-            assert row.partition == index
-            assert assignment[int(row.source_queue[1:])] == index
-    assert sorted(r.source_queue for rows in partitions for r in rows) == ["q0", "q1", "q2", "q3"]
+        context = TaskContext.get()
+        assert context is not None
+        return [
+            {"index": i, "partition": context.partitionId(), "queue": row["source_queue"]}
+            for i in indices
+            for row in groups[i]
+        ]
 
+    schema = pa.schema([("index", pa.int64()), ("partition", pa.int64()), ("queue", pa.string())])
+    rows = run_tasks(spark, len(groups), task, schema)
 
-def test_an_empty_plan_has_no_rows(spark: SparkSession) -> None:
-    assert plan_rows(spark, [], []).collect() == []
+    assert sorted((r["index"], r["queue"]) for r in rows) == sorted(
+        (i, row["source_queue"]) for i, group in enumerate(groups) for row in group
+    )
+    assert all(r["index"] == r["partition"] for r in rows)
+    # move_partition reads every plan column, by name.
+    assert all(list(row) == PLAN_SCHEMA.fieldNames() for group in groups for row in group)

@@ -368,3 +368,136 @@ def test_a_wrong_env_archive_stops_before_spark_submit(
     assert completed.returncode == 2
     assert message in completed.stderr
     assert not Path(f"{out}.args").exists()
+
+
+# -- whose master: spark-submit's precedence, local[*,4] only when none is set -----------
+
+
+def submitted_with(
+    spark_home: Path, tmp_path: Path, spark_args: tuple[str, ...], **env: str
+) -> tuple[list[str], dict[str, str]]:
+    """Like `submitted`, with extra environment variables (SPARK_CONF_DIR, MASTER)."""
+    out = tmp_path / "stub"
+    environ = {
+        key: value
+        for key, value in os.environ.items()
+        if key
+        not in ("SPARK_HOME", "SPARK_CONF_DIR", "MASTER", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    }
+    subprocess.run(
+        [str(SCRIPT), *spark_args, "--config", "conf/prod.yaml"],
+        env={**environ, "SPARK_HOME": str(spark_home), "STUB_OUT": str(out), **env},
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    args = Path(f"{out}.args").read_text().splitlines()
+    seen = dict(line.split("=", 1) for line in Path(f"{out}.env").read_text().splitlines())
+    return args, seen
+
+
+def runs_locally_by_default(args: list[str], env: dict[str, str]) -> bool:
+    """Whether the script chose local[*,4] (and this machine's Python for the executors)."""
+    chose = "local[*,4]" in args
+    assert chose == (env["PYSPARK_PYTHON"] != "unset")
+    return chose
+
+
+@pytest.mark.parametrize(
+    "spark_args",
+    [("--conf", "spark.master=yarn"), ("--conf=spark.master=yarn",)],
+    ids=["--conf", "--conf="],
+)
+def test_a_master_in_conf_wins_over_the_local_default(
+    args_spark_home: Path, tmp_path: Path, spark_args: tuple[str, ...]
+) -> None:
+    args, env = submitted_with(args_spark_home, tmp_path, spark_args)
+
+    assert not runs_locally_by_default(args, env)
+    assert "--master" not in args  # spark-submit reads it from --conf itself
+    assert [a for a in args if a.endswith("spark.master=yarn")] == [spark_args[-1]]
+
+
+@pytest.mark.parametrize(
+    "line", ["spark.master yarn", "spark.master=yarn", "  spark.master :  yarn  "]
+)
+def test_a_master_in_spark_defaults_wins_over_the_local_default(
+    args_spark_home: Path, tmp_path: Path, line: str
+) -> None:
+    conf_dir = tmp_path / "hadoop-edge-conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(f"# edge node\n{line}\n")
+
+    args, env = submitted_with(args_spark_home, tmp_path, (), SPARK_CONF_DIR=str(conf_dir))
+
+    assert not runs_locally_by_default(args, env)
+    assert "--master" not in args
+
+
+def test_spark_homes_conf_is_read_without_spark_conf_dir(
+    args_spark_home: Path, tmp_path: Path
+) -> None:
+    (args_spark_home / "conf").mkdir()
+    (args_spark_home / "conf" / "spark-defaults.conf").write_text("spark.master k8s://https://x\n")
+
+    args, env = submitted_with(args_spark_home, tmp_path, ())
+
+    assert not runs_locally_by_default(args, env)
+
+
+def test_spark_defaults_without_a_master_keep_the_local_default(
+    args_spark_home: Path, tmp_path: Path
+) -> None:
+    (args_spark_home / "conf").mkdir()
+    (args_spark_home / "conf" / "spark-defaults.conf").write_text(
+        "spark.executor.memory 2g\n# spark.master yarn\nspark.masterish yarn\n"
+    )
+
+    args, env = submitted_with(args_spark_home, tmp_path, ())
+
+    assert runs_locally_by_default(args, env)
+
+
+def test_a_properties_file_replaces_spark_defaults(args_spark_home: Path, tmp_path: Path) -> None:
+    (args_spark_home / "conf").mkdir()
+    (args_spark_home / "conf" / "spark-defaults.conf").write_text("spark.master yarn\n")
+    properties = tmp_path / "job.properties"
+    properties.write_text("spark.executor.cores 2\n")
+
+    # spark-submit reads spark-defaults.conf only with --load-spark-defaults then.
+    args, env = submitted_with(args_spark_home, tmp_path, ("--properties-file", str(properties)))
+    assert runs_locally_by_default(args, env)
+
+    args, env = submitted_with(
+        args_spark_home, tmp_path, (f"--properties-file={properties}", "--load-spark-defaults")
+    )
+    assert not runs_locally_by_default(args, env)
+
+    properties.write_text("spark.master yarn\n")
+    args, env = submitted_with(args_spark_home, tmp_path, ("--properties-file", str(properties)))
+    assert not runs_locally_by_default(args, env)
+
+
+def test_the_command_line_master_comes_first(args_spark_home: Path, tmp_path: Path) -> None:
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text("spark.master yarn\n")
+
+    # --master local[2] over --conf and spark-defaults: local, this machine's Python.
+    args, env = submitted_with(
+        args_spark_home,
+        tmp_path,
+        ("--master", "local[2]", "--conf", "spark.master=yarn"),
+        SPARK_CONF_DIR=str(conf_dir),
+    )
+    assert env["PYSPARK_PYTHON"] != "unset"
+    assert "local[*,4]" not in args
+    # --conf spark.master=local[3] over spark-defaults' yarn: local too.
+    args, env = submitted_with(
+        args_spark_home, tmp_path, ("--conf", "spark.master=local[3]"), SPARK_CONF_DIR=str(conf_dir)
+    )
+    assert env["PYSPARK_PYTHON"] != "unset"
+    assert "local[*,4]" not in args
+    # $MASTER last of all.
+    args, env = submitted_with(args_spark_home, tmp_path, (), MASTER="yarn")
+    assert not runs_locally_by_default(args, env)
