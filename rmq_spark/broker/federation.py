@@ -22,12 +22,12 @@ Upstreams cloned by earlier builds (`federation_clones.py`) are restored too.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from rmq_spark.broker.federation_clones import restore_clones
+from rmq_spark.broker.federation_guard import consuming_movers, lingering_consumers
 from rmq_spark.broker.federation_links import LINK_STOP_TIMEOUT_SECONDS, wait_for_links_to_stop
 from rmq_spark.broker.federation_plan import (
     PLACEHOLDER_UPSTREAM,
@@ -40,13 +40,10 @@ from rmq_spark.broker.federation_plan import (
 )
 from rmq_spark.broker.management import ManagementClient
 from rmq_spark.config import JobConfig
-from rmq_spark.errors import AccessRefusedError, FederationError, RmqSparkError
+from rmq_spark.errors import FederationError, RmqSparkError
 from rmq_spark.model import QueueTransfer
 
 log = logging.getLogger(__name__)
-
-# The connections a mover consumes on (transfer/executor.py names them).
-_MOVER_CONSUMER = re.compile(r"rmq-spark \S+ consumer vhost .*", re.DOTALL)
 
 
 def source_clusters(config: JobConfig) -> list[str]:
@@ -145,35 +142,6 @@ def restore(client: ManagementClient) -> list[tuple[str, str]]:
     return restored
 
 
-def consuming_movers(client: ManagementClient) -> list[str]:
-    """What still consumes for rmq-spark on the cluster: mover connections, and
-    consumers whose connection is no longer listed (closing: the queue drops the
-    consumer after the connection goes, and until then a link would pull for it)."""
-    try:
-        connections = {
-            str(row.get("name")): str(
-                (row.get("client_properties") or {}).get("connection_name") or ""
-            )
-            for row in client.connections()
-        }
-        consumers = client.consumers()
-    except AccessRefusedError as exc:
-        # Without `monitoring` a user sees only its own connections; refused, nothing.
-        log.info("cluster %s: cannot list the consumers: %s", client.cluster_name, exc)
-        return []
-    found = {name for name in connections.values() if _MOVER_CONSUMER.fullmatch(name)}
-    for consumer in consumers:
-        details = consumer.get("channel_details")
-        connection = details.get("connection_name") if isinstance(details, dict) else None
-        if connection not in connections:
-            queue = consumer.get("queue") or {}
-            found.add(
-                f"a consumer of queue {queue.get('name')!r} in vhost {queue.get('vhost')!r} "
-                "whose connection is closing"
-            )
-    return sorted(found)
-
-
 def restore_federation(
     config: JobConfig,
     clients: Mapping[str, ManagementClient],
@@ -184,15 +152,23 @@ def restore_federation(
 
     `unless_consuming` (`restore-federation`, after a crash): refuse, restoring
     nothing, while a mover still consumes on a source cluster (a run still moving, or
-    the processes of a killed one not gone yet): its queues' links would pull into
-    the queues it drains. Tries every cluster even when one fails, then raises one
+    the processes of a killed one not gone yet), or a paused queue still counts a
+    consumer whose connection is gone (`federation_guard.py`): its queues' links
+    would pull into the queues it drains. Tries every cluster even when one fails, then raises one
     error naming each failure.
     """
     if unless_consuming:
         open_movers = [
             f"cluster {cluster}: {name}"
             for cluster in source_clusters(config)
-            for name in consuming_movers(clients[cluster])
+            for name in [
+                *consuming_movers(clients[cluster]),
+                *lingering_consumers(
+                    clients[cluster],
+                    config.clusters[cluster],
+                    restore_plan(Policy.from_row(row) for row in clients[cluster].policies()),
+                ),
+            ]
         ]
         if open_movers:
             lines = "\n  ".join(open_movers)

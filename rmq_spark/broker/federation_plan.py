@@ -158,6 +158,34 @@ def queue_names_pattern(names: Iterable[str]) -> str:
     return _PATTERN_OPEN + "|".join(escape(n) for n in names) + _PATTERN_CLOSE
 
 
+def pattern_queue_names(pattern: str) -> tuple[str, ...] | None:
+    """The names an override's pattern matches (`queue_names_pattern` read back);
+    None for a pattern it did not make."""
+    if not (pattern.startswith(_PATTERN_OPEN) and pattern.endswith(_PATTERN_CLOSE)):
+        return None
+    inner = pattern[len(_PATTERN_OPEN) : -len(_PATTERN_CLOSE)]
+    names: list[str] = []
+    current: list[str] = []
+    escaped = False
+    for char in inner:
+        if escaped:
+            current.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "|":
+            names.append("".join(current))
+            current = []
+        elif char.isascii() and not char.isalnum():
+            return None  # unescaped: not one of ours
+        else:
+            current.append(char)
+    if escaped:
+        return None
+    names.append("".join(current))
+    return tuple(names)
+
+
 def _chunks(names: list[str]) -> list[tuple[str, ...]]:
     """The names in groups whose pattern fits MAX_PATTERN_BYTES (a queue name is at
     most 255 bytes, so one always fits)."""

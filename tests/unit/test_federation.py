@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rmq_spark.broker import federation_guard
 from rmq_spark.broker.federation import (
     pause,
     pause_preview,
@@ -26,6 +27,7 @@ from rmq_spark.broker.federation_plan import (
     listed_policy,
     overridden_policy,
     override_name,
+    pattern_queue_names,
     pause_plan,
     queue_names_pattern,
     restore_plan,
@@ -142,6 +144,13 @@ def test_names_are_escaped_so_they_match_literally() -> None:
     assert pcre_matches(pattern, name)
     assert not pcre_matches(pattern, "a.b*c+(d)|[e]^$\\f g-h/e")
     assert escape("q-1.x") == "q\\-1\\.x"
+
+
+def test_an_override_s_pattern_reads_back_as_its_queue_names() -> None:
+    names = ("fed.a", "a.b*c+(d)|[e]^$\\f g-h/é", "q-1")
+    assert pattern_queue_names(queue_names_pattern(names)) == names
+    assert pattern_queue_names("^fed\\.") is None  # a hand-made pattern: not ours
+    assert pattern_queue_names("^(?:a.b)\\z") is None  # an unescaped dot
 
 
 def test_many_queues_are_split_so_each_pattern_fits_rabbitmq_s_limit() -> None:
@@ -491,7 +500,15 @@ def test_the_plan_shows_how_each_queue_is_paused_and_what_applies_after() -> Non
     assert "federation" not in out.getvalue()  # federation: keep: no such column
 
 
-def test_restore_federation_refuses_while_a_mover_still_consumes() -> None:
+def test_restore_federation_refuses_while_a_mover_still_consumes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counted: dict[str, int] = {}  # what the queues themselves count (passive declare)
+    monkeypatch.setattr(
+        federation_guard,
+        "consumer_counts",
+        lambda _cluster, _config, vhost, queues: {q: counted.get(q, 0) for q in queues},
+    )
     clients = dr_and_other()
     with paused_federation(pausing_config(), clients, MOVED):  # type: ignore[arg-type]
         clients["dr"].connection_names = [
@@ -525,6 +542,22 @@ def test_restore_federation_refuses_while_a_mover_still_consumes() -> None:
         )
         assert "'shop'" not in str(raised.value)
         clients["dr"].consumer_rows = clients["dr"].consumer_rows[1:]
+        # The API lists it no more, but the queue still counts it (its channel closed
+        # before the queue dropped it): a link restored now would pull for it.
+        counted["orders.a"] = 1
+        with pytest.raises(FederationError) as raised:
+            restore_federation(pausing_config(), clients, unless_consuming=True)  # type: ignore[arg-type]
+        assert (
+            "cluster dr: queue 'orders.a' in vhost 'orders' still counts 1 consumer(s) whose "
+            "connection is gone" in str(raised.value)
+        )
+        # A consumer the API lists on an open connection is nobody's ghost.
+        clients["dr"].consumer_rows.append(
+            {
+                "queue": {"name": "orders.a", "vhost": "orders"},
+                "channel_details": {"connection_name": "127.0.0.1:0"},
+            }
+        )
         assert restore_federation(pausing_config(), clients, unless_consuming=True) == [  # type: ignore[arg-type]
             (
                 "dr",
