@@ -39,6 +39,7 @@ from rmq_spark.errors import (
     PreflightError,
     RmqSparkError,
 )
+from rmq_spark.planning.python_start import python_start_error
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -179,11 +180,16 @@ def check_executors(spark: SparkSession, ledger_path: str) -> None:
     sentinel_dir = os.path.join(ledger_path, SENTINEL_DIR, secrets.token_hex(8))
     tasks = probe_tasks(spark)
     try:
-        raw: list[dict[str, Any]] = (
-            spark.sparkContext.parallelize(range(tasks), tasks)
-            .mapPartitions(partial(probe, sentinel_dir=sentinel_dir))
-            .collect()
-        )
+        try:
+            raw: list[dict[str, Any]] = (
+                spark.sparkContext.parallelize(range(tasks), tasks)
+                .mapPartitions(partial(probe, sentinel_dir=sentinel_dir))
+                .collect()
+            )
+        except Exception as exc:  # py4j or Spark Connect: only its text says why
+            if (cannot_start := python_start_error(exc)) is None:
+                raise
+            raise_problems([cannot_start], cause=exc)
         reports = [
             ProbeReport(
                 host=str(row["host"]),
@@ -207,7 +213,7 @@ def check_executors(spark: SparkSession, ledger_path: str) -> None:
     raise_problems(problems)
 
 
-def raise_problems(problems: Sequence[RmqSparkError]) -> None:
+def raise_problems(problems: Sequence[RmqSparkError], cause: BaseException | None = None) -> None:
     if not problems:
         return
     message = "\n  ".join(
@@ -218,4 +224,4 @@ def raise_problems(problems: Sequence[RmqSparkError]) -> None:
     error_class = kinds.pop() if len(kinds) == 1 else PreflightError
     error = error_class(message)
     error.problems = tuple(problems)
-    raise error
+    raise error from cause
