@@ -44,12 +44,13 @@ from rmq_spark.planning.python_start import python_start_error
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-# What executor tasks import (executor.py, mover.py, ledger/writer.py) beyond pyspark.
-EXECUTOR_MODULES = ("pika", "pyarrow", "deltalake", "pydantic", "requests", "yaml")
+# What executor tasks import (executor.py, mover.py, ledger/writer.py) beyond pyspark:
+# requirements-executor.lock's top level (deltalake commits on the driver only).
+EXECUTOR_MODULES = ("pika", "pyarrow", "pydantic", "requests", "yaml")
 SENTINEL_DIR = "_preflight"
 ARCHIVE_HINT = (
     "ship the environment archive: make package, then "
-    "./spark-submit.sh --env-archive dist/rmq-spark-env-*.tar.gz ..."
+    "./spark-submit.sh --env-archive dist/rmq-spark-executor-env-*.tar.gz ..."
 )
 
 

@@ -16,8 +16,8 @@ import re
 from rmq_spark.errors import ExecutorEnvironmentError
 
 RELOCATABLE_HINT = (
-    "ship an environment archive: make package, then "
-    "./spark-submit.sh --env-archive dist/rmq-spark-env-*.tar.gz ..."
+    "ship the executor archive, which carries its own Python: make package, then "
+    "./spark-submit.sh --env-archive dist/rmq-spark-executor-env-*.tar.gz ..."
 )
 # java.io.IOException: Cannot run program "./environment/bin/python" (in directory
 # "/work/app-1/0"): error=2, No such file or directory
