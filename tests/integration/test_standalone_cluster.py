@@ -351,6 +351,10 @@ def test_standalone_refuses_cluster_deploy_mode_for_python(
     # says so before contacting it. (YARN and Kubernetes do; see the README.)
     config = tmp_path / "job.yaml"
     config.write_text("{}\n")
+    # A driver in the cluster takes the whole-runtime archive (spark-submit.sh refuses
+    # the executor one there); SparkSubmit refuses before reading it, so a link will do.
+    whole = tmp_path / env_archive.name.replace("rmq-spark-executor-env", "rmq-spark-env")
+    whole.symlink_to(env_archive)
     completed = submit(
         config,
         "cluster-mode",
@@ -359,7 +363,7 @@ def test_standalone_refuses_cluster_deploy_mode_for_python(
         "--deploy-mode",
         "cluster",
         "--env-archive",
-        str(env_archive),
+        str(whole),
     )
 
     assert completed.returncode != 0
