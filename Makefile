@@ -124,7 +124,7 @@ bench: setup
 # builder's interpreter. The CPython is built once and cached in ~/.cache/rmq-spark/python.
 DIST := dist
 EXECUTOR_IMPORTS := pika,pyarrow,pyarrow.parquet,pydantic,requests,yaml,rmq_spark.transfer.executor,rmq_spark.planning.executor_preflight
-DRIVER_IMPORTS := $(EXECUTOR_IMPORTS),deltalake,great_expectations,rmq_spark.cli,rmq_spark.verify
+DRIVER_IMPORTS := $(EXECUTOR_IMPORTS),deltalake,great_expectations,pandas,matplotlib
 ENV_TOOL := $(BIN)/python -m rmq_spark.devtools.executor_env archive
 package: executor-archive
 	cp requirements-runtime.lock $(DIST)/

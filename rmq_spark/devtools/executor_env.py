@@ -266,7 +266,9 @@ def build_archive(
         stdlib = staging / "lib" / f"python{PYTHON_VERSION}"
         _run([interpreter, "-m", "compileall", "-q", "-j0", stdlib], "compileall")
         code = f"import {', '.join(imports)}"
-        _run(["env", "-i", interpreter, "-c", code], f"import check ({code}) of {requirements}")
+        # From the scratch directory: sys.path[0] must not be a checkout's rmq_spark.
+        check = f"import check ({code}) of {requirements}"
+        _run(["env", "-i", interpreter, "-c", code], check, cwd=Path(scratch))
         partial = out.with_name(out.name + ".part")
         _run(
             [
