@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
 .PHONY: setup system roots image demo test test-dbr lint typecheck unit soak bench bench-memory bench-stages \
-	bench-many-queues clean package wheel lock-runtime
+	bench-many-queues clean package executor-archive wheel lock-runtime
 
 setup: system $(INSTALLED)
 
@@ -33,6 +33,12 @@ system:
 	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server; \
 	fi
+	@# patchelf and objdump (binutils): make package's relocatable Python (rmq_spark/devtools/executor_env.py).
+	@if ! command -v patchelf >/dev/null || ! command -v objdump >/dev/null; then \
+	  echo "installing patchelf and binutils"; \
+	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patchelf binutils; \
+	fi
 	@if ! command -v mmdebstrap >/dev/null; then \
 	  echo "installing mmdebstrap (builds the Debian roots that hold RabbitMQ 4.x)"; \
 	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
@@ -47,8 +53,12 @@ system:
 
 # RabbitMQ 4.0 (Debian trixie) and 4.3 (Debian forky) in Debian roots under
 # ~/.cache/rmq-spark/roots, built only when missing (~20 s each); never on the host.
+# Beside them the stand-in Spark worker's root (Java 17, no Python; ~1 min, once) and
+# the relocatable Python of the executor archive (~10 s, once per Debian python3.11).
 roots: setup
 	$(BIN)/python -m rmq_spark.devtools.rabbitmq_roots build
+	$(BIN)/python -m rmq_spark.devtools.worker_root
+	$(BIN)/python -m rmq_spark.devtools.executor_env python
 
 # The rmq-spark image (docker/Dockerfile) with podman, FROM a Debian root mmdebstrap makes
 # (no registry needed): localhost/rmq-spark:VERSION. ~3.5 min the first time; rebuilt only
@@ -137,32 +147,37 @@ bench: setup
 	$(BIN)/python -m bench.throughput $(ARGS)
 
 # What a cluster runs, built into dist/ (see README, Deploying):
-#   rmq_spark-VERSION-py3-none-any.whl         the package; Spark is the [spark] extra
-#   requirements-runtime.lock                  the runtime closure it was built from
-#   rmq-spark-env-VERSION-cpXY-linux_ARCH.tar.gz  a venv-pack archive of the wheel plus
-#                                              that lock, for spark-submit --archives
-# The archive's bin/python links to the interpreter that built it ($(PYTHON)): the
-# executors need a CPython of the same version at the same path (venv-pack ships
-# libraries, not Python).
+#   rmq_spark-VERSION-py3-none-any.whl        the package; Spark is the [spark] extra
+#   requirements-runtime.lock                 the runtime closure it was built from
+#   requirements-executor.lock                what the executors import, and its closure
+#   rmq-spark-executor-env-VERSION-cp311-linux_ARCH.tar.gz
+#                                             for spark-submit --env-archive (client mode):
+#                                             CPython 3.11 itself, the executor lock, the wheel
+#   rmq-spark-env-VERSION-cp311-linux_ARCH.tar.gz
+#                                             the same CPython with the whole runtime lock,
+#                                             for a driver in the cluster (cluster deploy mode)
+# Both archives carry their own CPython (Debian bookworm's, made relocatable: see
+# rmq_spark/devtools/executor_env.py), so a node needs only glibc >= 2.36, not the
+# builder's interpreter. The CPython is built once and cached in ~/.cache/rmq-spark/python.
 DIST := dist
-PACK_ENV := $(DIST)/.pack-env
-package: setup
+EXECUTOR_IMPORTS := pika,pyarrow,pyarrow.parquet,pydantic,requests,yaml,rmq_spark.transfer.executor,rmq_spark.planning.executor_preflight
+DRIVER_IMPORTS := $(EXECUTOR_IMPORTS),deltalake,great_expectations,pandas,matplotlib
+ENV_TOOL := $(BIN)/python -m rmq_spark.devtools.executor_env archive
+package: executor-archive
+	cp requirements-runtime.lock $(DIST)/
+	$(ENV_TOOL) --stem rmq-spark-env --requirements requirements-runtime.lock \
+	  --wheel $(DIST)/rmq_spark-*.whl --dist $(DIST) --imports $(DRIVER_IMPORTS)
+	@ls -l $(DIST)
+
+# The wheel and the executor archive alone (what the standalone-cluster test ships).
+executor-archive: setup
 	rm -rf $(DIST) build
 	mkdir -p $(DIST)
 	$(BIN)/pip wheel -q --no-deps --wheel-dir $(DIST) .
 	rm -rf build
-	cp requirements-runtime.lock $(DIST)/
-	$(PYTHON) -m venv --without-pip $(PACK_ENV)
-	$(BIN)/pip --python $(PACK_ENV)/bin/python install -q --no-deps -r requirements-runtime.lock
-	$(BIN)/pip --python $(PACK_ENV)/bin/python install -q --no-deps $(DIST)/rmq_spark-*.whl
-	$(BIN)/pip --python $(PACK_ENV)/bin/python check
-	$(PACK_ENV)/bin/rmq-spark --version
-	tag="$$($(PACK_ENV)/bin/python -c 'import sys, sysconfig; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-" + sysconfig.get_platform().replace("-", "_"))')"; \
-	  version="$$($(PACK_ENV)/bin/python -c 'import rmq_spark; print(rmq_spark.__version__)')"; \
-	  $(BIN)/venv-pack -q -p $(PACK_ENV) -o "$(DIST)/rmq-spark-env-$$version-$$tag.tar.gz" && \
-	  chmod 644 "$(DIST)/rmq-spark-env-$$version-$$tag.tar.gz"  # venv-pack writes it 0600
-	rm -rf $(PACK_ENV)
-	@ls -l $(DIST)
+	cp requirements-executor.lock $(DIST)/
+	$(ENV_TOOL) --stem rmq-spark-executor-env --requirements requirements-executor.lock \
+	  --wheel $(DIST)/rmq_spark-*.whl --dist $(DIST) --imports $(EXECUTOR_IMPORTS)
 
 # The wheel alone, dist/rmq_spark-VERSION-py3-none-any.whl: what databricks.yml's artifact
 # build runs on the deploying machine. Needs only Python and pip (no apt, Java or brokers).

@@ -17,15 +17,17 @@
 #       --conf spark.kubernetes.container.image=IMAGE --config conf/prod.yaml
 #
 # The rmq_spark package is zipped and shipped with --py-files, so executors import
-# the same code as the driver. Their Python needs the runtime dependencies: on a
-# cluster, ship them with the environment archive `make package` builds:
+# the same code as the driver. Their Python needs the executor's dependencies: on a
+# cluster, ship them with the executor archive `make package` builds, which carries
+# its own CPython 3.11 (the nodes need no Python, only glibc >= 2.36):
 #
-#   ./spark-submit.sh --master yarn --env-archive dist/rmq-spark-env-*.tar.gz \
+#   ./spark-submit.sh --master yarn --env-archive dist/rmq-spark-executor-env-*.tar.gz \
 #       --config conf/prod.yaml
 #
 # --env-archive ARCHIVE becomes `--archives ARCHIVE#environment`, and the executors'
 # Python (and in cluster deploy mode the driver's) becomes ./environment/bin/python,
-# a path inside each container's working directory. Without it, a non-local master
+# a path inside each container's working directory. In cluster deploy mode ship
+# dist/rmq-spark-env-*.tar.gz instead (the same CPython with the whole runtime). Without it, a non-local master
 # is never told a Python path of this machine: the executors run their own python3
 # (or the cluster's spark.pyspark.python, or a PYSPARK_PYTHON you export).
 # The job defaults to jobs/transfer.py; RMQ_SPARK_JOB=jobs/other.py picks another.
@@ -158,6 +160,11 @@ if [ -n "$env_archive" ]; then
     exit 2
   fi
   env_archive="$(cd "$(dirname "$env_archive")" && pwd)/$(basename "$env_archive")"
+  case "$deploy_mode:$(basename "$env_archive")" in
+    cluster:rmq-spark-executor-env-*)
+      echo "$0: --env-archive $env_archive: a driver in the cluster needs the whole runtime; in cluster deploy mode ship dist/rmq-spark-env-*.tar.gz (make package builds both)" >&2
+      exit 2 ;;
+  esac
 fi
 case "$master" in
   k8s://*)

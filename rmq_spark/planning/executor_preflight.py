@@ -45,16 +45,18 @@ from rmq_spark.errors import (
     RmqSparkError,
 )
 from rmq_spark.partition_tasks import default_parallelism, is_connect, missing_arrow, run_tasks
+from rmq_spark.planning.python_start import python_start_error
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-# What executor tasks import (executor.py, mover.py, ledger/writer.py) beyond pyspark.
-EXECUTOR_MODULES = ("pika", "pyarrow", "deltalake", "pydantic", "requests", "yaml")
+# What executor tasks import (executor.py, mover.py, ledger/writer.py) beyond pyspark:
+# requirements-executor.lock's top level (deltalake commits on the driver only).
+EXECUTOR_MODULES = ("pika", "pyarrow", "pydantic", "requests", "yaml")
 SENTINEL_DIR = "_preflight"
 ARCHIVE_HINT = (
     "ship the environment archive: make package, then "
-    "./spark-submit.sh --env-archive dist/rmq-spark-env-*.tar.gz ..."
+    "./spark-submit.sh --env-archive dist/rmq-spark-executor-env-*.tar.gz ..."
 )
 
 
@@ -207,7 +209,9 @@ def check_executors(spark: SparkSession, ledger_path: str) -> None:
     try:
         try:
             raw = run_tasks(spark, tasks, partial(probe, sentinel_dir=sentinel_dir), probe_schema())
-        except Exception as exc:  # Spark's task failure: py4j's or Spark Connect's class
+        except Exception as exc:  # py4j's or Spark Connect's task failure: only its text says why
+            if (cannot_start := python_start_error(exc)) is not None:
+                raise_problems([cannot_start], cause=exc)
             if not missing_arrow(exc):
                 raise
             raise ExecutorEnvironmentError(
@@ -238,7 +242,7 @@ def check_executors(spark: SparkSession, ledger_path: str) -> None:
     raise_problems(problems)
 
 
-def raise_problems(problems: Sequence[RmqSparkError]) -> None:
+def raise_problems(problems: Sequence[RmqSparkError], cause: BaseException | None = None) -> None:
     if not problems:
         return
     message = "\n  ".join(
@@ -249,4 +253,4 @@ def raise_problems(problems: Sequence[RmqSparkError]) -> None:
     error_class = kinds.pop() if len(kinds) == 1 else PreflightError
     error = error_class(message)
     error.problems = tuple(problems)
-    raise error
+    raise error from cause

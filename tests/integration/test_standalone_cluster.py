@@ -1,14 +1,16 @@
-"""The job on a real Spark standalone cluster whose workers have a bare Python.
+"""The job on a real Spark standalone cluster whose workers have no Python at all.
 
 A module fixture starts a master and two workers from the pip pyspark's
 `bin/spark-class` (pip ships no sbin start scripts) on free loopback ports. Each
-worker runs in its own mount namespace with a private tmpfs at one directory, so a
-ledger there is "local to each host", as a path on each node's own disk would be. The
-workers' Python is a fresh `python -m venv` without any package (first on their PATH
-and their PYSPARK_PYTHON), as on a YARN node or a Spark image: the job runs there only
-with the environment archive `make package` builds, shipped by `spark-submit.sh
---env-archive`, and gives the same ledger as local[*]; without it, the executor
-pre-flight refuses the run before anything moves.
+worker runs under chroot in a Debian root that holds Java 17 and no Python
+(rmq_spark.devtools.worker_root), in its own mount namespace: it sees the Spark jars
+(bound at /opt/spark), its own work directory and one shared directory for ledgers,
+and neither the builder's interpreter, nor the checkout, nor any Python 3.11, as on a
+YARN node. A private tmpfs at one directory makes a ledger there "local to each host".
+The job runs there only with the executor archive `make executor-archive` builds (its
+own CPython), shipped by `spark-submit.sh --env-archive`, and gives the same ledger as
+local[*]; without it the executor pre-flight refuses the run with exit 2, naming the
+interpreter that cannot start.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pyspark
 import pytest
 import requests
 
+from rmq_spark.devtools import worker_root
 from rmq_spark.ledger import tables
 from rmq_spark.report.console import RESULT_PREFIX
 from tests.support.brokers import (
@@ -46,6 +49,7 @@ QUEUES = ("q1", "q2", "q3", "q4")
 MESSAGES = 2000
 START_TIMEOUT_SECONDS = 120
 NOT_SHARED = "not-shared"
+SHARED = "shared"
 
 
 def free_port() -> int:
@@ -63,32 +67,19 @@ def alive_workers(ui_port: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Python of the driver's version with no package at all (not even pip)."""
-    venv = tmp_path_factory.mktemp("bare-python") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    for module in ("pika", "pyarrow", "deltalake", "pyspark"):
-        found = subprocess.run(
-            [str(python), "-c", f"import {module}"], capture_output=True, check=False
-        )
-        assert found.returncode != 0, f"the bare Python imports {module}"
-    return python
-
-
-@pytest.fixture(scope="module")
 def env_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The environment archive, built by `make package` as a user would (~1 min)."""
+    """The executor archive, built by `make executor-archive` as a user would (~1 min;
+    its CPython comes from the cache `make roots` fills)."""
     dist = tmp_path_factory.mktemp("dist")
     completed = subprocess.run(
-        ["make", "-s", "-C", str(REPO), "package", f"DIST={dist}"],
+        ["make", "-s", "-C", str(REPO), "executor-archive", f"DIST={dist}"],
         capture_output=True,
         text=True,
         timeout=900,
         check=False,
     )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-4000:]
-    (archive,) = dist.glob("rmq-spark-env-*.tar.gz")
+    (archive,) = dist.glob("rmq-spark-executor-env-*.tar.gz")
     return archive
 
 
@@ -97,17 +88,40 @@ def standalone_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("spark-standalone")
 
 
+@pytest.fixture
+def shared_dir(standalone_work: Path, request: pytest.FixtureRequest) -> Path:
+    """A directory the driver and every worker see (as an NFS mount would be)."""
+    path = standalone_work / SHARED / request.node.name
+    path.mkdir(parents=True)
+    return path
+
+
+# Run by sh inside the worker's new mount namespace: $0 the root, $1 the work
+# directory (seen at the same path inside), $2 the per-worker private directory,
+# $3 the pyspark package; then the worker's command, run under chroot with nothing of
+# this process's environment.
+WORKER_MOUNTS = """
+root="$0"; work="$1"; private="$2"; spark="$3"; shift 3
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+mount -t tmpfs worker-tmp "$root/tmp"
+mkdir -p "$root$work" && mount --bind "$work" "$root$work"
+mount -t tmpfs rmq-spark-not-shared "$root$private"
+mount --bind "$spark" "$root/opt/spark"
+exec chroot "$root" env -i PATH=/usr/bin:/bin HOME=/root SPARK_LOCAL_IP=127.0.0.1 \
+  JAVA_HOME="$JAVA_HOME" SPARK_HOME=/opt/spark SPARK_LOG_DIR="$work" "$@"
+"""
+
+
 @pytest.fixture(scope="module")
-def standalone_master(standalone_work: Path, bare_python: Path) -> Iterator[str]:
+def standalone_master(standalone_work: Path) -> Iterator[str]:
+    fs_root = worker_root.ensure_worker_root()
     work = standalone_work
     port, ui_port = free_port(), free_port()
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")},
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(work),
-        # What the executors find: python3 on PATH is the bare one.
-        "PATH": f"{bare_python.parent}{os.pathsep}{os.environ['PATH']}",
-        "PYSPARK_PYTHON": str(bare_python),
     }
     logs = [open(work / f"{name}.log", "w") for name in ("master", *map(str, range(WORKERS)))]  # noqa: SIM115
     processes = [
@@ -130,13 +144,13 @@ def standalone_master(standalone_work: Path, bare_python: Path) -> Iterator[str]
     url = f"spark://127.0.0.1:{port}"
     private = work / NOT_SHARED
     private.mkdir()
+    (work / SHARED).mkdir()
     for index in range(WORKERS):
         processes.append(
             subprocess.Popen(
                 [
-                    # Each worker (and so its executors) gets its own mount namespace
-                    # with an empty tmpfs at <work>/not-shared: a path that exists on
-                    # every "host" but is not shared with the driver.
+                    # unshare execs sh, which execs chroot, env and spark-class, which
+                    # execs the JVM: the Popen's pid is the worker's.
                     "unshare",
                     "--mount",
                     "--propagation",
@@ -144,9 +158,12 @@ def standalone_master(standalone_work: Path, bare_python: Path) -> Iterator[str]
                     "--",
                     "sh",
                     "-c",
-                    'mount -t tmpfs rmq-spark-not-shared "$0" && exec "$@"',
+                    WORKER_MOUNTS,
+                    str(fs_root),
+                    str(work),
                     str(private),
-                    str(SPARK_CLASS),
+                    str(SPARK_CLASS.parents[1]),
+                    f"{worker_root.SPARK_HOME}/bin/spark-class",
                     "org.apache.spark.deploy.worker.Worker",
                     url,
                     "--host",
@@ -160,7 +177,7 @@ def standalone_master(standalone_work: Path, bare_python: Path) -> Iterator[str]
                     "--work-dir",
                     str(work / f"worker-{index}"),
                 ],
-                env=env,
+                env={"JAVA_HOME": worker_root.JAVA_HOME},
                 stdout=logs[index + 1],
                 stderr=subprocess.STDOUT,
             )
@@ -171,6 +188,8 @@ def standalone_master(standalone_work: Path, bare_python: Path) -> Iterator[str]
             assert time.monotonic() < deadline, f"standalone cluster not up; logs in {work}"
             assert all(p.poll() is None for p in processes), f"a Spark daemon died; logs in {work}"
             time.sleep(0.5)
+        for worker in processes[1:]:
+            assert_sees_no_builder_python(Path(f"/proc/{worker.pid}/root"))
         yield url
     finally:
         for process in processes:
@@ -179,6 +198,16 @@ def standalone_master(standalone_work: Path, bare_python: Path) -> Iterator[str]
             process.wait(30)
         for log in logs:
             log.close()
+
+
+def assert_sees_no_builder_python(view: Path) -> None:
+    """`view` is a worker's file system (/proc/PID/root): nothing of the builder's Python."""
+    assert (view / "opt/spark/jars").is_dir(), "not a worker's root"
+    for builder_path in (sys.executable, os.path.realpath(sys.executable), REPO):
+        assert not (view / str(builder_path).lstrip("/")).exists(), builder_path
+    assert worker_root.pythons_in(view) == []
+    assert not list(view.glob("usr/lib/python3*"))
+    assert not list(view.glob("usr/local/lib/python*"))
 
 
 def submit(config: Path, run_id: str, *spark_args: str) -> subprocess.CompletedProcess[str]:
@@ -217,17 +246,19 @@ def ledger_content(ledger: Path, run_id: str) -> dict[str, Counter[tuple[str, st
 
 
 @pytest.mark.usefixtures("password_env")
-def test_with_the_archive_bare_workers_give_the_same_ledger_as_local(
+def test_with_the_archive_workers_without_python_give_the_same_ledger_as_local(  # noqa: PLR0917
     brokers: Brokers,
     tmp_path: Path,
+    shared_dir: Path,
     standalone_master: str,
     standalone_work: Path,
     env_archive: Path,
 ) -> None:
     vhost = fresh_vhost(brokers, "standalone")
+    ledger = shared_dir / "ledger"
     # max_active 4 with two queues per task: two tasks, one per worker.
     config = write_config(
-        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger", max_active=4
+        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=ledger, max_active=4
     )
     results, contents = {}, {}
     on_cluster = ("--master", standalone_master, "--env-archive", str(env_archive))
@@ -236,7 +267,7 @@ def test_with_the_archive_bare_workers_give_the_same_ledger_as_local(
             seed(brokers.dr, vhost, queue, MESSAGES)
             declare(brokers.main, vhost, queue)
         results[run_id] = run_job(config, run_id, *master)
-        contents[run_id] = ledger_content(tmp_path / "ledger", run_id)
+        contents[run_id] = ledger_content(ledger, run_id)
 
     for result in results.values():
         assert result["verified"] is True
@@ -245,21 +276,23 @@ def test_with_the_archive_bare_workers_give_the_same_ledger_as_local(
     assert contents["on-standalone"] == contents["on-local"]
     assert set(contents["on-local"]) == set(QUEUES)
     # The second run really ran on the cluster: standalone application ids start "app-".
-    runs = tables.read_arrow(str(tmp_path / "ledger"), "runs").to_pylist()
+    runs = tables.read_arrow(str(ledger), "runs").to_pylist()
     app_ids = {run["run_id"]: run["spark_app_id"] for run in runs}
     assert app_ids["on-local"].startswith("local-")
     assert app_ids["on-standalone"].startswith("app-")
-    # Each executor ran from the archive Spark unpacked into its working directory.
-    unpacked = list(standalone_work.glob("worker-*/app-*/*/environment/bin/python"))
+    # Each executor ran the CPython of the archive Spark unpacked into its working
+    # directory (a file, not a link to the builder's interpreter).
+    unpacked = list(standalone_work.glob("worker-*/app-*/*/environment/bin/python3.11"))
     assert len({path.parents[4] for path in unpacked}) == WORKERS, unpacked
+    assert not any(path.is_symlink() for path in unpacked)
 
 
-def test_without_the_archive_bare_workers_are_refused_before_anything_moves(
-    brokers: Brokers, password_env: str, tmp_path: Path, standalone_master: str, bare_python: Path
+def test_without_the_archive_workers_without_python_are_refused_before_anything_moves(
+    brokers: Brokers, password_env: str, tmp_path: Path, shared_dir: Path, standalone_master: str
 ) -> None:
     vhost = fresh_vhost(brokers, "standalone-bare")
     config = write_config(
-        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger", max_active=4
+        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=shared_dir / "ledger", max_active=4
     )
     seed(brokers.dr, vhost, "q1", 100)
     declare(brokers.main, vhost, "q1")
@@ -273,9 +306,11 @@ def test_without_the_archive_bare_workers_are_refused_before_anything_moves(
     assert errors == [
         "rmq-spark: error: executor pre-flight refused the run; nothing was moved:"
     ], output[-4000:]
-    assert f"Python {bare_python.parent}/" in output  # the executors' python3
-    assert "lacks the Python module(s) pika, pyarrow, deltalake" in output
-    assert "--env-archive" in output
+    # One line: Spark's default interpreter (no archive, no PYSPARK_PYTHON), the cause.
+    (problem,) = [line for line in output.splitlines() if "cannot start" in line]
+    assert "the executors' Python python3 cannot start on host 127.0.0.1 (executor " in problem
+    assert "): No such file or directory (error=2); ship the executor archive" in problem
+    assert "Py4JJavaError" not in output
     assert (depth(brokers.dr, vhost, "q1"), depth(brokers.main, vhost, "q1")) == (100, 0)
 
 
@@ -316,6 +351,10 @@ def test_standalone_refuses_cluster_deploy_mode_for_python(
     # says so before contacting it. (YARN and Kubernetes do; see the README.)
     config = tmp_path / "job.yaml"
     config.write_text("{}\n")
+    # A driver in the cluster takes the whole-runtime archive (spark-submit.sh refuses
+    # the executor one there); SparkSubmit refuses before reading it, so a link will do.
+    whole = tmp_path / env_archive.name.replace("rmq-spark-executor-env", "rmq-spark-env")
+    whole.symlink_to(env_archive)
     completed = submit(
         config,
         "cluster-mode",
@@ -324,7 +363,7 @@ def test_standalone_refuses_cluster_deploy_mode_for_python(
         "--deploy-mode",
         "cluster",
         "--env-archive",
-        str(env_archive),
+        str(whole),
     )
 
     assert completed.returncode != 0

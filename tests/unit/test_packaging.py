@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata as md
+import json
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -91,3 +95,40 @@ def test_one_version_everywhere() -> None:
     assert re.fullmatch(r"\d+\.\d+\.\d+", rmq_spark.__version__)
     changelog = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
     assert f"## {rmq_spark.__version__}" in changelog
+
+
+def test_the_executor_lock_is_what_the_executor_side_imports() -> None:
+    # Imported in a fresh interpreter: the modules a mover task and the probe load.
+    code = (
+        "import sys, json, importlib.metadata as md; before = set(sys.modules); "
+        "import rmq_spark.transfer.executor, rmq_spark.ledger.writer, "
+        "rmq_spark.planning.executor_preflight; "
+        "tops = {m.split('.')[0] for m in set(sys.modules) - before}; "
+        "tops -= set(sys.stdlib_module_names); "
+        "dists = md.packages_distributions(); "
+        "print(json.dumps(sorted({d for t in tops for d in dists.get(t, [])})))"
+    )
+    seen = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    imported = {canonicalize_name(name) for name in json.loads(seen.stdout)} - {"rmq-spark"}
+    executor = lock(REPO / "requirements-executor.lock")
+    runtime = lock(REPO / "requirements-runtime.lock")
+    assert {name: runtime.get(name) for name in executor} == executor  # the tested pins
+    # Everything imported is shipped; what pyarrow merely finds when present (numpy) is not.
+    assert imported - {"numpy"} <= set(executor), imported - set(executor)
+    for driver_only in (
+        "deltalake",
+        "great-expectations",
+        "pandas",
+        "numpy",
+        "scipy",
+        "matplotlib",
+    ):
+        assert driver_only not in executor
+    # The pre-flight checks the executor lock's top-level imports, nothing it lacks.
+    from rmq_spark.planning.executor_preflight import EXECUTOR_MODULES
+
+    for module in EXECUTOR_MODULES:
+        (dist,) = md.packages_distributions()[module]
+        assert canonicalize_name(dist) in executor

@@ -350,15 +350,22 @@ def test_a_local_run_uses_this_checkouts_python(args_spark_home: Path, tmp_path:
         (("--master", "yarn", "--env-archive", "dist/missing.tar.gz"), "no such file"),
         (("--master", "local[2]", "--env-archive", "{archive}"), "for cluster masters"),
         (("--master", "yarn", "--env-archive"), "--env-archive needs a value"),
+        (
+            ("--master", "yarn", "--deploy-mode", "cluster", "--env-archive", "{executor}"),
+            "a driver in the cluster needs the whole runtime",
+        ),
     ],
-    ids=["missing archive", "local master", "no value"],
+    ids=["missing archive", "local master", "no value", "executor archive for a cluster driver"],
 )
 def test_a_wrong_env_archive_stops_before_spark_submit(
     args_spark_home: Path, tmp_path: Path, archive: Path, spark_args: tuple[str, ...], message: str
 ) -> None:
     out = tmp_path / "stub"
+    executor = archive.with_name(archive.name.replace("rmq-spark-env", "rmq-spark-executor-env"))
+    executor.write_bytes(b"not really a tarball either")
+    given = [a.format(archive=archive, executor=executor) for a in spark_args]
     completed = subprocess.run(
-        [str(SCRIPT), *(a.format(archive=archive) for a in spark_args), "--config", "c.yaml"],
+        [str(SCRIPT), *given, "--config", "c.yaml"],
         env={**os.environ, "SPARK_HOME": str(args_spark_home), "STUB_OUT": str(out)},
         capture_output=True,
         text=True,
