@@ -9,7 +9,10 @@ re-run moves them back (found by `test_federation.py`'s killed run: 100 or 200 o
 main's messages, one prefetch per queue).
 
 The management API does not prove the consumer gone: `/api/consumers` drops a
-consumer as its channel closes, before the queue itself has dropped it. The
+consumer as its channel closes, before the queue itself has dropped it
+(`rabbit_mgmt_metrics_gc` on `channel_closed`), and on 3.10 lists neither a consumer
+nor its connection until their first statistics (5 s by default): a run killed
+within seconds of starting to move was never listed at all. The
 queue's own count does: passive `queue.declare` answers from the queue process,
 which is what the link's decorator asks. So each paused queue's consumers are
 counted there and compared with the consumers the API lists on open connections:
