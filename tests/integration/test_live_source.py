@@ -19,7 +19,7 @@ import pika
 import pytest
 from pyspark.sql import SparkSession
 
-from rmq_spark.config import load_config
+from rmq_spark.config import Limits, load_config
 from rmq_spark.pipeline import RunResult, run_transfer
 from tests.support.brokers import Brokers, fresh_vhost, write_config
 from tests.support.faults import mover_connections, wait_until
@@ -28,6 +28,7 @@ QUEUES = [f"live-{i}" for i in range(4)]
 SEEDED = 5_000
 RATE_PER_QUEUE = 400  # messages per second, to every source queue
 STOLEN = 100
+STEAL_MOVE_RATE = 1_000.0  # per queue, while the publisher adds RATE_PER_QUEUE
 
 
 class Publisher(threading.Thread):
@@ -95,6 +96,13 @@ def move_while_publishing(
     config = load_config(
         write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger")
     )
+    if steal:
+        # Slow enough (net of the publisher's rate) that the movers still hold the queue
+        # when the other consumer starts, however busy the machine.
+        route = config.routes[0].model_copy(
+            update={"limits": Limits(messages_per_second=STEAL_MOVE_RATE)}
+        )
+        config = config.model_copy(update={"routes": [route]})
     publisher = Publisher(brokers, vhost)
     publisher.start()
     wait_until(lambda: min(publisher.sent[q] for q in QUEUES) >= 200, "the publisher to run")
@@ -127,9 +135,14 @@ class Stealer(threading.Thread):
         # Once the movers consume (their connection is named after the run): after the
         # counters were read, while the movers hold the queue.
         wait_until(
-            lambda: bool(mover_connections(self._brokers.dr, "consumer", self._vhost)),
+            lambda: (
+                self.stop.is_set()
+                or bool(mover_connections(self._brokers.dr, "consumer", self._vhost))
+            ),
             "the movers to consume",
         )
+        if self.stop.is_set():
+            return  # the run ended first: `taken` stays 0 and the test says so
         connection = self._brokers.connect(self._brokers.dr, self._vhost)
         channel = connection.channel()
         channel.basic_qos(prefetch_count=1)

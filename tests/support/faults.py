@@ -114,10 +114,13 @@ def management(node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
 
 
 def mover_connections(node: LocalNode, role: str, run_id: str) -> list[dict[str, Any]]:
-    """The node's AMQP connections opened by a mover of `run_id` ("consumer"/"publisher")."""
+    """The node's AMQP connections opened by a mover of `run_id` ("consumer"/"publisher").
+
+    Listed with a sample range, which the management plugin answers afresh: a plain
+    listing comes from a cache that on a busy node outlives a short move."""
     return [
         c
-        for c in management(node, "GET", "/api/connections")
+        for c in management(node, "GET", "/api/connections?data_rates_age=60&data_rates_incr=60")
         if f"rmq-spark {run_id} {role}"
         in (c.get("client_properties") or {}).get("connection_name", "")
     ]
