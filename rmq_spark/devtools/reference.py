@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,11 @@ def _cell(text: str) -> str:
     for index in range(0, len(parts), 2):
         parts[index] = parts[index].replace("<", "&lt;").replace(">", "&gt;")
     return "`".join(parts).replace("|", "\\|")
+
+
+def _anchor(path: str) -> str:
+    """The id MkDocs (and GitHub) give the heading `## `path``: punctuation dropped."""
+    return re.sub(r"[^\w-]", "", path).lower()
 
 
 def _ref_name(node: dict[str, Any]) -> str | None:
@@ -123,12 +129,10 @@ def config_markdown() -> str:
                     child += ".<name>"
                 elif node.get("type") == "array":
                     child += "[]"
-                if name in seen:
-                    kind = f"see `{seen[name]}`"
-                else:
+                if name not in seen:
                     seen[name] = child
                     sections.append((child, defs[name]))
-                    kind = f"see `{child}`"
+                kind = f"see [`{seen[name]}`](#{_anchor(seen[name])})"
             description = node.get("description", "")
             lines.append(
                 f"| `{key}` | {kind if name else _cell(kind)} | {_default(node, key in required)} "
