@@ -1,7 +1,8 @@
 # rmq-spark: the two commands a new user runs.
 #   make demo   set up, start local brokers, move demo data with spark-submit, verify
 #               (RABBITMQ=4.0 or RABBITMQ=4.3 for nodes of that version; 3.10 by default)
-#   make test   set up, lint, type-check, run unit, Spark and integration tests
+#   make test   set up, lint, type-check, build the docs, run unit, Spark and integration tests
+# Day to day: make check (lint, types, unit tests, the docs build; under 3 minutes).
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -9,8 +10,8 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
-.PHONY: setup system roots image demo test test-dbr lint typecheck unit soak bench bench-memory bench-stages \
-	bench-many-queues clean package executor-archive wheel lock-runtime
+.PHONY: setup system roots image demo test test-dbr lint typecheck unit check docs docs-build docs-serve soak \
+	bench bench-memory bench-stages bench-many-queues clean package executor-archive wheel lock-runtime
 
 setup: system $(INSTALLED)
 
@@ -91,8 +92,28 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest tests/unit
 
-test: lint typecheck roots test-dbr
+test: lint typecheck docs-build roots test-dbr
 	$(BIN)/pytest tests
+
+# The fast loop for day-to-day work: lint, types, unit tests and the docs build, no brokers
+# or Spark (make test runs all of it and the Spark and integration suites).
+check: lint typecheck docs-build
+	$(BIN)/pytest -q tests/unit
+
+# The docs site (mkdocs.yml, Material for MkDocs): regenerate the reference pages and the
+# config's JSON Schema (rmq_spark/devtools/reference.py), then build site/ strictly: a
+# broken link, anchor or missing page fails. make test and make check build without
+# regenerating, so a stale generated page fails their unit test instead of being rewritten.
+docs: setup
+	$(BIN)/python -m rmq_spark.devtools.reference write
+	$(MAKE) docs-build
+
+docs-build: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# Serve the site on http://127.0.0.1:8000 while editing (rebuilds on save).
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # The unit and Spark suites again on what Databricks Runtime 17.3 LTS runs: pyspark 4.0
 # and the runtime's pyarrow, pandas and numpy (requirements-dbr.lock), on Python 3.12
@@ -124,7 +145,7 @@ soak: setup
 	for round in 1 2 3; do $(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_crash.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(DBR_VENV) .demo .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist build
+	rm -rf $(VENV) $(DBR_VENV) site .demo .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist build
 
 bench-memory: setup
 	$(BIN)/python -m bench.memory

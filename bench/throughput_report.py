@@ -3,7 +3,7 @@
 `figures` summarises one CPU layout's runs per scenario and contender (medians, broker
 CPU per 100k messages net of the idle VMs, the share of the broker-bound limit in the
 separated layout, the ratios the targets are about); `targets` checks the issue's
-targets for one layout; `markdown` renders what the README shows.
+targets for one layout; `markdown` renders what docs/performance.md shows.
 """
 
 from __future__ import annotations
@@ -308,7 +308,7 @@ def partial_figure(read: Callable[..., Any], *keys: str) -> Callable[[], Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The tables the README's Performance section shows."""
+    """The tables docs/performance.md shows."""
     lines: list[str] = []
     for layout, section in report.get("layouts", {}).items():
         lines += ["", *host_markdown(layout, section)]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from rmq_spark import __version__
 from rmq_spark.compat import check_pika
-from rmq_spark.config import JobConfig, load_config, validate_run_id
+from rmq_spark.config import JobConfig, json_schema, load_config, validate_run_id
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.logs import mask_known_secrets, mask_secrets_in_logs, setup_logging
 from rmq_spark.run_id import resolve_run_id
@@ -194,6 +194,7 @@ def run_transfer_command(args: argparse.Namespace) -> int:
 
     from rmq_spark.pipeline import prepare_run, run_transfer
     from rmq_spark.report.console import print_queue_table, result_line, result_summary
+    from rmq_spark.report.html import write_reports
     from rmq_spark.verify import preload_great_expectations
 
     # Spark takes seconds to start. The pre-flight (ledger, discovery, plan: mostly
@@ -215,24 +216,6 @@ def run_transfer_command(args: argparse.Namespace) -> int:
         summary["report"] = str(report)
     print(result_line(summary), flush=True)
     return EXIT_VERIFIED if result.verification.verified else EXIT_UNVERIFIED
-
-
-def write_reports(ledger_path: str, run_ids: Sequence[str]) -> list[Path]:
-    """Each run's HTML report beside the ledger (`rmq-spark report`'s page), its path
-    printed. The run is recorded whether or not its report can be written, so a
-    report that cannot be is logged, and the exit code stays the run's."""
-    from rmq_spark.report.html import build_report
-
-    written = []
-    for run_id in run_ids:
-        try:
-            path = build_report(ledger_path, run_id)
-        except RmqSparkError as exc:
-            log.error("the report of run %s could not be written: %s", run_id, exc)
-            continue
-        print(f"report: {path}", flush=True)
-        written.append(path)
-    return written
 
 
 # -- plan (dry run) ------------------------------------------------------------------
@@ -433,6 +416,8 @@ def run_migrate_command(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     print_migrated_queues(result)
     summary = migration_summary(result)
+    from rmq_spark.report.html import write_reports
+
     reports = write_reports(config.ledger.path, [r.run_id for r in result.runs])
     summary["reports"] = [str(path) for path in reports]
     print(migration_line(summary), flush=True)
@@ -501,7 +486,8 @@ def ledger_path_of(config_file: str) -> str:
 # -- main ----------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`rmq-spark` and its commands (docs/reference/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="rmq-spark", description="Move RabbitMQ messages, verifiably."
     )
@@ -528,7 +514,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_demo_arguments(
         commands.add_parser("demo", help="local brokers + demo data + spark-submit + verification")
     )
-    args = parser.parse_args(argv)
+    commands.add_parser("config-schema", help="print the config file's JSON Schema")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     commands_by_name: dict[str, Callable[[argparse.Namespace], int]] = {
         "transfer": run_transfer_command,
         "plan": run_plan_command,
@@ -536,8 +527,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "report": run_report_command,
         "migrate": run_migrate_command,
         "demo": run_demo_command,
+        "config-schema": run_config_schema_command,
     }
     return run_guarded(commands_by_name[args.command], args)
+
+
+def run_config_schema_command(args: argparse.Namespace) -> int:
+    """Print the config file's JSON Schema (docs/reference/config.schema.json is a copy)."""
+    print(json.dumps(json_schema(), indent=2))
+    return EXIT_VERIFIED
 
 
 def _is_dev_harness_missing(exc: ModuleNotFoundError) -> bool:

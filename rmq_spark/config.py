@@ -26,6 +26,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from rmq_spark.errors import ConfigError
 
@@ -35,31 +36,45 @@ QUEUE_TYPES = ("classic", "quorum", "stream")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # The string under each field is its description: the JSON Schema (`rmq-spark
+    # config-schema`) and the configuration reference (docs/reference/config.md) carry it.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class TlsConfig(_Strict):
     """TLS for AMQP and management connections (amqps:// and https:// URIs)."""
 
     ca_file: Path | None = None
+    """CA certificate file (PEM) that signs the brokers' certificates; wins over
+    REQUESTS_CA_BUNDLE in the environment."""
     cert_file: Path | None = None
+    """Client certificate (PEM), if the broker asks for one."""
     key_file: Path | None = None
+    """The client certificate's private key (PEM)."""
     verify: bool = True
+    """Check the broker's certificate and host name."""
 
 
 class ClusterConfig(_Strict):
     """One RabbitMQ cluster: where to reach it and who to be."""
 
     amqp: Annotated[list[str], Field(min_length=1)]
+    """AMQP URIs of the cluster's nodes, tried in order (amqps:// for TLS); no password
+    in them."""
     management: str
+    """Management HTTP API base URL, http(s)://host:port."""
     username: str = "guest"
+    """The user rmq-spark connects as."""
     password_env: str | None = None
+    """The environment variable holding the user's password (passwords are never in the
+    file). Unset with the user guest: the password guest."""
     tls: TlsConfig = TlsConfig()
-    # Node name -> AMQP URI, for connecting to the node that hosts a queue; by default
-    # discovered from the cluster's listeners (see rmq_spark.broker.colocation).
+    """TLS for amqps:// and https:// endpoints."""
     nodes: dict[str, str] = {}
-    # Resolved from password_env at load time; excluded from dumps and digests.
-    password: SecretStr = Field(default=SecretStr(""), exclude=True)
+    """Node name -> AMQP URI, for connecting to the node that hosts a queue; by default
+    discovered from the cluster's listeners (see rmq_spark.broker.colocation)."""
+    # Resolved from password_env at load time; excluded from dumps, digests and the schema.
+    password: SkipJsonSchema[SecretStr] = Field(default=SecretStr(""), exclude=True)
 
     @field_validator("nodes")
     @classmethod
@@ -98,14 +113,21 @@ class SourceSelector(_Strict):
     """Which queues of the source cluster a route moves."""
 
     cluster: str
-    # Vhost names; "*" selects every vhost the user can see.
+    """The source cluster (a key of clusters)."""
     vhosts: Annotated[list[str], Field(min_length=1)] = ["/"]
-    # Exact queue names; each must exist in every listed vhost. Instead of the patterns.
+    """Vhost names; "*" selects every vhost the user can see."""
     queues: Annotated[list[str], Field(min_length=1)] | None = None
+    """Exact queue names instead of the patterns; each must exist in every listed vhost
+    (explicit vhosts, not "*"), or pre-flight fails naming it."""
     queue_pattern: str = ".*"
+    """Regular expression the whole queue name must match."""
     policy_pattern: str | None = None
+    """Only queues whose applied policy's name matches this regular expression (e.g. the
+    federation policy); default: any policy or none."""
     queue_types: list[Literal["classic", "quorum", "stream"]] = ["classic", "quorum"]
+    """Queue types the route moves; a named queue of another type is a pre-flight error."""
     min_messages: int = Field(default=1, ge=0)
+    """Skip queues with fewer ready messages than this."""
 
     @field_validator("queue_pattern", "policy_pattern")
     @classmethod
@@ -150,27 +172,33 @@ class DestinationSpec(_Strict):
     """Where a route's messages go. `queue` is a template over {vhost} and {queue}."""
 
     cluster: str
+    """The destination cluster (a key of clusters)."""
     vhost: str = "{vhost}"
+    """Destination vhost, a template over {vhost} and {queue}."""
     queue: str = "{queue}"
+    """Destination queue, a template over {vhost} and {queue}."""
     create_missing: bool = True
-    # Type of the destination queues; default: the source queue's type. Setting it
-    # allows moving into another type (classic -> quorum); pre-flight checks it.
+    """Declare a missing destination queue like its source."""
     queue_type: Literal["classic", "quorum"] | None = None
-    # keep: a priority source needs a destination with at least its x-max-priority.
-    # drop: any destination may take it (messages keep their priority property, the
-    # destination ignores it); classic -> quorum migration of priority queues uses it.
+    """The type destinations must have, and are created with; default: the source
+    queue's type. Set it to move classic queues into quorum queues; pre-flight checks it."""
     priorities: Literal["keep", "drop"] = "keep"
-    # none: only the destination queues (created with the source's type, priority,
-    # message TTL and queue mode). copy: a blue-green move; each destination is
-    # created with all its source's arguments and gets the exchanges its source is
-    # bound from, its bindings and its policy, translated for the destination's
-    # RabbitMQ version (see rmq_spark.planning.topology_rules); federation keys are
-    # never copied.
+    """keep: a source with x-max-priority needs a destination with at least as many
+    priorities. drop: any destination may take it (each message keeps its priority
+    property, the queue ignores it); classic -> quorum migration of priority queues
+    uses it."""
     topology: Literal["none", "copy"] = "none"
-    # True when other publishers send to the destination queues while the job runs
-    # (a queue already in use): verification then counts their messages as
-    # live_arrivals instead of failing on a destination that rose above the ledger.
+    """none: a created destination gets its source's type, x-max-priority,
+    x-message-ttl and x-queue-mode. copy (a blue-green upgrade): a created destination
+    gets all its source's arguments, and every destination gets the exchanges its source
+    is bound from, its bindings and the policy that applied to it; arguments and policy
+    keys are translated for the destination's RabbitMQ version (mirroring keys dropped on
+    4.x, ...; each logged), federation keys never copied; an existing exchange or policy
+    of the same name that differs is a pre-flight error. A re-run writes nothing."""
     shared: bool = False
+    """True when other publishers send to the destination queues during the run:
+    verification counts their messages as live_arrivals instead of failing on
+    unexplained copies."""
 
     @field_validator("vhost", "queue")
     @classmethod
@@ -195,10 +223,15 @@ class Limits(_Strict):
     """
 
     messages_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Publishes per second: for the whole job, split evenly among the transfers that can
+    move at once (min(max_active rounded down to whole tasks, queues in the plan)); on a
+    route, for each of its queues. Default: unlimited."""
     bytes_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # Publishing pauses while the destination queue holds this many ready messages,
-    # and goes on once it is a tenth below (depth_bound.py).
+    """Body bytes per second, shared or per queue like messages_per_second."""
     destination_max_depth: int | None = Field(default=None, ge=1)
+    """Per destination queue: the mover stops publishing while the queue holds this many
+    ready messages and goes on a tenth below (depth_bound.py); the smaller of the job's
+    and the route's applies. Default: no bound."""
 
     @field_validator(
         "messages_per_second", "bytes_per_second", "destination_max_depth", mode="before"
@@ -223,10 +256,14 @@ class RouteConfig(_Strict):
     """Queues selected on a source cluster, and where each one goes."""
 
     name: str
+    """Unique route name; shows in logs and the ledger."""
     source: SourceSelector
+    """Which queues of which cluster the route moves."""
     destination: DestinationSpec
-    # Per queue of this route; the smaller of this and the queue's share of the job's.
+    """Where each selected queue's messages go."""
     limits: Limits = Limits()
+    """A rate for each queue of the route; a queue keeps to the smaller of this and its
+    share of the job's limits."""
 
 
 class WindowConfig(_Strict):
@@ -239,27 +276,38 @@ class WindowConfig(_Strict):
     """
 
     messages: int = Field(default=5000, ge=1, le=65535)
+    """Unacked deliveries in flight per queue transfer (the consumer prefetch's upper
+    bound)."""
     bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """Bytes in flight per queue transfer. The mover keeps it from the sizes it receives,
+    not from the management API's statistics: the prefetch starts at what the byte window
+    allows for the largest message a broker may hold (1 for the defaults) and follows the
+    sizes seen, and while the bytes held pass this it stops reading the source, so they
+    never exceed it by more than one message."""
 
 
 class MoverConfig(_Strict):
     """How a queue transfer rides out refusals, alarms and lost connections."""
 
-    # A nacked publish is sent again after a backoff, at most this many times.
     nack_retries: int = Field(default=5, ge=0)
-    # First backoff; doubled on each retry up to max_backoff_seconds.
+    """A publish the destination nacks is sent again after a backoff, at most this many
+    times; then the queue fails and the message stays in the source."""
     backoff_seconds: float = Field(default=0.5, gt=0)
+    """First retry and reconnect backoff; doubled on each retry up to
+    max_backoff_seconds."""
     max_backoff_seconds: float = Field(default=30.0, gt=0)
-    # A lost connection is reopened this many times before the task gives up (Spark
-    # then retries the whole task).
+    """The longest retry and reconnect backoff."""
     reconnect_attempts: int = Field(default=5, ge=0)
-    # How long a connection may stay blocked (memory or disk alarm) before it counts
-    # as lost.
+    """Lost connections reopened per queue transfer before the task fails and Spark
+    retries it. A quorum source's delivery limit must be at least this + task attempts +
+    1 (pre-flight refuses the run otherwise)."""
     blocked_timeout_seconds: float = Field(default=300.0, gt=0)
-    # An executor task moves up to this many of its queues at once on one I/O loop
-    # (a loop mostly waits for confirms, so one thread keeps several queues busy).
-    # max_active still caps the queues moving at once across the whole job.
+    """How long a connection may stay blocked by a memory or disk alarm before it counts
+    as lost."""
     queues_per_task: int = Field(default=2, ge=1)
+    """Queues one executor task moves at once, on one I/O loop and one thread (a loop
+    mostly waits for confirms, so one thread keeps several queues busy); max_active
+    still caps the queues moving at once across the whole job."""
 
 
 # A scheme of two letters or more: `C:\\ledger` (one letter) stays a path.
@@ -270,6 +318,9 @@ class LedgerConfig(_Strict):
     """Where the Delta ledger tables (runs, queues, messages) live."""
 
     path: str
+    """Directory of the Delta tables (runs/, queues/, messages/, plans/). A file system
+    path the driver and every executor see, not a URI: a local path for local[*], an NFS
+    or ReadWriteMany volume on a cluster, /Volumes/... or /dbfs/... on Databricks."""
 
     @field_validator("path")
     @classmethod
@@ -295,18 +346,28 @@ class JobConfig(_Strict):
     """The whole job."""
 
     clusters: Annotated[dict[str, ClusterConfig], Field(min_length=1)]
+    """Name -> how to reach one RabbitMQ cluster."""
     routes: Annotated[list[RouteConfig], Field(min_length=1)]
+    """Each route selects source queues and maps their destination."""
     window: WindowConfig = WindowConfig()
+    """In-flight limits per queue transfer."""
     mover: MoverConfig = MoverConfig()
+    """Riding out refusals, alarms and lost connections."""
     max_active: int = Field(default=4, ge=1)
+    """At most this many queue transfers run at once in the whole job; Spark runs
+    max_active // mover.queues_per_task mover tasks (at least one)."""
     ledger: LedgerConfig
+    """Where the ledger lives."""
     management_timeout_seconds: float = Field(default=10.0, gt=0)
-    # pause: the moved queues' federation links are stopped while the movers run
-    # (their consumers would make federated queues pull from upstream) by a temporary
-    # override policy, deleted afterwards; see federation.py.
+    """Timeout per management API call (retried with backoff; connecting is capped at
+    5 s, and pre-flight's first call per cluster retries once)."""
     federation: Literal["keep", "pause"] = "keep"
-    # For the whole job: split evenly among the transfers that can move at once.
+    """pause: the moved queues' federation links are stopped while the movers run (their
+    consumers would make federated queues pull from upstream) by a temporary override
+    policy, deleted afterwards, also when the move failed (see federation.py)."""
     limits: Limits = Limits()
+    """A brake for live destinations, for the whole job: rates split evenly among the
+    transfers that can move at once, the depth bound per destination queue."""
 
     @model_validator(mode="after")
     def _routes_name_known_clusters(self) -> JobConfig:
@@ -455,3 +516,36 @@ def validate_run_id(run_id: str) -> str:
 def dump_public(config: JobConfig) -> dict[str, Any]:
     """The config as plain data with no secrets, for reports."""
     return config.model_dump(mode="json")
+
+
+def json_schema() -> dict[str, Any]:
+    """The config file's JSON Schema (`rmq-spark config-schema`), from the models above.
+
+    Editors with the YAML language server validate and complete a config file that
+    starts with `# yaml-language-server: $schema=<path or URL of the schema>`.
+    """
+    schema = _one_line_descriptions(JobConfig.model_json_schema(mode="validation"))
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **schema,
+        "title": "rmq-spark configuration",
+        "description": (
+            "One YAML file, validated on load: unknown keys and bad values stop the job "
+            "with one error naming the key. ${VAR} and ${VAR:-default} in values come from "
+            "the environment before validation."
+        ),
+    }
+
+
+def _one_line_descriptions(node: Any) -> Any:
+    """The docstrings' line breaks out of every description, for editors' hovers."""
+    if isinstance(node, dict):
+        return {
+            key: " ".join(value.split())
+            if key == "description" and isinstance(value, str)
+            else _one_line_descriptions(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_one_line_descriptions(item) for item in node]
+    return node

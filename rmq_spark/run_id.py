@@ -8,7 +8,7 @@ half-moved queues instead of finishing it. The precedence, first found wins:
 1. ``--run-id`` on the command line (Databricks: ``{{job.run_id}}``, which a repair run
    keeps; databricks.yml passes it);
 2. ``RMQ_SPARK_RUN_ID`` in the driver's environment (Kubernetes: set it from something
-   the restart keeps, e.g. the Job's name, see README "Retries");
+   the restart keeps, e.g. the Job's name, see docs/running.md);
 3. YARN: the application id, read from the ``CONTAINER_ID`` the NodeManager exports to
    every container (the driver's, in cluster mode, is the ApplicationMaster's): an
    application re-attempt gets a new container and attempt number, the same application;

@@ -15,7 +15,7 @@ libraries next to itself (``$ORIGIN``); CPython finds its standard library from 
 its binary is. Chosen over compiling CPython from Debian's source package in an older
 Debian root (a lower glibc floor) because it takes seconds instead of minutes of a
 2-core CI box, needs no compiler, and is the build Debian tests and patches; the cost
-is the glibc floor, measured by ``glibc_floor`` and stated in the README (2.36: Debian
+is the glibc floor, measured by ``glibc_floor`` and stated in docs/deploying/index.md (2.36: Debian
 12, Ubuntu 24.04; not RHEL 9's 2.34).
 
 The prefix is cached under ``~/.cache/rmq-spark/python/<Debian version>-<arch>`` (built

@@ -8,7 +8,7 @@ there fails ("Function not implemented", "Operation not permitted"). delta-rs'
 documented option for such storage is `allow_unsafe_rename`: a plain rename, which
 replaces an entry a concurrent writer made at the same moment. rmq-spark commits
 from its driver only, so that needs one run at a time per ledger on such storage
-(the Databricks bundle sets max_concurrent_runs: 1); the README says so.
+(the Databricks bundle sets max_concurrent_runs: 1); docs/deploying/index.md says so.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -34,7 +35,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from rmq_spark.errors import LedgerError
+from rmq_spark.errors import LedgerError, RmqSparkError
 from rmq_spark.ledger.brakes import BrakeRecord, read_brakes
 from rmq_spark.report.figures import (
     BUCKET_SECONDS,
@@ -69,6 +70,8 @@ LOG_SCALE_SPREAD = 50.0
 FIGURE_INCHES = (10.0, 3.6)
 FIGURE_DPI = 100
 _MIN_LOG_MS = 0.001  # a latency of 0 (same microsecond) is drawn at 1 µs on a log axis
+
+log = logging.getLogger(__name__)
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -467,3 +470,19 @@ __all__ = [
     "repeated_checksums",
     "throughput",
 ]
+
+
+def write_reports(ledger_path: str, run_ids: Sequence[str]) -> list[Path]:
+    """Each run's HTML report beside the ledger (`rmq-spark report`'s page), its path
+    printed. The run is recorded whether or not its report can be written, so a
+    report that cannot be is logged, and the exit code stays the run's."""
+    written = []
+    for run_id in run_ids:
+        try:
+            path = build_report(ledger_path, run_id)
+        except RmqSparkError as exc:
+            log.error("the report of run %s could not be written: %s", run_id, exc)
+            continue
+        print(f"report: {path}", flush=True)
+        written.append(path)
+    return written

@@ -67,7 +67,7 @@ def window_rates(times: list[float], *, start: float) -> list[float]:
 def assert_held(rates: list[float], limit: float) -> None:
     assert len(rates) >= 10, f"too few windows to judge: {rates}"
     worst = max(abs(rate - limit) / limit for rate in rates)
-    # Shown with -s: the figures the README quotes.
+    # Shown with -s: the figures docs/rate-limits.md quotes.
     print(
         f"limit {limit:g}/s: {len(rates)} windows of {WINDOW_SECONDS:g} s, "
         f"{min(rates):.1f} to {max(rates):.1f}/s, worst {worst:.2%} off"

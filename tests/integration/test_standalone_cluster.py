@@ -348,7 +348,7 @@ def test_standalone_refuses_cluster_deploy_mode_for_python(
     tmp_path: Path, standalone_master: str, env_archive: Path
 ) -> None:
     # Spark 4's standalone master runs no Python driver in the cluster: SparkSubmit
-    # says so before contacting it. (YARN and Kubernetes do; see the README.)
+    # says so before contacting it. (YARN and Kubernetes do; see docs/deploying/.)
     config = tmp_path / "job.yaml"
     config.write_text("{}\n")
     # A driver in the cluster takes the whole-runtime archive (spark-submit.sh refuses

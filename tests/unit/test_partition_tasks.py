@@ -14,7 +14,7 @@ from rmq_spark.partition_tasks import _rdd_task, missing_arrow
 from rmq_spark.planning import executor_preflight
 
 # The shape of a task failure whose Python worker lacks pyarrow: the worker's traceback
-# inside Spark's message (not captured from a real server here: see the README).
+# inside Spark's message (not captured from a real server: see docs/deploying/spark-connect.md).
 WORKER_WITHOUT_ARROW = (
     "[PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback "
     '(most recent call last):\n  File "pyspark/worker.py", line 3324, in main\n'
