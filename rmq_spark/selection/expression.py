@@ -206,6 +206,10 @@ class Selection:
         selection._bind()
         return selection
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its DuckDB connection (Spark ships it to the executors)."""
+        return {**self.__dict__, "_connection": None}
+
     def _query(self) -> str:
         return f"SELECT ({self.duckdb_sql}) AS selected FROM batch"
 

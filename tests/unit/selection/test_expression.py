@@ -3,6 +3,8 @@ the executors' engine selects (tests/spark/test_selection_engines.py checks Spar
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from rmq_spark.errors import ConfigError
@@ -70,6 +72,13 @@ def test_casts_never_fail_in_either_dialect() -> None:
     selection = Selection.compile("CAST(headers['n'] AS INT) > 1", where="r")
     assert selection.spark_sql.startswith("TRY_CAST(")
     assert selection.duckdb_sql.startswith("TRY_CAST(")
+
+
+def test_a_compiled_selection_travels_to_an_executor_by_pickle() -> None:
+    selection = Selection.compile("last_death.queue = 'orders.eu'", where="routes[0]")
+    assert selection.evaluate(sample_messages())[0] is True  # the driver's connection is open
+    shipped = pickle.loads(pickle.dumps(selection))
+    assert shipped.evaluate(sample_messages()) == [True, False, False, False, True, False]
 
 
 def test_an_empty_batch_selects_nothing() -> None:
