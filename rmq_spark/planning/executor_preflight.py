@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 # What executor tasks import (executor.py, mover.py, ledger/writer.py) beyond pyspark:
 # requirements-executor.lock's top level (deltalake commits on the driver only).
-EXECUTOR_MODULES = ("pika", "pyarrow", "pydantic", "requests", "yaml")
+EXECUTOR_MODULES = ("duckdb", "pika", "pyarrow", "pydantic", "requests", "sqlglot", "yaml")
 SENTINEL_DIR = "_preflight"
 ARCHIVE_HINT = (
     "ship the environment archive: make package, then "

@@ -1,0 +1,233 @@
+"""The message columns a selection expression can name: one definition, two engines.
+
+Each column has one Arrow type; the Spark schema is derived from it (`spark_ddl`), and the
+rows the mover evaluates are built from it (`message_table`). docs/selection.md documents
+them; tests/spark/test_selection_engines.py runs the same expressions over the same
+messages in Spark SQL and in the executor's engine and compares the answers.
+
+Times are UTC wall-clock times without a zone (Arrow timestamp without tz, Spark
+TIMESTAMP_NTZ), so a literal like '2026-01-31 12:00:00' means the same in both engines
+whatever the session's time zone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from rmq_spark.selection.fields import (
+    FLOAT_TYPES,
+    INTEGER_TYPES,
+    TEXT_PROPERTIES,
+    Properties,
+    Typed,
+    plain,
+    read_properties,
+    text,
+)
+
+_TIME = pa.timestamp("us")
+DEATH = pa.struct(
+    [
+        ("queue", pa.string()),
+        ("reason", pa.string()),
+        ("count", pa.int64()),
+        ("time", _TIME),
+        ("exchange", pa.string()),
+        ("routing_keys", pa.list_(pa.string())),
+        ("original_expiration", pa.string()),
+    ]
+)
+DEATH_FIELDS = tuple(DEATH.field(i).name for i in range(DEATH.num_fields))
+
+
+@dataclass(frozen=True)
+class Message:
+    """What the selection sees of one delivery: its routing, its property block, its body."""
+
+    exchange: str
+    routing_key: str
+    redelivered: bool
+    properties: bytes
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    doc: str
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("exchange", pa.string(), "the exchange the message was last published to"),
+    Column("routing_key", pa.string(), "the routing key it was delivered with"),
+    Column("redelivered", pa.bool_(), "the delivery's redelivered flag"),
+    *(
+        Column(name, pa.string(), f"the {name} property (NULL when absent)")
+        for name in TEXT_PROPERTIES
+    ),
+    Column("delivery_mode", pa.int32(), "1 transient, 2 persistent (NULL when absent)"),
+    Column("priority", pa.int32(), "the priority property (NULL when absent)"),
+    Column("timestamp", _TIME, "the timestamp property, UTC (NULL when absent)"),
+    Column("headers", pa.map_(pa.string(), pa.string()), "every header as text"),
+    Column("header_types", pa.map_(pa.string(), pa.string()), "each header's AMQP type"),
+    Column("header_ints", pa.map_(pa.string(), pa.int64()), "integer headers, any width"),
+    Column("header_floats", pa.map_(pa.string(), pa.float64()), "float, double, decimal"),
+    Column("header_times", pa.map_(pa.string(), _TIME), "timestamp headers, UTC"),
+    Column("x_death", pa.list_(DEATH), "the parsed x-death entries, newest first ([] if none)"),
+    Column("last_death", DEATH, "x_death's first entry: the newest death (NULL if none)"),
+    Column("first_death", DEATH, "x_death's last entry: the oldest death (NULL if none)"),
+    Column("body_size", pa.int64(), "the body's size in bytes"),
+    Column("body", pa.binary(), "the body's bytes"),
+    Column("body_text", pa.string(), "the body as UTF-8 text (NULL when it is not UTF-8)"),
+)
+BY_NAME = {column.name: column for column in COLUMNS}
+SCHEMA = pa.schema([(column.name, column.type) for column in COLUMNS])
+
+
+def _header_text(value: Typed) -> str | None:
+    if value.type == "void":
+        return None
+    if value.type in {"long-string", "byte-array"}:
+        return text(value.value)
+    if value.type == "boolean":
+        return "true" if value.value else "false"
+    if value.type == "timestamp":
+        return str(value.value.isoformat(sep=" "))
+    if value.type in {"array", "table"}:
+        return json.dumps(plain(value), default=str, ensure_ascii=False)
+    return str(value.value)
+
+
+def _death(entry: Typed) -> dict[str, Any] | None:
+    if entry.type != "table":
+        return None
+    fields = entry.value
+
+    def string(key: str) -> str | None:
+        found = fields.get(key)
+        return None if found is None else _header_text(found)
+
+    count = fields.get("count")
+    time = fields.get("time")
+    keys = fields.get("routing-keys")
+    return {
+        "queue": string("queue"),
+        "reason": string("reason"),
+        "count": count.value if count and count.type in INTEGER_TYPES else None,
+        "time": time.value if time and isinstance(time.value, datetime) else None,
+        "exchange": string("exchange"),
+        "routing_keys": (
+            [_header_text(k) for k in keys.value] if keys and keys.type == "array" else []
+        ),
+        "original_expiration": string("original-expiration"),
+    }
+
+
+def deaths(properties: Properties) -> list[dict[str, Any]]:
+    """The x-death header as rows, newest first as the broker keeps them ([] if none)."""
+    found = properties.headers.get("x-death")
+    if found is None or found.type != "array":
+        return []
+    return [row for row in (_death(entry) for entry in found.value) if row is not None]
+
+
+def _typed_map(headers: dict[str, Typed], kinds: frozenset[str]) -> list[tuple[str, Any]]:
+    return [
+        (name, float(value.value) if isinstance(value.value, Decimal) else value.value)
+        for name, value in headers.items()
+        if value.type in kinds
+    ]
+
+
+def _body_text(body: bytes) -> str | None:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+_ROW: dict[str, Callable[[Message, Properties, list[dict[str, Any]]], Any]] = {
+    "exchange": lambda m, p, d: m.exchange,
+    "routing_key": lambda m, p, d: m.routing_key,
+    "redelivered": lambda m, p, d: m.redelivered,
+    "headers": lambda m, p, d: [(k, _header_text(v)) for k, v in p.headers.items()],
+    "header_types": lambda m, p, d: [(k, v.type) for k, v in p.headers.items()],
+    "header_ints": lambda m, p, d: _typed_map(p.headers, INTEGER_TYPES),
+    "header_floats": lambda m, p, d: _typed_map(p.headers, FLOAT_TYPES),
+    "header_times": lambda m, p, d: _typed_map(p.headers, frozenset({"timestamp"})),
+    "x_death": lambda m, p, d: d,
+    "last_death": lambda m, p, d: d[0] if d else None,
+    "first_death": lambda m, p, d: d[-1] if d else None,
+    "body_size": lambda m, p, d: len(m.body),
+    "body": lambda m, p, d: m.body,
+    "body_text": lambda m, p, d: _body_text(m.body),
+}
+_PROPERTY_COLUMNS = frozenset({*TEXT_PROPERTIES, "delivery_mode", "priority", "timestamp"})
+
+
+def message_table(messages: Iterable[Message], names: Sequence[str] | None = None) -> pa.Table:
+    """The messages as an Arrow table of the named columns (all of them by default).
+
+    Only what is asked for is computed: a batch for `headers['tenant'] = 'a'` decodes the
+    property blocks but never copies a body.
+    """
+    wanted = list(names) if names is not None else [column.name for column in COLUMNS]
+    unknown = [name for name in wanted if name not in BY_NAME]
+    if unknown:
+        raise KeyError(f"no message column {unknown[0]!r}")
+    needs_properties = bool(
+        set(wanted) - {"exchange", "routing_key", "redelivered", "body", "body_size", "body_text"}
+    )
+    values: dict[str, list[Any]] = {name: [] for name in wanted}
+    for message in messages:
+        properties = read_properties(message.properties) if needs_properties else Properties()
+        death_rows = (
+            deaths(properties) if {"x_death", "last_death", "first_death"} & set(wanted) else []
+        )
+        for name in wanted:
+            if name in _PROPERTY_COLUMNS:
+                values[name].append(properties.values.get(name))
+            else:
+                values[name].append(_ROW[name](message, properties, death_rows))
+    return pa.table(
+        {name: pa.array(values[name], type=BY_NAME[name].type) for name in wanted},
+        schema=pa.schema([(name, BY_NAME[name].type) for name in wanted]),
+    )
+
+
+_SCALAR_DDL: tuple[tuple[Callable[[pa.DataType], bool], str], ...] = (
+    (pa.types.is_string, "STRING"),
+    (pa.types.is_boolean, "BOOLEAN"),
+    (pa.types.is_int32, "INT"),
+    (pa.types.is_int64, "BIGINT"),
+    (pa.types.is_float64, "DOUBLE"),
+    (pa.types.is_timestamp, "TIMESTAMP_NTZ"),
+    (pa.types.is_binary, "BINARY"),
+)
+
+
+def _ddl(kind: pa.DataType) -> str:
+    for matches, name in _SCALAR_DDL:
+        if matches(kind):
+            return name
+    if pa.types.is_map(kind):
+        return f"MAP<{_ddl(kind.key_type)}, {_ddl(kind.item_type)}>"
+    if pa.types.is_list(kind):
+        return f"ARRAY<{_ddl(kind.value_type)}>"
+    if pa.types.is_struct(kind):
+        inner = ", ".join(f"{f.name}: {_ddl(f.type)}" for f in kind)
+        return f"STRUCT<{inner}>"
+    raise TypeError(f"no Spark type for {kind}")
+
+
+def spark_ddl() -> str:
+    """The columns as a Spark DDL schema string (`exchange STRING, ...`)."""
+    return ", ".join(f"`{column.name}` {_ddl(column.type)}" for column in COLUMNS)
