@@ -14,9 +14,10 @@ What they are: cumulative counts that each channel reports to the management dat
 on its statistics timer (`collect_statistics_interval`, 5 s by default), so a reading
 lags by up to that much, and more on a busy node. (A listing asked with a sample range
 skips the management plugin's listing cache but reports the counters as of the last
-5 s sample, which on 3.10.8 and 4.3.6 lagged more than the plain listing did.) On 3.10.8 and 4.3.6 (tests/integration/test_live_source.py,
-1 s interval) they caught up with exactly what the movers moved, the movers' closed
-channels included, and counted another consumer's acks; 4.0.5 was not tested.
+5 s sample, which on 3.10.8 and 4.3.6 lagged more than the plain listing did.)
+On 3.10.8 and 4.3.6 (tests/integration/test_live_source.py, 1 s interval) they
+caught up with exactly what the movers moved, the movers' closed channels included,
+and counted another consumer's acks; 4.0.5 was not tested.
 Before the run the movers have not consumed yet, so only another consumer could move
 the counter; after it, `settle` reads again until the counters have caught up with what
 the movers acked. They restart from 0 when the queue's node restarts, and are absent
