@@ -193,7 +193,7 @@ def start_shovel(brokers: Brokers, vhost: str, queue: str, prefetch: int) -> str
         queue,
         prefetch,
     )
-    brokers.management(brokers.src, "PUT", _shovel_path(vhost, name), json={"value": value})
+    brokers.src.management("PUT", _shovel_path(vhost, name), json={"value": value}, timeout=10)
     return name
 
 
@@ -212,7 +212,7 @@ def start_local_shovel(brokers: Brokers, vhost: str, queue: str) -> str:
         _amqp_uri(brokers.dst, brokers.destination_vhost(vhost)),
         queue,
     )
-    brokers.management(brokers.src, "PUT", _shovel_path(vhost, name), json={"value": value})
+    brokers.src.management("PUT", _shovel_path(vhost, name), json={"value": value}, timeout=10)
     return name
 
 
@@ -227,7 +227,7 @@ def wait_until_shovel_gone(brokers: Brokers, vhost: str, name: str) -> bool:
     deadline = time.monotonic() + SHOVEL_SETTLE_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         try:
-            brokers.management(brokers.src, "GET", _shovel_path(vhost, name))
+            brokers.src.management("GET", _shovel_path(vhost, name), timeout=10)
         except Exception as exc:
             if getattr(getattr(exc, "response", None), "status_code", None) == 404:
                 return True
@@ -239,7 +239,7 @@ def wait_until_shovel_gone(brokers: Brokers, vhost: str, name: str) -> bool:
 def delete_shovel(brokers: Brokers, vhost: str, name: str) -> None:
     """Remove the parameter; a Shovel that deleted itself after its queue-length is gone."""
     try:
-        brokers.management(brokers.src, "DELETE", _shovel_path(vhost, name))
+        brokers.src.management("DELETE", _shovel_path(vhost, name), timeout=10)
     except Exception as exc:
         if getattr(getattr(exc, "response", None), "status_code", None) != 404:
             raise
@@ -254,7 +254,7 @@ def _time_shovel(
 ) -> tuple[float, dict[str, float]]:
     """Seconds from a Shovel's creation until the destination holds every message,
     and the brokers' CPU meanwhile."""
-    connection = brokers.connect(brokers.dst, brokers.destination_vhost(vhost))
+    connection = brokers.dst.connect(brokers.destination_vhost(vhost))
     name = None
     try:
         channel = connection.channel()
@@ -323,7 +323,7 @@ def run_orchestrated_shovels(
     pending = list(queues)
     active: dict[tuple[str, str], str] = {}
     connections = {
-        vhost: brokers.connect(brokers.dst, brokers.destination_vhost(vhost)) for vhost, _ in queues
+        vhost: brokers.dst.connect(brokers.destination_vhost(vhost)) for vhost, _ in queues
     }
     try:
         channels = {vhost: connection.channel() for vhost, connection in connections.items()}

@@ -119,8 +119,8 @@ def seed(brokers: Brokers, queues: Sequence[tuple[str, str]], workload: Workload
     """Declare and fill every source queue and declare every destination, one channel
     per vhost and node; then wait until every source holds its messages."""
     for vhost, names in by_vhost(queues).items():
-        source = brokers.connect(brokers.src, vhost)
-        destination = brokers.connect(brokers.dst, brokers.destination_vhost(vhost))
+        source = brokers.src.connect(vhost)
+        destination = brokers.dst.connect(brokers.destination_vhost(vhost))
         try:
             publish, declare = source.channel(), destination.channel()
             for queue in names:
@@ -143,7 +143,7 @@ def declare_with_one(brokers: Brokers, queues: Sequence[tuple[str, str]]) -> Non
     """Each queue with one message (a route's default min_messages skips empty ones)."""
     one = Workload(1, KIB)
     for vhost, names in by_vhost(queues).items():
-        connection = brokers.connect(brokers.src, vhost)
+        connection = brokers.src.connect(vhost)
         try:
             channel = connection.channel()
             for queue in names:
@@ -162,7 +162,7 @@ def wait_until_listed(brokers: Brokers, queues: Sequence[tuple[str, str]], prefi
             f"/api/queues/{quote(vhost, safe='')}?page=1&page_size=1&columns=name"
             f"&name=^{prefix}&use_regex=true"
         )
-        while brokers.management(brokers.src, "GET", path)["filtered_count"] < len(names):
+        while brokers.src.management("GET", path, timeout=10)["filtered_count"] < len(names):
             if time.monotonic() > deadline:
                 raise BenchError(f"{vhost}: the management API still lists fewer than {len(names)}")
             time.sleep(0.5)
@@ -175,7 +175,7 @@ def left_behind(brokers: Brokers, queues: Sequence[tuple[str, str]]) -> dict[str
             ("left_in_source", brokers.src, vhost),
             ("at_destination", brokers.dst, brokers.destination_vhost(vhost)),
         ):
-            connection = brokers.connect(node, node_vhost)
+            connection = node.connect(node_vhost)
             try:
                 channel = connection.channel()
                 counts[side] += sum(depth(channel, queue) for queue in names)

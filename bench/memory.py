@@ -49,9 +49,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import pika
-import requests
-
 from rmq_spark.devtools.local_brokers import LocalNode, running_nodes
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.window import prefetch_for
@@ -309,7 +306,7 @@ def stalled(node: LocalNode) -> Iterator[None]:
     node.rabbitmqctl("set_vm_memory_high_watermark", "0")
     try:
         deadline = time.monotonic() + STALL_FILL_TIMEOUT_SECONDS
-        while not management_get(node, f"/api/nodes/{node.node_name}")["mem_alarm"]:
+        while not node.management("GET", f"/api/nodes/{node.node_name}", timeout=10)["mem_alarm"]:
             if time.monotonic() > deadline:
                 raise BenchmarkError(f"node {node.label}: the memory alarm never went on")
             time.sleep(POLL_SECONDS)
@@ -360,19 +357,8 @@ def reset_peak_rss() -> int:
 # -- brokers ------------------------------------------------------------------------------
 
 
-def connect(node: LocalNode) -> pika.BlockingConnection:
-    return pika.BlockingConnection(
-        pika.ConnectionParameters(
-            host="127.0.0.1",
-            port=node.amqp_port,
-            virtual_host=VHOST,
-            credentials=pika.PlainCredentials(node.username, node.password),
-        )
-    )
-
-
 def declare(node: LocalNode, queue: str) -> None:
-    connection = connect(node)
+    connection = node.connect(VHOST)
     try:
         connection.channel().queue_declare(queue, durable=True)
     finally:
@@ -381,7 +367,7 @@ def declare(node: LocalNode, queue: str) -> None:
 
 def passive_depth(node: LocalNode, queue: str) -> int:
     """Exact ready count (AMQP passive declare; management counters are sampled)."""
-    connection = connect(node)
+    connection = node.connect(VHOST)
     try:
         return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
     finally:
@@ -389,7 +375,7 @@ def passive_depth(node: LocalNode, queue: str) -> int:
 
 
 def delete_queue(node: LocalNode, queue: str) -> None:
-    connection = connect(node)
+    connection = node.connect(VHOST)
     try:
         connection.channel().queue_delete(queue)
     finally:
@@ -406,16 +392,8 @@ def cluster(node: LocalNode) -> dict[str, Any]:
     }
 
 
-def management_get(node: LocalNode, path: str) -> Any:
-    response = requests.get(
-        f"{node.management_url}{path}", auth=(node.username, node.password), timeout=10
-    )
-    response.raise_for_status()
-    return response.json()
-
-
 def rabbitmq_version(node: LocalNode) -> str:
-    return str(management_get(node, "/api/overview").get("rabbitmq_version", "?"))
+    return str(node.management("GET", "/api/overview", timeout=10).get("rabbitmq_version", "?"))
 
 
 @functools.cache
@@ -424,7 +402,7 @@ def memory_limit(node: LocalNode) -> int:
 
     Read once: the API samples it, so right after a stall it may still say 0.
     """
-    return int(management_get(node, f"/api/nodes/{node.node_name}")["mem_limit"])
+    return int(node.management("GET", f"/api/nodes/{node.node_name}", timeout=10)["mem_limit"])
 
 
 # -- report -------------------------------------------------------------------------------

@@ -33,13 +33,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import pika
-import requests
 import yaml
 
 from rmq_spark.config import load_config
 from rmq_spark.devtools.demo import demo_messages
-from rmq_spark.devtools.local_brokers import LocalCluster, LocalNode, start_cluster, stop_cluster
+from rmq_spark.devtools.local_brokers import LocalCluster, start_cluster, stop_cluster
 from rmq_spark.ledger import tables
 from rmq_spark.migrate import MigrationOptions, migrate
 from rmq_spark.spark_session import build_session
@@ -52,30 +50,6 @@ TIMEOUT_SECONDS = 1800.0
 PREFETCH = 1000  # the mover's default window in messages
 
 
-def api(node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
-    response = requests.request(
-        method,
-        f"{node.management_url}{path}",
-        auth=(node.username, node.password),
-        timeout=60,
-        **kwargs,
-    )
-    if not (method == "DELETE" and response.status_code == 404):
-        response.raise_for_status()
-    return response.json() if response.content else None
-
-
-def connect(node: LocalNode, vhost: str) -> pika.BlockingConnection:
-    return pika.BlockingConnection(
-        pika.ConnectionParameters(
-            host="127.0.0.1",
-            port=node.amqp_port,
-            virtual_host=vhost,
-            credentials=pika.PlainCredentials(node.username, node.password),
-        )
-    )
-
-
 def names(queues: int) -> list[str]:
     return [f"q{index:02d}" for index in range(queues)]
 
@@ -83,13 +57,13 @@ def names(queues: int) -> list[str]:
 def seed(cluster: LocalCluster, vhost: str, queues: int, messages: int) -> None:
     node = cluster.first
     node.add_vhost(vhost)
-    api(
-        node,
+    node.management(
         "PUT",
         f"/api/policies/{quote(vhost, safe='')}/ha-all",
         json={"pattern": "^q", "definition": {"ha-mode": "all"}, "apply-to": "queues"},
+        timeout=60,
     )
-    connection = connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.exchange_declare("bench.direct", "direct", durable=True)
@@ -109,7 +83,7 @@ def seed(cluster: LocalCluster, vhost: str, queues: int, messages: int) -> None:
 
 
 def depths(cluster: LocalCluster, vhost: str, queue_names: list[str]) -> dict[str, int]:
-    connection = connect(cluster.first, vhost)
+    connection = cluster.first.connect(vhost)
     try:
         channel = connection.channel()
         return {
@@ -148,7 +122,7 @@ def shovel(cluster: LocalCluster, vhost: str, source: str, destination: str) -> 
         "ack-mode": "on-confirm",
     }
     path = f"/api/parameters/shovel/{quote(vhost, safe='')}/{quote(f'mig-{source}', safe='')}"
-    api(node, "PUT", path, json={"value": value})
+    node.management("PUT", path, json={"value": value}, timeout=60)
 
 
 def run_shovels(cluster: LocalCluster, vhost: str, queues: int, messages: int) -> float:
@@ -157,11 +131,11 @@ def run_shovels(cluster: LocalCluster, vhost: str, queues: int, messages: int) -
     temps = [f"tmp-{name}" for name in originals]
     started = time.monotonic()
     for name, temp in zip(originals, temps, strict=True):
-        api(
-            node,
+        node.management(
             "PUT",
             f"/api/queues/{vq}/{temp}",
             json={"durable": True, "arguments": {"x-queue-type": "quorum"}},
+            timeout=60,
         )
         shovel(cluster, vhost, name, temp)
     wait_for(
@@ -169,19 +143,21 @@ def run_shovels(cluster: LocalCluster, vhost: str, queues: int, messages: int) -
         "the shovels out",
     )
     for name, temp in zip(originals, temps, strict=True):
-        api(node, "DELETE", f"/api/parameters/shovel/{vq}/mig-{name}")
-        api(node, "DELETE", f"/api/queues/{vq}/{name}")
-        api(
-            node,
+        node.management(
+            "DELETE", f"/api/parameters/shovel/{vq}/mig-{name}", timeout=60, missing_ok=True
+        )
+        node.management("DELETE", f"/api/queues/{vq}/{name}", timeout=60, missing_ok=True)
+        node.management(
             "PUT",
             f"/api/queues/{vq}/{name}",
             json={"durable": True, "arguments": {"x-queue-type": "quorum"}},
+            timeout=60,
         )
-        api(
-            node,
+        node.management(
             "POST",
             f"/api/bindings/{vq}/e/bench.direct/q/{name}",
             json={"routing_key": name, "arguments": {}},
+            timeout=60,
         )
         shovel(cluster, vhost, temp, name)
     wait_for(
@@ -189,8 +165,10 @@ def run_shovels(cluster: LocalCluster, vhost: str, queues: int, messages: int) -
         "the shovels back",
     )
     for temp in temps:
-        api(node, "DELETE", f"/api/parameters/shovel/{vq}/mig-{temp}")
-        api(node, "DELETE", f"/api/queues/{vq}/{temp}")
+        node.management(
+            "DELETE", f"/api/parameters/shovel/{vq}/mig-{temp}", timeout=60, missing_ok=True
+        )
+        node.management("DELETE", f"/api/queues/{vq}/{temp}", timeout=60, missing_ok=True)
     return time.monotonic() - started
 
 

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pika
 from pydantic import SecretStr
 
 from rmq_spark.config import ClusterConfig, MoverConfig
@@ -43,17 +42,6 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _connection(node: LocalNode, vhost: str) -> pika.BlockingConnection:
-    return pika.BlockingConnection(
-        pika.ConnectionParameters(
-            host="127.0.0.1",
-            port=node.amqp_port,
-            virtual_host=vhost,
-            credentials=pika.PlainCredentials(node.username, node.password),
-        )
-    )
-
-
 def queue_layout(queues: int, vhosts: int) -> list[tuple[str, str]]:
     """(vhost, queue) for every queue, spread round-robin over the vhosts."""
     return [(f"pq-{index % vhosts}", f"q{index:05d}") for index in range(queues)]
@@ -65,7 +53,7 @@ def seed(dr: LocalNode, main: LocalNode, layout: list[tuple[str, str]], messages
         for node in (dr, main):
             node.add_vhost(vhost)
         names = [queue for v, queue in layout if v == vhost]
-        source, destination = _connection(dr, vhost), _connection(main, vhost)
+        source, destination = dr.connect(vhost), main.connect(vhost)
         try:
             publish, declare = source.channel(), destination.channel()
             publish.confirm_delivery()
@@ -82,7 +70,7 @@ def seed(dr: LocalNode, main: LocalNode, layout: list[tuple[str, str]], messages
 def destination_depths(main: LocalNode, layout: list[tuple[str, str]]) -> int:
     total = 0
     for vhost in sorted({vhost for vhost, _ in layout}):
-        connection = _connection(main, vhost)
+        connection = main.connect(vhost)
         try:
             channel = connection.channel()
             for v, queue in layout:

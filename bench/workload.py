@@ -32,7 +32,6 @@ from typing import Any
 from urllib.parse import quote
 
 import pika
-import requests
 
 from rmq_spark.devtools.demo import wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
@@ -84,16 +83,6 @@ class Brokers:
         """Where a queue of source ``vhost`` goes (its name stays the same)."""
         return destination_vhost(self.layout, vhost)
 
-    def connect(self, node: LocalNode, vhost: str) -> pika.BlockingConnection:
-        return pika.BlockingConnection(
-            pika.ConnectionParameters(
-                host="127.0.0.1",
-                port=node.amqp_port,
-                virtual_host=vhost,
-                credentials=pika.PlainCredentials(node.username, node.password),
-            )
-        )
-
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) each node's VM has used so far."""
         if self.layout == ONE_NODE:
@@ -103,22 +92,19 @@ class Brokers:
             DESTINATION: process_cpu_seconds(self.dst_pid),
         }
 
-    def management(self, node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
-        response = requests.request(
-            method,
-            f"{node.management_url}{path}",
-            auth=(node.username, node.password),
-            timeout=_HTTP_TIMEOUT_SECONDS,
-            **kwargs,
-        )
-        response.raise_for_status()
-        return response.json() if response.content else None
-
     def rabbitmq_version(self) -> str:
-        return str(self.management(self.src, "GET", "/api/overview")["rabbitmq_version"])
+        return str(
+            self.src.management("GET", "/api/overview", timeout=_HTTP_TIMEOUT_SECONDS)[
+                "rabbitmq_version"
+            ]
+        )
 
     def erlang_version(self) -> str:
-        return str(self.management(self.src, "GET", "/api/overview")["erlang_version"])
+        return str(
+            self.src.management("GET", "/api/overview", timeout=_HTTP_TIMEOUT_SECONDS)[
+                "erlang_version"
+            ]
+        )
 
 
 def destination_vhost(layout: str, vhost: str) -> str:
@@ -190,7 +176,7 @@ def bench_messages(workload: Workload, seed: str) -> Iterator[tuple[bytes, pika.
 
 def seed_queue(brokers: Brokers, vhost: str, queue: str, workload: Workload, seed: str) -> None:
     """Declare a durable classic queue on ``src`` and fill it with the workload."""
-    connection = brokers.connect(brokers.src, vhost)
+    connection = brokers.src.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True)
@@ -205,7 +191,7 @@ def seed_queue(brokers: Brokers, vhost: str, queue: str, workload: Workload, see
 def declare_destination(brokers: Brokers, vhost: str, queue: str, queue_type: str) -> None:
     """An empty durable destination of the given type, as a user would prepare it
     (``vhost`` is the source's; the layout says which vhost the destination is in)."""
-    connection = brokers.connect(brokers.dst, brokers.destination_vhost(vhost))
+    connection = brokers.dst.connect(brokers.destination_vhost(vhost))
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True, arguments={"x-queue-type": queue_type})
@@ -219,13 +205,7 @@ def delete_queues(brokers: Brokers, vhost: str, queues: Sequence[str]) -> None:
     for node, node_vhost in ((brokers.src, vhost), (brokers.dst, brokers.destination_vhost(vhost))):
         for queue in queues:
             path = f"/api/queues/{quote(node_vhost, safe='')}/{quote(queue, safe='')}"
-            response = requests.delete(
-                f"{node.management_url}{path}",
-                auth=(node.username, node.password),
-                timeout=_HTTP_TIMEOUT_SECONDS,
-            )
-            if response.status_code not in (204, 404):
-                response.raise_for_status()
+            node.management("DELETE", path, timeout=_HTTP_TIMEOUT_SECONDS, missing_ok=True)
 
 
 def depth(channel: pika.adapters.blocking_connection.BlockingChannel, queue: str) -> int:
@@ -242,7 +222,7 @@ def depths_after(brokers: Brokers, vhost: str, queues: Sequence[str]) -> dict[st
         ("left_in_source", brokers.src, vhost),
         ("at_destination", brokers.dst, brokers.destination_vhost(vhost)),
     ):
-        connection = brokers.connect(node, node_vhost)
+        connection = node.connect(node_vhost)
         try:
             channel = connection.channel()
             counts[side] = sum(depth(channel, queue) for queue in queues)

@@ -160,20 +160,6 @@ def demo_environment(dr: LocalNode, main: LocalNode, ledger: Path) -> dict[str, 
     }
 
 
-def node_connector(node: LocalNode) -> Callable[[str], pika.BlockingConnection]:
-    def connect(vhost: str) -> pika.BlockingConnection:
-        return pika.BlockingConnection(
-            pika.ConnectionParameters(
-                host="127.0.0.1",
-                port=node.amqp_port,
-                virtual_host=vhost,
-                credentials=pika.PlainCredentials(node.username, node.password),
-            )
-        )
-
-    return connect
-
-
 def run_demo(
     *, base_dir: str, messages_per_queue: int, keep_brokers: bool, rabbitmq: str = HOST_VERSION
 ) -> int:
@@ -196,7 +182,7 @@ def run_demo(
             for vhost in DEMO_VHOSTS:
                 node.add_vhost(vhost)
         started = time.monotonic()
-        total = seed_demo(node_connector(dr), messages_per_queue=messages_per_queue)
+        total = seed_demo(dr.connect, messages_per_queue=messages_per_queue)
         log.info("demo: %d messages on the DR node in %.1fs", total, time.monotonic() - started)
         env = {
             **os.environ,

@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-import requests
 import yaml
 from pyspark.sql import SparkSession
 
@@ -80,7 +79,7 @@ def _declare(
     """A destination queue on main, declared before the run."""
 
     def prepare(setup: Setup) -> None:
-        connection = setup.brokers.connect(setup.brokers.main, setup.vhost)
+        connection = setup.brokers.main.connect(setup.vhost)
         try:
             connection.channel().queue_declare(queue, durable=durable, arguments=arguments)
         finally:
@@ -240,13 +239,16 @@ def users(brokers: Brokers) -> Iterator[None]:
     made = []
     for node in (brokers.dr, brokers.main):
         for name, tags in ((LIMITED_USER, "administrator"), (UNTAGGED_USER, "")):
-            _management(
-                node, "PUT", f"/api/users/{name}", {"password": node.password, "tags": tags}
+            node.management(
+                "PUT",
+                f"/api/users/{name}",
+                json={"password": node.password, "tags": tags},
+                timeout=10,
             )
             made.append((node, name))
     yield
     for node, name in made:
-        _management(node, "DELETE", f"/api/users/{name}")
+        node.management("DELETE", f"/api/users/{name}", timeout=10)
 
 
 @pytest.fixture
@@ -314,7 +316,7 @@ def test_message_too_big_for_the_destination_stays_in_the_source(
 ) -> None:
     """Only the run can find it: the destination closes the channel (406) at publish."""
     vhost = fresh_vhost(brokers, "bad-oversized")
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         channel = connection.channel()
         seed_queue(channel, vhost, "orders", 3)  # 1 KiB bodies
@@ -339,8 +341,8 @@ def test_message_too_big_for_the_destination_stays_in_the_source(
     assert password_env not in out + err
     # Nothing lost: every message is in the source or in the destination, and the
     # one the destination refused is in the source.
-    in_source = drain_fingerprints(lambda: brokers.connect(brokers.dr, vhost), "orders")
-    in_destination = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), "orders")
+    in_source = drain_fingerprints(lambda: brokers.dr.connect(vhost), "orders")
+    in_destination = drain_fingerprints(lambda: brokers.main.connect(vhost), "orders")
     big_fingerprint = _fingerprint(big.body, big.properties)
     assert in_source[big_fingerprint] == 1
     assert big_fingerprint not in in_destination
@@ -376,7 +378,7 @@ def _write_config(case: BadInput, setup: Setup) -> Path:
 def _seed(
     brokers: Brokers, vhost: str, queue: str, count: int, arguments: dict[str, Any] | None = None
 ) -> None:
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True, arguments=arguments)
@@ -393,24 +395,13 @@ def _grant(brokers: Brokers, vhost: str) -> None:
     for node in (brokers.dr, brokers.main):
         vq = quote(vhost, safe="")
         limited = {"configure": "", "write": "^only-this$", "read": ".*"}
-        _management(node, "PUT", f"/api/permissions/{vq}/{LIMITED_USER}", limited)
+        node.management("PUT", f"/api/permissions/{vq}/{LIMITED_USER}", json=limited, timeout=10)
         full = {"configure": ".*", "write": ".*", "read": ".*"}
-        _management(node, "PUT", f"/api/permissions/{vq}/{UNTAGGED_USER}", full)
-
-
-def _management(node: Any, method: str, path: str, body: dict[str, Any] | None = None) -> None:
-    response = requests.request(
-        method,
-        node.management_url + path,
-        json=body,
-        auth=(node.username, node.password),
-        timeout=10,
-    )
-    response.raise_for_status()
+        node.management("PUT", f"/api/permissions/{vq}/{UNTAGGED_USER}", json=full, timeout=10)
 
 
 def _depth(brokers: Brokers, label: str, vhost: str, queue: str) -> int:
-    connection = brokers.connect(brokers.dr if label == "dr" else brokers.main, vhost)
+    connection = (brokers.dr if label == "dr" else brokers.main).connect(vhost)
     try:
         return queue_depth(connection, queue)
     finally:

@@ -24,14 +24,13 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-import requests
 import yaml
 from pyspark.sql import SparkSession
 
 from rmq_spark.broker.management import management_clients
 from rmq_spark.cli import main
 from rmq_spark.config import JobConfig, load_config
-from rmq_spark.devtools.demo import demo_messages, node_connector, wait_for_depth
+from rmq_spark.devtools.demo import demo_messages, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalCluster, LocalNode
 from rmq_spark.errors import DestinationIncompatibleError
 from rmq_spark.pipeline import run_transfer
@@ -89,23 +88,12 @@ AUDIT_POLICY = {  # mirroring only: nothing of it is left for 4.3
 }
 
 
-def api(node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
-    response = requests.request(
-        method, f"{node.management_url}{path}", auth=(node.username, node.password), timeout=30,
-        **kwargs,
-    )  # fmt: skip
-    if method == "DELETE" and response.status_code == 404:
-        return None
-    response.raise_for_status()
-    return response.json() if response.content else None
-
-
 def q(name: str) -> str:
     return quote(name, safe="")
 
 
 def fresh(cluster: LocalCluster, vhost: str) -> str:
-    api(cluster.first, "DELETE", f"/api/vhosts/{q(vhost)}")
+    cluster.first.management("DELETE", f"/api/vhosts/{q(vhost)}", missing_ok=True)
     cluster.first.add_vhost(vhost)
     return vhost
 
@@ -120,7 +108,7 @@ def cluster_block(cluster: LocalCluster, password_env: str) -> dict[str, object]
 
 
 def publish_demo(node: LocalNode, vhost: str, queue: str, count: int) -> None:
-    connection = node_connector(node)(vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         for message in demo_messages(vhost, queue, count):
@@ -137,7 +125,7 @@ def declare_topology(
     exchanges: dict[str, str],
     bindings: tuple[tuple[str, str, str], ...],
 ) -> None:
-    connection = node_connector(node)(vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         for name, kind in exchanges.items():
@@ -151,12 +139,12 @@ def declare_topology(
 
 
 def queue_info(node: LocalNode, vhost: str, queue: str) -> dict[str, Any]:
-    info: dict[str, Any] = api(node, "GET", f"/api/queues/{q(vhost)}/{q(queue)}")
+    info: dict[str, Any] = node.management("GET", f"/api/queues/{q(vhost)}/{q(queue)}")
     return info
 
 
 def bindings_of(node: LocalNode, vhost: str) -> set[tuple[str, str, str, str]]:
-    rows = api(node, "GET", f"/api/bindings/{q(vhost)}")
+    rows = node.management("GET", f"/api/bindings/{q(vhost)}")
     return {
         (row["source"], row["destination"], row["routing_key"], repr(row["arguments"]))
         for row in rows
@@ -165,7 +153,7 @@ def bindings_of(node: LocalNode, vhost: str) -> set[tuple[str, str, str, str]]:
 
 
 def exchanges_of(node: LocalNode, vhost: str) -> dict[str, tuple[str, bool]]:
-    rows = api(node, "GET", f"/api/exchanges/{q(vhost)}")
+    rows = node.management("GET", f"/api/exchanges/{q(vhost)}")
     return {
         row["name"]: (row["type"], row["durable"])
         for row in rows
@@ -174,7 +162,7 @@ def exchanges_of(node: LocalNode, vhost: str) -> dict[str, tuple[str, bool]]:
 
 
 def policies_of(node: LocalNode, vhost: str) -> dict[str, dict[str, Any]]:
-    rows = api(node, "GET", f"/api/policies/{q(vhost)}")
+    rows = node.management("GET", f"/api/policies/{q(vhost)}")
     return {
         row["name"]: {k: row[k] for k in ("pattern", "apply-to", "priority", "definition")}
         for row in rows
@@ -182,7 +170,7 @@ def policies_of(node: LocalNode, vhost: str) -> dict[str, dict[str, Any]]:
 
 
 def body_digests(node: LocalNode, vhost: str, queue: str) -> Counter[str]:
-    found = drain_fingerprints(lambda: node_connector(node)(vhost), queue)
+    found = drain_fingerprints(lambda: node.connect(vhost), queue)
     digests: Counter[str] = Counter()
     for (body, _properties), copies in found.items():
         digests[body] += copies
@@ -194,7 +182,7 @@ def expected_digests(vhost: str, queue: str, count: int) -> Counter[str]:
 
 
 def ready(node: LocalNode, vhost: str, queue: str) -> int:
-    connection = node_connector(node)(vhost)
+    connection = node.connect(vhost)
     try:
         declared = connection.channel().queue_declare(queue, passive=True)
         return int(declared.method.message_count)
@@ -261,12 +249,11 @@ def blue(quorum_cluster: LocalCluster) -> Iterator[tuple[LocalCluster, str, dict
         publish_demo(node, upstream_vhost, queue, UPSTREAM_MESSAGES)
     uri = f"amqp://{node.username}:{node.password}@127.0.0.1:{node.amqp_port}/{q(upstream_vhost)}"
     upstream = {"uri": uri, "prefetch-count": 50, "ack-mode": "on-confirm"}
-    api(
-        node, "PUT", f"/api/parameters/federation-upstream/{q(vhost)}/{UPSTREAM}",
+    node.management("PUT", f"/api/parameters/federation-upstream/{q(vhost)}/{UPSTREAM}",
         json={"value": upstream},
     )  # fmt: skip
-    api(node, "PUT", f"/api/policies/{q(vhost)}/orders", json=ORDERS_POLICY)
-    api(node, "PUT", f"/api/policies/{q(vhost)}/mirror-audit", json=AUDIT_POLICY)
+    node.management("PUT", f"/api/policies/{q(vhost)}/orders", json=ORDERS_POLICY)
+    node.management("PUT", f"/api/policies/{q(vhost)}/mirror-audit", json=AUDIT_POLICY)
     wait_until(
         lambda: (
             {queue_info(node, vhost, n).get("policy") for n in ("orders.eu", "orders.us")}
@@ -281,12 +268,12 @@ def blue(quorum_cluster: LocalCluster) -> Iterator[tuple[LocalCluster, str, dict
         "orders.eu to be mirrored on a second node",
     )
     yield quorum_cluster, vhost, upstream
-    api(node, "DELETE", f"/api/vhosts/{q(vhost)}")
-    api(node, "DELETE", f"/api/vhosts/{q(upstream_vhost)}")
+    node.management("DELETE", f"/api/vhosts/{q(vhost)}", missing_ok=True)
+    node.management("DELETE", f"/api/vhosts/{q(upstream_vhost)}", missing_ok=True)
 
 
 def running_links(node: LocalNode, vhost: str) -> set[str]:
-    links = api(node, "GET", f"/api/federation-links/{q(vhost)}")
+    links = node.management("GET", f"/api/federation-links/{q(vhost)}")
     return {link["queue"] for link in links if link["status"] == "running"}
 
 
@@ -309,7 +296,7 @@ def test_a_mirrored_3_10_cluster_moves_into_4_3_quorum_queues_with_its_topology(
     # The dry run plans the copy and writes nothing on green.
     assert main(["plan", "--config", str(config_path), "--json"]) == 0
     assert "topology copy: 2 exchange(s), 5 binding(s), 1 polic(y/ies) to create" in caplog.text
-    assert api(green_node, "GET", f"/api/queues/{q(vhost)}") == []
+    assert green_node.management("GET", f"/api/queues/{q(vhost)}") == []
     assert exchanges_of(green_node, vhost) == {}
     assert policies_of(green_node, vhost) == {}
     caplog.clear()
@@ -355,10 +342,10 @@ def test_a_mirrored_3_10_cluster_moves_into_4_3_quorum_queues_with_its_topology(
         "green's copied policy to apply to orders.us",
     )
     # Federation stays on blue: nothing of it on green.
-    assert api(green_node, "GET", f"/api/parameters/federation-upstream/{q(vhost)}") == []
+    assert green_node.management("GET", f"/api/parameters/federation-upstream/{q(vhost)}") == []
 
     # Green is usable: publishes through the copied exchanges reach the moved queues.
-    connection = node_connector(green_node)(vhost)
+    connection = green_node.connect(vhost)
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -375,7 +362,7 @@ def test_a_mirrored_3_10_cluster_moves_into_4_3_quorum_queues_with_its_topology(
 
     # Blue's federation was paused while draining and is back as it was; its upstream
     # kept its own messages (nothing was pulled into the drained queues).
-    upstreams = api(blue_node, "GET", f"/api/parameters/federation-upstream/{q(vhost)}")
+    upstreams = blue_node.management("GET", f"/api/parameters/federation-upstream/{q(vhost)}")
     assert [(row["name"], row["value"]) for row in upstreams] == [(UPSTREAM, upstream)]
     for queue in ("orders.eu", "orders.us"):
         assert ready(blue_node, "blue-green-upstream", queue) == UPSTREAM_MESSAGES
@@ -412,8 +399,7 @@ def test_a_conflicting_exchange_or_policy_on_green_stops_the_move_before_anythin
     green_node = quorum_cluster_4_3.first
     fresh(quorum_cluster_4_3, vhost)
     declare_topology(green_node, vhost, {}, {"orders": "fanout"}, ())
-    api(
-        green_node, "PUT", f"/api/policies/{q(vhost)}/orders",
+    green_node.management("PUT", f"/api/policies/{q(vhost)}/orders",
         json={**ORDERS_POLICY, "definition": {"max-length": 10}},
     )  # fmt: skip
     config_path = write_config(tmp_path / "job.yaml", blue_cluster, quorum_cluster_4_3, vhost)
@@ -433,7 +419,7 @@ def test_a_conflicting_exchange_or_policy_on_green_stops_the_move_before_anythin
     ) in message
     assert f"cluster green vhost {vhost!r} policy 'orders': exists with definition" in message
     assert "nothing was moved" in message
-    green_queues = api(green_node, "GET", f"/api/queues/{q(vhost)}")
+    green_queues = green_node.management("GET", f"/api/queues/{q(vhost)}")
     assert green_queues == []
     assert set(exchanges_of(green_node, vhost)) == {"orders"}
     assert ready(blue_cluster.first, vhost, "orders.eu") == MESSAGES
@@ -460,7 +446,7 @@ def test_4_3_quorum_queues_roll_back_into_3_10_classic_queues_with_their_topolog
     publish_demo(green_node, vhost, "orders.eu", MESSAGES)
     limits = {"pattern": "^orders", "apply-to": "queues", "priority": 0,
               "definition": {"max-length": 10_000, "delivery-limit": 50}}  # fmt: skip
-    api(green_node, "PUT", f"/api/policies/{q(vhost)}/limits", json=limits)
+    green_node.management("PUT", f"/api/policies/{q(vhost)}/limits", json=limits)
     wait_until(
         lambda: queue_info(green_node, vhost, "orders.eu").get("policy") == "limits",
         "the policy to apply on green",
@@ -503,5 +489,5 @@ def test_4_3_quorum_queues_roll_back_into_3_10_classic_queues_with_their_topolog
     assert body_digests(blue_node, vhost, "orders.eu") == expected_digests(
         vhost, "orders.eu", MESSAGES
     )
-    api(green_node, "DELETE", f"/api/vhosts/{q(vhost)}")
-    api(blue_node, "DELETE", f"/api/vhosts/{q(vhost)}")
+    green_node.management("DELETE", f"/api/vhosts/{q(vhost)}", missing_ok=True)
+    blue_node.management("DELETE", f"/api/vhosts/{q(vhost)}", missing_ok=True)

@@ -62,7 +62,7 @@ def ledger_rows(mover: MoverThread) -> list[dict[str, object]]:
 
 
 def publish(node: LocalNode, brokers: Brokers, vhost: str, queue: str, bodies: list[bytes]) -> None:
-    connection = brokers.connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         for body in bodies:
@@ -75,7 +75,7 @@ def publish(node: LocalNode, brokers: Brokers, vhost: str, queue: str, bodies: l
 def drain_bodies(brokers: Brokers, node: LocalNode, vhost: str, queue: str) -> Counter[bytes]:
     """Independent consumer: every body in the queue (taken and acked)."""
     found: Counter[bytes] = Counter()
-    connection = brokers.connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         while True:
@@ -93,7 +93,7 @@ def set_env(node: LocalNode, key: str, value: int) -> None:
 
 
 def source_consumers(brokers: Brokers, vhost: str) -> int:
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         channel = connection.channel()
         return int(channel.queue_declare("orders", passive=True).method.consumer_count)
@@ -113,7 +113,7 @@ def test_consumer_timeout_while_the_destination_is_blocked_is_ridden_out(
     brokers = brokers_of_version
     version = brokers.dr.version
     vhost = fresh_vhost(brokers, "consumer-timeout")
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         connection.channel().queue_declare(
             "orders", durable=True, arguments={"x-queue-type": "quorum"}
@@ -191,7 +191,7 @@ def test_message_too_large_for_a_4x_destination_stops_the_queue_and_stays(
 ) -> None:
     brokers = small_destination
     vhost = fresh_vhost(brokers, "oversize-" + secrets.token_hex(3))
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         connection.channel().queue_declare("orders", durable=True)
     finally:

@@ -24,7 +24,6 @@ from rmq_spark.config import JobConfig, load_config
 from rmq_spark.devtools.local_brokers import LocalCluster
 from rmq_spark.pipeline import run_transfer
 from tests.support.clusters import (
-    connect,
     exact_depth,
     fresh_cluster_vhost,
     write_cluster_config,
@@ -40,7 +39,7 @@ def vhost(quorum_cluster: LocalCluster, request: pytest.FixtureRequest) -> str:
 
 
 def fill_quorum_queue(cluster: LocalCluster, vhost: str, queue: str, count: int) -> None:
-    connection = connect(cluster.first, vhost)
+    connection = cluster.first.connect(vhost)
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -55,7 +54,7 @@ def fill_quorum_queue(cluster: LocalCluster, vhost: str, queue: str, count: int)
 def raw_declare(cluster: LocalCluster, vhost: str, queue: str) -> tuple[int, int, float]:
     """(messages, consumers, seconds) of one passive declare, as the broker answers it
     (a busy leader's zero included; `exact_depth` sees through that)."""
-    connection = connect(cluster.first, vhost)
+    connection = cluster.first.connect(vhost)
     try:
         asked = time.monotonic()
         ok = connection.channel().queue_declare(queue, passive=True).method

@@ -139,7 +139,7 @@ def messages(node: LocalNode) -> list[Message]:
 
 
 def declare(node: LocalNode, brokers: Brokers, vhost: str, *queues: str, kind: str) -> None:
-    connection = brokers.connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         for queue in queues:
@@ -152,7 +152,7 @@ def publish_raw(
     brokers: Brokers, vhost: str, queues: tuple[str, ...], batch: list[Message]
 ) -> None:
     """Publish each message's exact bytes to each queue (confirmed), on dr."""
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -176,7 +176,7 @@ def read_raw(
     (exact property bytes, body) per message."""
     wire.install()
     found: list[tuple[bytes, bytes]] = []
-    connection = brokers.connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         for method, properties, body in channel.consume(queue, inactivity_timeout=READ_TIMEOUT):
@@ -200,7 +200,7 @@ def requeue_once(brokers: Brokers, vhost: str, queue: str, count: int) -> None:
     and whether that second delivery is then returned by a cancel or by the channel's
     close (which 4.3 counts in x-delivery-count, unlike a nack) would be a race.
     """
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         channel = connection.channel()
         last_tag = None

@@ -20,7 +20,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 from rmq_spark.config import load_config
-from rmq_spark.devtools.demo import node_connector
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.pipeline import RunResult, run_transfer
 from tests.support.brokers import (
@@ -41,7 +40,7 @@ class InFlightSampler:
     def __init__(
         self, source: LocalNode, destination: LocalNode, vhost: str, queue: str, sizes: list[int]
     ) -> None:
-        self._connections = (node_connector(source)(vhost), node_connector(destination)(vhost))
+        self._connections = (source.connect(vhost), destination.connect(vhost))
         self._queue = queue
         self._sizes = sizes
         self._stop = threading.Event()
@@ -76,7 +75,7 @@ class InFlightSampler:
 
 def publish(node: LocalNode, vhost: str, queue: str, sizes: Sequence[int]) -> None:
     """Persistent messages of these body sizes, in order, confirmed by the broker."""
-    connection = node_connector(node)(vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True)

@@ -36,7 +36,7 @@ from tests.support.brokers import (
     spark_submit,
     write_config,
 )
-from tests.support.faults import management, wait_until
+from tests.support.faults import wait_until
 
 QUEUES = 20
 PER_QUEUE = 3_000
@@ -57,7 +57,7 @@ def body_of(queue: str, index: int) -> bytes:
 
 def seed_queues(node: LocalNode, brokers: Brokers, vhost: str) -> None:
     """QUEUES durable classic queues of PER_QUEUE persistent 1 KiB messages, unique ids."""
-    connection = brokers.connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -72,8 +72,8 @@ def seed_queues(node: LocalNode, brokers: Brokers, vhost: str) -> None:
 
 
 def queue_rows(node: LocalNode, vhost: str) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = management(
-        node, "GET", f"/api/queues/{quote(vhost, safe='')}?columns=name,messages"
+    rows: list[dict[str, Any]] = node.management(
+        "GET", f"/api/queues/{quote(vhost, safe='')}?columns=name,messages", timeout=10
     )
     return rows
 
@@ -94,7 +94,7 @@ def destination_total(connection: pika.BlockingConnection) -> int:
 def ids_in(brokers: Brokers, node: LocalNode, vhost: str, queue: str) -> Counter[str]:
     """Independent reader: consume the whole queue, return its message ids (body checked)."""
     found: Counter[str] = Counter()
-    connection = brokers.connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         depth = channel.queue_declare(queue, passive=True).method.message_count
@@ -175,7 +175,7 @@ def test_destination_vm_killed_mid_move_ends_verified(
     job.start()
     # Exact depths (passive declares on one connection): the management API's lag by a
     # statistics interval, in which a 3.10 node moves most of the messages.
-    watcher = brokers.connect(brokers.main, vhost)
+    watcher = brokers.main.connect(vhost)
     try:
         wait_until(
             lambda: destination_total(watcher) >= CRASH_AT,

@@ -14,12 +14,11 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-import requests
 import yaml
 from pyspark.sql import SparkSession
 
 from rmq_spark.config import load_config
-from rmq_spark.devtools.demo import demo_messages, node_connector, wait_for_depth
+from rmq_spark.devtools.demo import demo_messages, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.pipeline import run_transfer
 from tests.support.brokers import (
@@ -83,7 +82,7 @@ def seed_declared(
     node: LocalNode, vhost: str, queue: str, count: int, arguments: dict[str, Any]
 ) -> None:
     """A queue declared with these arguments, holding `count` demo messages."""
-    connection = node_connector(node)(vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True, arguments=arguments)
@@ -95,13 +94,9 @@ def seed_declared(
 
 
 def queue_info(node: LocalNode, vhost: str, queue: str) -> dict[str, Any]:
-    response = requests.get(
-        f"{node.management_url}/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}",
-        auth=(node.username, node.password),
-        timeout=10,
+    info: dict[str, Any] = node.management(
+        "GET", f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}", timeout=10
     )
-    response.raise_for_status()
-    info: dict[str, Any] = response.json()
     return info
 
 

@@ -28,7 +28,6 @@ from rmq_spark.transfer.executor import ExecutorSettings
 from tests.support.brokers import Brokers, MoverThread, depth, fresh_vhost
 from tests.support.faults import (
     fault_config,
-    management,
     mover_connections,
     wait_until,
 )
@@ -39,7 +38,7 @@ WINDOW = 40
 
 def publish_bodies(brokers: Brokers, vhost: str, queue: str, count: int) -> list[bytes]:
     bodies = [f"{queue}-{i:05d}".encode() for i in range(count)]
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         channel = connection.channel()
         for body in bodies:
@@ -52,7 +51,7 @@ def publish_bodies(brokers: Brokers, vhost: str, queue: str, count: int) -> list
 def return_everything_once(brokers: Brokers, vhost: str, queue: str, count: int) -> None:
     """Take every message without acking and close the connection: one counted return
     each (a consumer going away counts on every version)."""
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         channel = connection.channel()
         channel.basic_qos(prefetch_count=count)
@@ -75,7 +74,7 @@ def drain(brokers: Brokers, node_label: str, vhost: str, queue: str) -> tuple[Co
     node = brokers.dr if node_label == "dr" else brokers.main
     found: Counter[bytes] = Counter()
     highest = 0
-    connection = brokers.connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         while True:
@@ -99,7 +98,7 @@ def test_preflight_reads_each_quorum_sources_effective_delivery_limit(
 ) -> None:
     brokers = brokers_of_version
     vhost = fresh_vhost(brokers, "delivery-limit-read")
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         channel = connection.channel()
         quorum = {"x-queue-type": "quorum"}
@@ -119,8 +118,7 @@ def test_preflight_reads_each_quorum_sources_effective_delivery_limit(
     finally:
         connection.close()
     for name, pattern, limit in (("limit-7", "^qq-policy$", 7), ("limit-5", "^qq-both$", 5)):
-        management(
-            brokers.dr,
+        brokers.dr.management(
             "PUT",
             f"/api/policies/{vhost}/{name}",
             json={
@@ -128,12 +126,13 @@ def test_preflight_reads_each_quorum_sources_effective_delivery_limit(
                 "definition": {"delivery-limit": limit},
                 "apply-to": "queues",
             },
+            timeout=10,
         )
     config = quorum_route_config(tmp_path, brokers, vhost)
     wait_until(
         lambda: all(
             q.get("policy")
-            for q in management(brokers.dr, "GET", f"/api/queues/{vhost}")
+            for q in brokers.dr.management("GET", f"/api/queues/{vhost}", timeout=10)
             if q["name"] in ("qq-policy", "qq-both")
         ),
         "the policies to apply",
@@ -176,7 +175,7 @@ def test_lost_sessions_stop_the_queue_before_its_delivery_limit_and_drop_nothing
     stay in the source, none is dropped."""
     brokers = brokers_of_version
     vhost = fresh_vhost(brokers, "delivery-limit-stop")
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         connection.channel().queue_declare(
             "orders", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 3}
@@ -254,7 +253,7 @@ def test_job_stops_a_queue_at_its_delivery_limit_and_verification_agrees(
     at once; verification counts what moved, loses nothing, and fails the queue."""
     brokers = brokers_of_version
     vhost = fresh_vhost(brokers, "delivery-limit-job")
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         connection.channel().queue_declare(
             "orders", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 6}

@@ -11,7 +11,6 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-import requests
 import yaml
 from pyspark.sql import SparkSession
 
@@ -106,25 +105,15 @@ def test_declare_refused_by_the_broker_is_one_error_and_nothing_moves(
 
 def _no_configure_user(node: LocalNode, vhost: str) -> None:
     """The user, with the node's password, allowed everything on `vhost` but declaring."""
-    _management(node, "PUT", f"/api/users/{NO_CONFIGURE_USER}", tags="management")
-    _management(
-        node,
+    node.management(
         "PUT",
-        f"/api/permissions/{quote(vhost, safe='')}/{NO_CONFIGURE_USER}",
-        configure="^$",
-        write=".*",
-        read=".*",
-    )
-
-
-def _management(node: LocalNode, method: str, path: str, **body: str) -> None:
-    if "tags" in body:
-        body["password"] = node.password
-    response = requests.request(
-        method,
-        f"{node.management_url}{path}",
-        json=body,
-        auth=(node.username, node.password),
+        f"/api/users/{NO_CONFIGURE_USER}",
+        json={"tags": "management", "password": node.password},
         timeout=10,
     )
-    response.raise_for_status()
+    node.management(
+        "PUT",
+        f"/api/permissions/{quote(vhost, safe='')}/{NO_CONFIGURE_USER}",
+        json={"configure": "^$", "write": ".*", "read": ".*"},
+        timeout=10,
+    )

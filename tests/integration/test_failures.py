@@ -81,7 +81,7 @@ def test_refused_messages_stay_in_the_source_and_the_rest_is_ledgered(
     """A destination that takes 10 messages and nacks the rest (reject-publish)."""
     vhost = fresh_vhost(brokers, "fail-nack")
     seed(brokers.dr, vhost, "orders", 50)
-    connection = brokers.connect(brokers.main, vhost)
+    connection = brokers.main.connect(vhost)
     connection.channel().queue_declare(
         "orders", durable=True, arguments={"x-max-length": 10, "x-overflow": "reject-publish"}
     )
@@ -122,7 +122,7 @@ def test_refused_messages_stay_in_the_source_and_the_rest_is_ledgered(
     ledger = tables.read_arrow(config.ledger.path, "messages")
     assert ledger.num_rows == in_destination
     # The rows are exactly the messages that reached the destination.
-    expected = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), "orders")
+    expected = drain_fingerprints(lambda: brokers.main.connect(vhost), "orders")
     assert (
         Counter(
             zip(
@@ -140,7 +140,7 @@ def test_empty_source_queue_finishes_with_nothing_to_move(
     brokers: Brokers, password_env: str, tmp_path: Path
 ) -> None:
     vhost = fresh_vhost(brokers, "empty")
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     connection.channel().queue_declare("idle", durable=True)
     connection.close()
     config = load_config(
@@ -158,7 +158,7 @@ def test_empty_source_queue_finishes_with_nothing_to_move(
         "messages": 0,
         "message_bytes": 0,
     }
-    connection = brokers.connect(brokers.main, vhost)
+    connection = brokers.main.connect(vhost)
     connection.channel().queue_declare("idle", durable=True)
     connection.close()
 

@@ -217,7 +217,7 @@ def test_nacked_messages_are_retried_until_the_destination_takes_them(
     count = 3000
     vhost = fresh_vhost(brokers, "fault-nack-retry")
     seed(brokers.dr, vhost, "orders", count)
-    connection = brokers.connect(brokers.main, vhost)
+    connection = brokers.main.connect(vhost)
     connection.channel().queue_declare(
         "orders", durable=True, arguments={"x-max-length": 100, "x-overflow": "reject-publish"}
     )
@@ -228,9 +228,7 @@ def test_nacked_messages_are_retried_until_the_destination_takes_them(
 
     def drain_destination() -> None:
         while not done.is_set():
-            received.update(
-                drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), "orders")
-            )
+            received.update(drain_fingerprints(lambda: brokers.main.connect(vhost), "orders"))
 
     consumer = threading.Thread(target=drain_destination, daemon=True)
     consumer.start()
@@ -240,7 +238,7 @@ def test_nacked_messages_are_retried_until_the_destination_takes_them(
     transfer.join()
     done.set()
     consumer.join(30)
-    received.update(drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), "orders"))
+    received.update(drain_fingerprints(lambda: brokers.main.connect(vhost), "orders"))
 
     assert transfer.error is None
     assert transfer.outcome is not None
@@ -256,7 +254,7 @@ def test_destination_queue_deleted_mid_run_stops_with_returns_and_keeps_the_rest
 ) -> None:
     transfer = start(brokers, tmp_path, "deleted")
     wait_until(lambda: transfer.moved_at_least(MESSAGES // 10), "a tenth to arrive")
-    connection = brokers.connect(brokers.main, transfer.vhost)
+    connection = brokers.main.connect(transfer.vhost)
     connection.channel().queue_delete("orders")
     connection.close()
     transfer.join()
@@ -271,7 +269,7 @@ def test_destination_queue_deleted_mid_run_stops_with_returns_and_keeps_the_rest
     confirmed = Counter(
         (r["body_sha256"], r["properties_sha256"]) for r in ledger.to_pylist() if r["confirmed_at"]
     )
-    left = drain_fingerprints(lambda: brokers.connect(brokers.dr, transfer.vhost), "orders")
+    left = drain_fingerprints(lambda: brokers.dr.connect(transfer.vhost), "orders")
     assert confirmed + left == key_ordered_fingerprints(transfer.vhost, "orders", MESSAGES)
 
 
@@ -288,7 +286,7 @@ def test_destination_receives_source_order(
     count = 300 if window == 1 else 5000
     vhost = fresh_vhost(brokers, f"order-{window}-{destination_type}")
     seed(brokers.dr, vhost, "orders", count)
-    connection = brokers.connect(brokers.main, vhost)
+    connection = brokers.main.connect(vhost)
     connection.channel().queue_declare(
         "orders", durable=True, arguments={"x-queue-type": destination_type}
     )
@@ -302,7 +300,7 @@ def test_destination_receives_source_order(
     assert transfer.outcome.status == "moved"
 
     received = []
-    connection = brokers.connect(brokers.main, vhost)
+    connection = brokers.main.connect(vhost)
     channel = connection.channel()
     while (message := channel.basic_get("orders", auto_ack=True))[0] is not None:
         received.append(message[1].message_id)
@@ -324,7 +322,7 @@ def test_messages_published_during_the_drain_are_moved_or_stay(
     extra_bodies = [os.urandom(256) for _ in range(extra)]
 
     def produce() -> None:
-        connection = brokers.connect(brokers.dr, transfer_vhost)
+        connection = brokers.dr.connect(transfer_vhost)
         channel = connection.channel()
         for body in extra_bodies:
             channel.basic_publish("", "orders", body, pika.BasicProperties(delivery_mode=2))
@@ -339,10 +337,8 @@ def test_messages_published_during_the_drain_are_moved_or_stay(
 
     assert transfer.outcome is not None
     assert transfer.outcome.status == "moved"
-    in_destination = drain_fingerprints(
-        lambda: brokers.connect(brokers.main, transfer_vhost), "orders"
-    )
-    left = drain_fingerprints(lambda: brokers.connect(brokers.dr, transfer_vhost), "orders")
+    in_destination = drain_fingerprints(lambda: brokers.main.connect(transfer_vhost), "orders")
+    left = drain_fingerprints(lambda: brokers.dr.connect(transfer_vhost), "orders")
     plain = hashlib.sha256(b"".join(pika.BasicProperties(delivery_mode=2).encode())).hexdigest()
     published = expected_fingerprints(transfer_vhost, "orders", 10_000) + Counter(
         (hashlib.sha256(body).hexdigest(), plain) for body in extra_bodies
@@ -418,7 +414,7 @@ def test_one_refusing_destination_fails_alone(
     vhost = fresh_vhost(brokers, "fault-isolation")
     for queue in ("good-1", "good-2"):
         seed(brokers.dr, vhost, queue, 2000)
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     channel = connection.channel()
     channel.queue_declare("bad", durable=True)
     for _ in range(200):

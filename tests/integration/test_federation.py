@@ -34,7 +34,6 @@ from rmq_spark import pipeline
 from rmq_spark.broker import federation
 from rmq_spark.cli import main
 from rmq_spark.config import load_config
-from rmq_spark.devtools.demo import node_connector
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
 from rmq_spark.errors import DiscoveryError
@@ -47,7 +46,7 @@ from tests.support.brokers import (
     job_environment,
     seed,
 )
-from tests.support.faults import management, mover_connections, wait_until
+from tests.support.faults import mover_connections, wait_until
 
 VHOST = "federation"
 VQ = quote(VHOST, safe="")
@@ -92,7 +91,7 @@ class Federated:
 def message_ids(node: LocalNode, queue: str) -> Counter[str]:
     """Every message id a queue holds (read and acked: the queue ends empty)."""
     found: Counter[str] = Counter()
-    connection = node_connector(node)(VHOST)
+    connection = node.connect(VHOST)
     try:
         channel = connection.channel()
         while True:
@@ -105,7 +104,7 @@ def message_ids(node: LocalNode, queue: str) -> Counter[str]:
 
 
 def publish(node: LocalNode, queue: str, prefix: str, count: int) -> None:
-    connection = node_connector(node)(VHOST)
+    connection = node.connect(VHOST)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True)
@@ -129,12 +128,12 @@ def expected_ids() -> set[str]:
 
 def policies(node: LocalNode) -> dict[str, dict[str, Any]]:
     """VHOST's policies: name -> the API's row (pattern, apply-to, priority, definition)."""
-    return {row["name"]: row for row in management(node, "GET", f"/api/policies/{VQ}")}
+    return {row["name"]: row for row in node.management("GET", f"/api/policies/{VQ}", timeout=10)}
 
 
 def links(node: LocalNode) -> dict[str, str]:
     """VHOST's federation links: queue or exchange name -> status."""
-    rows = management(node, "GET", f"/api/federation-links/{VQ}")
+    rows = node.management("GET", f"/api/federation-links/{VQ}", timeout=10)
     return {str(row.get("queue") or row.get("exchange")): str(row["status"]) for row in rows}
 
 
@@ -153,7 +152,7 @@ def wait_for_policy_listed(node: LocalNode) -> None:
     sampled statistics (every 5 s): a queue declared just now shows none yet."""
 
     def listed() -> set[str]:
-        queues = management(node, "GET", f"/api/queues/{VQ}?columns=name,policy")
+        queues = node.management("GET", f"/api/queues/{VQ}?columns=name,policy", timeout=10)
         return {queue["name"] for queue in queues if queue.get("policy") == POLICY}
 
     wait_until(lambda: listed() == set(FEDERATED), "the API to list the federation policy")
@@ -171,24 +170,24 @@ def federated(
         publish(dr, queue, "dr", ORPHANS)
     seed(dr, VHOST, UNFEDERATED, 10)
     uri = f"amqp://{upstream.username}:{upstream.password}@127.0.0.1:{upstream.amqp_port}/{VQ}"
-    management(
-        dr,
+    dr.management(
         "PUT",
         f"/api/parameters/federation-upstream/{VQ}/{UPSTREAM}",
         json={"value": {"uri": uri, "prefetch-count": 100, "reconnect-delay": 1}},
+        timeout=10,
     )
-    management(
-        dr,
+    dr.management(
         "PUT",
         f"/api/parameters/federation-upstream-set/{VQ}/main-set",
         json={"value": [{"upstream": UPSTREAM}]},
+        timeout=10,
     )
     definition = DEFINITIONS[request.param]
-    management(
-        dr,
+    dr.management(
         "PUT",
         f"/api/policies/{VQ}/{POLICY}",
         json={"pattern": r"^fed\.", "definition": definition, "apply-to": "all", "priority": 2},
+        timeout=10,
     )
     wait_until(lambda: running_queue_links(dr) == set(FEDERATED), "the queues' links to run")
     wait_until(lambda: exchange_link_running(dr), "the exchange's link to run")
@@ -197,7 +196,7 @@ def federated(
     finally:
         # Upstreams, sets, policies and queues go with the vhosts.
         for node in (dr, upstream):
-            management(node, "DELETE", f"/api/vhosts/{VQ}")
+            node.management("DELETE", f"/api/vhosts/{VQ}", timeout=10)
 
 
 def job_config(tmp_path: Path, brokers: Brokers, **top_level: Any) -> Path:
@@ -242,7 +241,7 @@ def assert_failed_back(federated: Federated, duplicates: int = 0) -> None:
 def test_a_consumer_on_a_federated_dr_queue_pulls_from_main(federated: Federated) -> None:
     """The control: without a pause, draining a DR queue pulls main's messages into DR."""
     brokers = federated.brokers
-    connection = brokers.connect(brokers.dr, VHOST)
+    connection = brokers.dr.connect(VHOST)
     try:
         channel = connection.channel()
         channel.basic_qos(prefetch_count=100)

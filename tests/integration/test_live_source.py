@@ -43,7 +43,7 @@ class Publisher(threading.Thread):
 
     def run(self) -> None:
         try:
-            connection = self._brokers.connect(self._brokers.dr, self._vhost)
+            connection = self._brokers.dr.connect(self._vhost)
             channel = connection.channel()
             started, ticks = time.monotonic(), 0
             while not self.stop.is_set():
@@ -63,7 +63,7 @@ class Publisher(threading.Thread):
 
 
 def seed(brokers: Brokers, vhost: str) -> None:
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     channel = connection.channel()
     channel.confirm_delivery()
     for queue in QUEUES:
@@ -77,7 +77,7 @@ def seed(brokers: Brokers, vhost: str) -> None:
 def ids_in(brokers: Brokers, node_label: str, vhost: str, queue: str) -> Counter[str]:
     node = brokers.dr if node_label == "dr" else brokers.main
     found: Counter[str] = Counter()
-    connection = brokers.connect(node, vhost)
+    connection = node.connect(vhost)
     channel = connection.channel()
     while True:
         method, properties, _body = channel.basic_get(queue, auto_ack=True)
@@ -143,7 +143,7 @@ class Stealer(threading.Thread):
         )
         if self.stop.is_set():
             return  # the run ended first: `taken` stays 0 and the test says so
-        connection = self._brokers.connect(self._brokers.dr, self._vhost)
+        connection = self._brokers.dr.connect(self._vhost)
         channel = connection.channel()
         channel.basic_qos(prefetch_count=1)
         for method, _properties, _body in channel.consume(QUEUES[0], inactivity_timeout=0.1):

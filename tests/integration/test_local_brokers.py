@@ -107,22 +107,12 @@ def test_nodes_are_distinct_and_avoid_default_ports(nodes: list[LocalNode]) -> N
 def test_management_api_shows_cluster_names_and_plugins(nodes: list[LocalNode]) -> None:
     names = []
     for node in nodes:
-        resp = requests.get(
-            f"{node.management_url}/api/overview",
-            auth=(node.username, node.password),
-            timeout=10,
-        )
-        assert resp.status_code == 200
-        overview = resp.json()
+        overview = node.management("GET", "/api/overview", timeout=10)
         assert overview["node"] == node.node_name
         assert overview["rabbitmq_version"].startswith(f"{node.version}.")
         names.append(overview["cluster_name"])
         # shovel and federation management extensions are loaded
-        ext = requests.get(
-            f"{node.management_url}/api/extensions",
-            auth=(node.username, node.password),
-            timeout=10,
-        ).json()
+        ext = node.management("GET", "/api/extensions", timeout=10)
         # one file per extension up to 4.0, a list of files from 4.3 on
         js: set[str] = set()
         for e in ext:
@@ -136,6 +126,11 @@ def test_management_api_shows_cluster_names_and_plugins(nodes: list[LocalNode]) 
             timeout=10,
         )
         assert bad.status_code == 401
+        # the helper raises on an error status, and returns None for a 404 only when asked
+        missing = "/api/queues/%2F/no-such-queue"
+        with pytest.raises(requests.HTTPError, match="404"):
+            node.management("DELETE", missing)
+        assert node.management("DELETE", missing, missing_ok=True) is None
     assert names == ["dr", "main"]
 
 
@@ -164,9 +159,10 @@ def test_add_vhost_is_idempotent_and_usable(nodes: list[LocalNode]) -> None:
     node.add_vhost("team/a")
     node.add_vhost("team/a")
     assert "team/a" in node.rabbitmqctl("list_vhosts", "--silent").split()
-    conn = pika.BlockingConnection(_amqp_params(node, vhost="team/a"))
+    conn = node.connect("team/a")
     try:
-        conn.channel().queue_declare(queue="in-vhost", auto_delete=True)
+        declared = conn.channel().queue_declare(queue="in-vhost", auto_delete=True)
+        assert declared.method.queue == "in-vhost"
     finally:
         conn.close()
     # the other cluster is independent
@@ -242,11 +238,10 @@ def test_a_4x_cluster_shares_one_epmd_serves_quorum_queues_and_stops_clean(
     try:
         first = cluster.first
         assert {n.epmd_port for n in cluster.nodes} == {first.epmd_port}
-        auth = (first.username, first.password)
-        running = requests.get(f"{first.management_url}/api/nodes", auth=auth, timeout=10).json()
+        running = first.management("GET", "/api/nodes", timeout=10)
         assert sorted(n["name"] for n in running if n["running"]) == sorted(cluster.node_names)
-        flags = requests.get(f"{first.management_url}/api/feature-flags", auth=auth, timeout=10)
-        states = {f["name"]: f["state"] for f in flags.json()}
+        flags = first.management("GET", "/api/feature-flags", timeout=10)
+        states = {f["name"]: f["state"] for f in flags}
         # Fresh 4.x nodes enable every stable flag; 4.3 keeps its metadata in Khepri.
         assert states["khepri_db"] == ("enabled" if version == "4.3" else "disabled")
         conn = pika.BlockingConnection(_amqp_params(cluster.nodes[2]))

@@ -36,7 +36,7 @@ def test_a_vhost_of_three_pages_is_listed_whole_and_an_empty_one_as_nothing(
     vhost = fresh_vhost(brokers, "paged-listing")
     empty = fresh_vhost(brokers, "paged-listing-empty")
     names = sorted(f"q.{index:05d}" for index in range(QUEUES))
-    connection = brokers.connect(brokers.dr, vhost)
+    connection = brokers.dr.connect(vhost)
     try:
         channel = connection.channel()
         for name in names:

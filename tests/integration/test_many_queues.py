@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from rmq_spark.config import load_config
-from rmq_spark.devtools.demo import node_connector, seed_demo
+from rmq_spark.devtools.demo import seed_demo
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.writer import is_data_file, run_partition_dir
 from rmq_spark.progress import AMQP_SAMPLE_MAX_QUEUES, depth_sampler
@@ -47,7 +47,7 @@ def test_sixty_small_queues_commit_one_compacted_file_in_one_commit(
     for vhost in VHOSTS:
         fresh_vhost(brokers, vhost)
     seeded = seed_demo(
-        node_connector(brokers.dr),
+        brokers.dr.connect,
         vhosts=VHOSTS,
         per_vhost=QUEUES_PER_VHOST,
         messages_per_queue=MESSAGES_PER_QUEUE,
@@ -88,7 +88,7 @@ def test_progress_samples_a_vhost_of_many_queues_from_the_listing(
 ) -> None:
     vhost = fresh_vhost(brokers, "many-sampled")
     count = AMQP_SAMPLE_MAX_QUEUES + 10
-    seed_demo(node_connector(brokers.dr), vhosts=[vhost], per_vhost=count, messages_per_queue=3)
+    seed_demo(brokers.dr.connect, vhosts=[vhost], per_vhost=count, messages_per_queue=3)
     wait_until_listed(brokers, vhost, count)
     config = load_config(
         write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "l")

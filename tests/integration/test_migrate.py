@@ -42,8 +42,6 @@ from rmq_spark.migrate import (
 from rmq_spark.transfer.amqp091 import wire
 from tests.support.brokers import PASSWORD_ENV, job_environment
 from tests.support.clusters import (
-    api,
-    connect,
     exact_depth,
     fresh_cluster_vhost,
     write_cluster_config,
@@ -122,8 +120,7 @@ def set_up(
     node = cluster.first
     mirroring = node.version.startswith("3.")
     if mirroring:
-        api(
-            node,
+        node.management(
             "PUT",
             f"/api/policies/{quote(vhost, safe='')}/ha-all",
             json={
@@ -132,7 +129,7 @@ def set_up(
                 "apply-to": "queues",
             },
         )
-    connection = connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         for exchange, kind in EXCHANGES.items():
@@ -161,20 +158,19 @@ def set_up(
 
 
 def queue(cluster: LocalCluster, vhost: str, name: str) -> dict[str, Any]:
-    result: dict[str, Any] = api(
-        cluster.first, "GET", f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}"
+    result: dict[str, Any] = cluster.first.management(
+        "GET", f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}"
     )
     return result
 
 
 def queue_names(cluster: LocalCluster, vhost: str) -> set[str]:
-    rows = api(cluster.first, "GET", f"/api/queues/{quote(vhost, safe='')}?columns=name")
+    rows = cluster.first.management("GET", f"/api/queues/{quote(vhost, safe='')}?columns=name")
     return {row["name"] for row in rows}
 
 
 def bindings(cluster: LocalCluster, vhost: str, name: str) -> set[tuple[str, str, str]]:
-    rows = api(
-        cluster.first,
+    rows = cluster.first.management(
         "GET",
         f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}/bindings",
     )
@@ -190,7 +186,7 @@ Binding = tuple[str, str, dict[str, Any]]  # exchange, routing key, arguments
 
 def bind(cluster: LocalCluster, vhost: str, name: str, binding: Binding) -> None:
     exchange, key, args = binding
-    connection = connect(cluster.first, vhost)
+    connection = cluster.first.connect(vhost)
     try:
         connection.channel().queue_bind(name, exchange, key, arguments=args or None)
     finally:
@@ -199,7 +195,7 @@ def bind(cluster: LocalCluster, vhost: str, name: str, binding: Binding) -> None
 
 def unbind(cluster: LocalCluster, vhost: str, name: str, binding: Binding) -> None:
     exchange, key, args = binding
-    connection = connect(cluster.first, vhost)
+    connection = cluster.first.connect(vhost)
     try:
         connection.channel().queue_unbind(name, exchange, key, arguments=args or None)
     finally:
@@ -231,7 +227,7 @@ def consume_fingerprints(node: LocalNode, vhost: str, name: str) -> Counter[Fing
     """
     wire.install()
     found: Counter[Fingerprint] = Counter()
-    connection = connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         count = int(channel.queue_declare(name, passive=True).method.message_count)
@@ -271,7 +267,7 @@ class LivePublisher(threading.Thread):
 
     def run(self) -> None:
         try:
-            connection = connect(self._node, self._vhost)
+            connection = self._node.connect(self._vhost)
             channel = connection.channel()
             channel.confirm_delivery()
             index = 0
@@ -319,7 +315,9 @@ def crash_after(phase: str) -> Callable[[str], None]:
 def vhost(quorum_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     name = fresh_cluster_vhost(quorum_cluster, f"mig-{request.node.name[:40]}")
     yield name
-    api(quorum_cluster.first, "DELETE", f"/api/vhosts/{quote(name, safe='')}")
+    quorum_cluster.first.management(
+        "DELETE", f"/api/vhosts/{quote(name, safe='')}", missing_ok=True
+    )
 
 
 def test_dry_run_names_every_refused_queue_and_changes_nothing(
@@ -336,7 +334,7 @@ def test_dry_run_names_every_refused_queue_and_changes_nothing(
         Spec("odd", {"x-something-new": 1}),
     ]
     set_up(quorum_cluster, vhost, specs, 3)
-    connection = connect(quorum_cluster.first, vhost)
+    connection = quorum_cluster.first.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare("transient", durable=False)
@@ -584,7 +582,7 @@ def test_waiting_for_consumers_gives_up_naming_the_queue_and_changes_nothing(
 ) -> None:
     set_up(quorum_cluster, vhost, [Spec("busy", bindings=_bindings(1))], 5)
     config = load_config(write_cluster_config(tmp_path / "migrate.yaml", quorum_cluster, vhost))
-    connection = connect(quorum_cluster.nodes[2], vhost)
+    connection = quorum_cluster.nodes[2].connect(vhost)
     try:
         channel = connection.channel()
         channel.basic_qos(prefetch_count=1)
@@ -616,7 +614,7 @@ def test_already_migrated_queues_are_left_alone(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    connection = connect(quorum_cluster.first, vhost)
+    connection = quorum_cluster.first.connect(vhost)
     try:
         connection.channel().queue_declare(
             "done", durable=True, arguments={"x-queue-type": "quorum"}
@@ -646,12 +644,14 @@ def vhost_4_3(quorum_cluster_4_3: LocalCluster, request: pytest.FixtureRequest) 
     """A vhost of its own on the 4.3 cluster (the blue-green tests share the cluster)."""
     name = fresh_cluster_vhost(quorum_cluster_4_3, f"mig43-{request.node.name[:40]}")
     yield name
-    api(quorum_cluster_4_3.first, "DELETE", f"/api/vhosts/{quote(name, safe='')}")
+    quorum_cluster_4_3.first.management(
+        "DELETE", f"/api/vhosts/{quote(name, safe='')}", missing_ok=True
+    )
 
 
 def declare_refusal(node: LocalNode, vhost: str, queue: str, arguments: dict[str, Any]) -> str:
     """The broker's reply-text closing the channel (or connection) for this declare."""
-    connection = connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         connection.channel().queue_declare(queue, durable=True, arguments=arguments)
     except (pika.exceptions.ChannelClosedByBroker, pika.exceptions.ConnectionClosedByBroker) as exc:
@@ -767,7 +767,7 @@ def test_classic_queues_on_4_3_migrate_in_place_through_a_crash(
     set_up(cluster, vhost, specs, MESSAGES_4_3, messages=key_ordered_messages)
     assert {queue(cluster, vhost, s.name)["type"] for s in specs} == {"classic"}
     path = write_cluster_config(tmp_path / "migrate.yaml", cluster, vhost)
-    version = api(cluster.first, "GET", "/api/overview")["rabbitmq_version"]
+    version = cluster.first.management("GET", "/api/overview")["rabbitmq_version"]
     assert version.startswith("4.3.")
 
     with (

@@ -91,9 +91,9 @@ def test_a_task_moves_its_queues_two_at_a_time_on_one_loop(
     assert [o.key.source_queue for o in outcomes] == list(QUEUES)  # plan order kept
     assert [(o.status, o.messages) for o in outcomes] == [("moved", MESSAGES)] * len(QUEUES)
     for queue in QUEUES:
-        found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
+        found = drain_fingerprints(lambda: brokers.main.connect(vhost), queue)
         assert found == expected_fingerprints(vhost, queue, MESSAGES), queue
-        left = drain_fingerprints(lambda: brokers.connect(brokers.dr, vhost), queue)
+        left = drain_fingerprints(lambda: brokers.dr.connect(vhost), queue)
         assert left == Counter(), f"{queue} was not drained"
     tables.commit_run(config.ledger.path, "multiplex")
     ledger = tables.read_arrow(config.ledger.path, "messages", run_id="multiplex")
@@ -126,7 +126,7 @@ def test_a_failing_queue_does_not_stop_the_others_on_its_loop(
     assert "returned" in failed.error
 
     for queue in ("ok-a", "ok-b"):
-        found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
+        found = drain_fingerprints(lambda: brokers.main.connect(vhost), queue)
         assert found == expected_fingerprints(vhost, queue, MESSAGES), queue
-    left = drain_fingerprints(lambda: brokers.connect(brokers.dr, vhost), "refused")
+    left = drain_fingerprints(lambda: brokers.dr.connect(vhost), "refused")
     assert left == expected_fingerprints(vhost, "refused", MESSAGES)  # nothing lost

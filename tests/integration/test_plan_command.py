@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import requests
 
 from rmq_spark.cli import main
 from tests.support.brokers import Brokers, declare, depth, fresh_vhost, seed, write_config
@@ -54,12 +53,10 @@ def test_plan_prints_every_queue_and_creates_and_moves_nothing(
 
 
 def queue_exists(brokers: Brokers, vhost: str, queue: str) -> bool:
-    response = requests.get(
-        f"{brokers.main.management_url}/api/queues/{vhost}/{queue}",
-        auth=(brokers.main.username, brokers.main.password),
-        timeout=10,
+    found = brokers.main.management(
+        "GET", f"/api/queues/{vhost}/{queue}", timeout=10, missing_ok=True
     )
-    return response.status_code == 200
+    return found is not None
 
 
 def test_plan_with_problems_lists_them_and_exits_2(

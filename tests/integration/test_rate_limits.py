@@ -141,7 +141,7 @@ class DepthWatch(threading.Thread):
 
     def __init__(self, brokers: Brokers, vhost: str, queue: str) -> None:
         super().__init__(name="depth-watch", daemon=True)
-        self._connection = brokers.connect(brokers.main, vhost)
+        self._connection = brokers.main.connect(vhost)
         self._queue = queue
         self._stop_event = threading.Event()
         self.samples: list[int] = []
@@ -213,10 +213,10 @@ def test_the_depth_bound_holds_a_destination_nobody_consumes_and_resumes_when_dr
         assert mover.is_alive()
 
         # A consumer drains the destination: the mover goes on and finishes.
-        drained = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), "orders")
+        drained = drain_fingerprints(lambda: brokers.main.connect(vhost), "orders")
         taken = sum(drained.values())
         while mover.is_alive() or depth(brokers.main, vhost, "orders"):
-            found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), "orders")
+            found = drain_fingerprints(lambda: brokers.main.connect(vhost), "orders")
             taken += sum(found.values())
             mover.join(timeout=0.2)
     finally:

@@ -147,7 +147,7 @@ def test_a_killed_driver_started_again_by_its_scheduler_finishes_the_run(
     assert (result["lost"], result["unexpected"]) == (0, 0)
     assert result["duplicates"] <= WINDOW * len(QUEUES)
     for queue in QUEUES:
-        found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
+        found = drain_fingerprints(lambda: brokers.main.connect(vhost), queue)
         expected = expected_fingerprints(vhost, queue, MESSAGES)
         assert not expected - found, f"{queue}: a message is missing from the destination"
         assert sum((found - expected).values()) <= WINDOW  # the extra copies: duplicates

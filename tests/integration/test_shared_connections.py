@@ -104,7 +104,7 @@ def test_queues_of_one_vhost_share_one_connection_per_side(
     assert [(o.status, o.messages) for o in move.outcomes] == [("moved", count)] * len(queues)
     assert {role: len(names) for role, names in seen.items()} == {"consumer": 1, "publisher": 1}
     for queue in queues:
-        found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
+        found = drain_fingerprints(lambda: brokers.main.connect(vhost), queue)
         assert found == expected_fingerprints(vhost, queue, count), queue
         assert depth(brokers.dr, vhost, queue) == 0
     # The task closed its connections when its movers were done.
@@ -144,8 +144,8 @@ def test_a_shared_connection_closed_mid_run_ends_every_session_on_it_without_los
     assert all(o.sessions >= 2 for o in move.outcomes)  # every queue on it was lost, and resumed
     rows = pq.read_table(run_partition_dir(config.ledger.path, "lost")).to_pylist()
     for queue in queues:
-        found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
-        left = drain_fingerprints(lambda: brokers.connect(brokers.dr, vhost), queue)
+        found = drain_fingerprints(lambda: brokers.main.connect(vhost), queue)
+        left = drain_fingerprints(lambda: brokers.dr.connect(vhost), queue)
         expected = expected_fingerprints(vhost, queue, count)
         assert left == Counter(), f"{queue} was not drained"
         assert expected - found == Counter(), f"{queue}: messages lost"
@@ -184,5 +184,5 @@ def test_a_channel_the_broker_closes_fails_only_its_queue(
     assert "'missing'" in (failed.error or "")
     assert all(o.sessions == 1 for o in outcomes)  # no session of the others was lost
     for queue in ("ok-a", "ok-b"):
-        found = drain_fingerprints(lambda: brokers.connect(brokers.main, vhost), queue)
+        found = drain_fingerprints(lambda: brokers.main.connect(vhost), queue)
         assert found == expected_fingerprints(vhost, queue, 2000), queue

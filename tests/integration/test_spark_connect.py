@@ -109,7 +109,7 @@ def test_the_demo_job_over_spark_connect_ends_verified(
 ) -> None:
     vhosts = [fresh_vhost(brokers, "connect-orders"), fresh_vhost(brokers, "connect-billing")]
     seeded = seed_demo(
-        lambda vhost: brokers.connect(brokers.dr, vhost),
+        brokers.dr.connect,
         vhosts=vhosts,
         messages_per_queue=MESSAGES_PER_QUEUE,
     )

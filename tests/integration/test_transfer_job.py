@@ -13,7 +13,6 @@ import pytest
 from rmq_spark.devtools.demo import (
     demo_messages,
     demo_queue_names,
-    node_connector,
     seed_demo,
     wait_for_depth,
 )
@@ -48,7 +47,7 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
     for vhost in VHOSTS:
         fresh_vhost(brokers, vhost)
     seeded = seed_demo(
-        node_connector(brokers.dr),
+        brokers.dr.connect,
         vhosts=VHOSTS,
         per_vhost=QUEUES_PER_VHOST,
         messages_per_queue=MESSAGES_PER_QUEUE,
@@ -79,7 +78,7 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
     assert ledger_rows.num_rows == 100_000
     for vhost, queue in demo_queue_names(VHOSTS, QUEUES_PER_VHOST):
         expected = expected_fingerprints(vhost, queue, MESSAGES_PER_QUEUE)
-        found = drain_fingerprints(lambda v=vhost: brokers.connect(brokers.main, v), queue)
+        found = drain_fingerprints(lambda v=vhost: brokers.main.connect(v), queue)
         assert found == expected, f"{vhost}/{queue}: destination differs from what was published"
         rows = ledger_rows.filter(
             pc.and_(
@@ -92,7 +91,7 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
         )
         assert in_ledger == expected, f"{vhost}/{queue}: ledger checksums differ from the messages"
         assert sorted(rows["position"].to_pylist()) == list(range(MESSAGES_PER_QUEUE))
-        source_left = drain_fingerprints(lambda v=vhost: brokers.connect(brokers.dr, v), queue)
+        source_left = drain_fingerprints(lambda v=vhost: brokers.dr.connect(v), queue)
         assert not source_left, f"{vhost}/{queue}: source not drained"
 
     # Verification and run records sit beside the ledger.
@@ -127,7 +126,7 @@ def delivered_by_source(brokers: Brokers, vhost: str, queue: str) -> Counter[tup
     """
     brokers.dr.add_vhost(REFERENCE_VHOST)
     reference = f"ref.{vhost}.{queue}"
-    connection = brokers.connect(brokers.dr, REFERENCE_VHOST)
+    connection = brokers.dr.connect(REFERENCE_VHOST)
     try:
         channel = connection.channel()
         channel.queue_declare(reference, durable=True)
@@ -138,7 +137,7 @@ def delivered_by_source(brokers: Brokers, vhost: str, queue: str) -> Counter[tup
         wait_for_depth(channel, reference, MESSAGES_PER_QUEUE_4X)
     finally:
         connection.close()
-    return drain_fingerprints(lambda: brokers.connect(brokers.dr, REFERENCE_VHOST), reference)
+    return drain_fingerprints(lambda: brokers.dr.connect(REFERENCE_VHOST), reference)
 
 
 @pytest.mark.parametrize("brokers_of_version", ["4.0", "4.3"], indirect=True)
@@ -149,7 +148,7 @@ def test_spark_submit_moves_messages_as_the_source_delivered_them_on_4x(
     for vhost in VHOSTS_4X:
         fresh_vhost(brokers, vhost)
     seeded = seed_demo(
-        node_connector(brokers.dr),
+        brokers.dr.connect,
         vhosts=VHOSTS_4X,
         per_vhost=QUEUES_PER_VHOST_4X,
         messages_per_queue=MESSAGES_PER_QUEUE_4X,
@@ -185,7 +184,7 @@ def test_spark_submit_moves_messages_as_the_source_delivered_them_on_4x(
         assert sorted(b for b, _ in expected.elements()) == sorted(
             b for b, _ in published.elements()
         )
-        found = drain_fingerprints(lambda v=vhost: brokers.connect(brokers.main, v), queue)
+        found = drain_fingerprints(lambda v=vhost: brokers.main.connect(v), queue)
         assert found == expected, f"{vhost}/{queue}: destination differs from what source delivered"
         rows = ledger_rows.filter(
             pc.and_(
@@ -198,6 +197,6 @@ def test_spark_submit_moves_messages_as_the_source_delivered_them_on_4x(
         )
         assert in_ledger == expected, f"{vhost}/{queue}: ledger checksums differ from deliveries"
         assert sorted(rows["position"].to_pylist()) == list(range(MESSAGES_PER_QUEUE_4X))
-        source_left = drain_fingerprints(lambda v=vhost: brokers.connect(brokers.dr, v), queue)
+        source_left = drain_fingerprints(lambda v=vhost: brokers.dr.connect(v), queue)
         assert not source_left, f"{vhost}/{queue}: source not drained"
     assert version_password_env not in completed.stdout + completed.stderr

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pika
 import yaml
 
-from rmq_spark.devtools.demo import node_connector, seed_queue, wait_for_depth
+from rmq_spark.devtools.demo import seed_queue, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.model import MoveOutcome
 from rmq_spark.report.console import RESULT_PREFIX
@@ -31,9 +32,6 @@ PASSWORD_ENV = "RMQ_SPARK_TEST_PASSWORD"
 class Brokers:
     dr: LocalNode
     main: LocalNode
-
-    def connect(self, node: LocalNode, vhost: str = "/") -> pika.BlockingConnection:
-        return node_connector(node)(vhost)
 
 
 def cluster_block(node: LocalNode) -> dict[str, object]:
@@ -75,7 +73,7 @@ def fresh_vhost(brokers: Brokers, name: str) -> str:
     """A vhost on both nodes, emptied of queues, so each test starts clean."""
     for node in (brokers.dr, brokers.main):
         node.add_vhost(name)
-        connection = brokers.connect(node, name)
+        connection = node.connect(name)
         try:
             channel = connection.channel()
             for queue in queue_names(node, name):
@@ -87,15 +85,8 @@ def fresh_vhost(brokers: Brokers, name: str) -> str:
 
 def queue_names(node: LocalNode, vhost: str) -> list[str]:
     """The vhost's queue names, sorted, from the management API."""
-    import requests
-
-    response = requests.get(
-        f"{node.management_url}/api/queues/{requests.utils.quote(vhost, safe='')}?columns=name",
-        auth=(node.username, node.password),
-        timeout=10,
-    )
-    response.raise_for_status()
-    return sorted(row["name"] for row in response.json())
+    rows = node.management("GET", f"/api/queues/{quote(vhost, safe='')}?columns=name", timeout=10)
+    return sorted(row["name"] for row in rows)
 
 
 def drain_fingerprints(
@@ -144,7 +135,7 @@ def job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def seed(node: LocalNode, vhost: str, queue: str, count: int, **declare: Any) -> None:
-    connection = node_connector(node)(vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True, **declare)
@@ -155,7 +146,7 @@ def seed(node: LocalNode, vhost: str, queue: str, count: int, **declare: Any) ->
 
 
 def declare(node: LocalNode, vhost: str, queue: str, **arguments: Any) -> None:
-    connection = node_connector(node)(vhost)
+    connection = node.connect(vhost)
     try:
         connection.channel().queue_declare(queue, durable=True, arguments=arguments or None)
     finally:
@@ -163,7 +154,7 @@ def declare(node: LocalNode, vhost: str, queue: str, **arguments: Any) -> None:
 
 
 def depth(node: LocalNode, vhost: str, queue: str) -> int:
-    connection = node_connector(node)(vhost)
+    connection = node.connect(vhost)
     try:
         return queue_depth(connection, queue)
     finally:

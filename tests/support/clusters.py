@@ -6,50 +6,23 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import pika
-import requests
 import yaml
 
 from rmq_spark.broker.counts import ready_count
-from rmq_spark.devtools.local_brokers import LocalCluster, LocalNode
+from rmq_spark.devtools.local_brokers import LocalCluster
 from tests.support.brokers import PASSWORD_ENV
-
-
-def api(node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
-    response = requests.request(
-        method,
-        f"{node.management_url}{path}",
-        auth=(node.username, node.password),
-        timeout=30,
-        **kwargs,
-    )
-    if method == "DELETE" and response.status_code == 404:
-        return None
-    response.raise_for_status()
-    return response.json() if response.content else None
-
-
-def connect(node: LocalNode, vhost: str) -> pika.BlockingConnection:
-    return pika.BlockingConnection(
-        pika.ConnectionParameters(
-            host="127.0.0.1",
-            port=node.amqp_port,
-            virtual_host=vhost,
-            credentials=pika.PlainCredentials(node.username, node.password),
-        )
-    )
 
 
 def fresh_cluster_vhost(cluster: LocalCluster, vhost: str) -> str:
     node = cluster.first
-    api(node, "DELETE", f"/api/vhosts/{quote(vhost, safe='')}")
+    node.management("DELETE", f"/api/vhosts/{quote(vhost, safe='')}", missing_ok=True)
     node.add_vhost(vhost)
     return vhost
 
 
 def exact_depth(cluster: LocalCluster, vhost: str, name: str) -> int:
     """Ready count, asked again while a busy quorum leader answers 0 (`ready_count`)."""
-    connection = connect(cluster.first, vhost)
+    connection = cluster.first.connect(vhost)
     try:
         return ready_count(connection.channel(), name, f"vhost {vhost!r} queue {name!r}")
     finally:

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
-import requests
 
 from rmq_spark.config import JobConfig, MoverConfig, load_config
-from rmq_spark.devtools.demo import DemoMessage, demo_messages, node_connector, wait_for_depth
+from rmq_spark.devtools.demo import DemoMessage, demo_messages, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.ledger import tables
 from rmq_spark.model import MoveOutcome
@@ -80,7 +80,7 @@ def key_ordered_messages(vhost: str, queue: str, count: int) -> Iterator[DemoMes
 
 def seed_key_ordered(node: LocalNode, vhost: str, queue: str, count: int) -> None:
     """A durable classic queue holding `count` key-ordered demo messages."""
-    connection = node_connector(node)(vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True)
@@ -101,18 +101,6 @@ def key_ordered_fingerprints(vhost: str, queue: str, count: int) -> Counter[Fing
     )
 
 
-def management(node: LocalNode, method: str, path: str, **kwargs: Any) -> Any:
-    response = requests.request(
-        method,
-        f"{node.management_url}{path}",
-        auth=(node.username, node.password),
-        timeout=10,
-        **kwargs,
-    )
-    response.raise_for_status()
-    return response.json() if response.content else None
-
-
 def mover_connections(node: LocalNode, role: str, run_id: str) -> list[dict[str, Any]]:
     """The node's AMQP connections opened by a mover of `run_id` ("consumer"/"publisher").
 
@@ -120,7 +108,9 @@ def mover_connections(node: LocalNode, role: str, run_id: str) -> list[dict[str,
     listing comes from a cache that on a busy node outlives a short move."""
     return [
         c
-        for c in management(node, "GET", "/api/connections?data_rates_age=60&data_rates_incr=60")
+        for c in node.management(
+            "GET", "/api/connections?data_rates_age=60&data_rates_incr=60", timeout=10
+        )
         if f"rmq-spark {run_id} {role}"
         in (c.get("client_properties") or {}).get("connection_name", "")
     ]
@@ -130,12 +120,13 @@ def close_mover_connections(node: LocalNode, role: str, run_id: str) -> int:
     """Force-close them, as a network failure or an operator would."""
     closed = 0
     for connection in mover_connections(node, role, run_id):
-        name = requests.utils.quote(connection["name"], safe="")
-        requests.delete(
-            f"{node.management_url}/api/connections/{name}",
-            auth=(node.username, node.password),
+        name = quote(connection["name"], safe="")
+        node.management(
+            "DELETE",
+            f"/api/connections/{name}",
             headers={"X-Reason": "rmq-spark fault test"},
             timeout=10,
+            missing_ok=True,
         )
         closed += 1
     return closed
@@ -269,11 +260,9 @@ def account(transfer: Transfer, expected: Counter[Fingerprint]) -> Accounting:
     return Accounting(
         expected=expected,
         in_destination=drain_fingerprints(
-            lambda: brokers.connect(brokers.main, vhost), transfer.destination_queue
+            lambda: brokers.main.connect(vhost), transfer.destination_queue
         ),
-        left_in_source=drain_fingerprints(
-            lambda: brokers.connect(brokers.dr, vhost), transfer.source_queue
-        ),
+        left_in_source=drain_fingerprints(lambda: brokers.dr.connect(vhost), transfer.source_queue),
         confirmed_rows=confirmed,
         uncertain_rows=uncertain,
         named_duplicates=named,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import pika
 import requests
 
 from rmq_spark.devtools import rabbitmq_roots
@@ -78,6 +79,8 @@ _LOG_TAIL_LINES = 30
 _CTL_STOP_TIMEOUT = 60.0
 _KILL_GRACE = 10.0
 _HTTP_TIMEOUT = 10.0
+#: Tests' and benches' management calls; generous, as a loaded node answers slowly.
+_MANAGEMENT_TIMEOUT = 30.0
 
 
 class LocalBrokerError(RmqSparkError):
@@ -138,6 +141,44 @@ class LocalNode:
             what=f"grant {self.username!r} permissions on vhost {vhost!r}",
         )
         logger.info("node %s: vhost %r ready for user %r", self.label, vhost, self.username)
+
+    def connect(self, vhost: str = "/") -> pika.BlockingConnection:
+        """A blocking AMQP connection to ``vhost`` as the node's admin user (tests, benches)."""
+        return pika.BlockingConnection(
+            pika.ConnectionParameters(
+                host="127.0.0.1",
+                port=self.amqp_port,
+                virtual_host=vhost,
+                credentials=pika.PlainCredentials(self.username, self.password),
+            )
+        )
+
+    def management(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: float = _MANAGEMENT_TIMEOUT,
+        missing_ok: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Call the management API as the admin user; return the decoded JSON or None.
+
+        Raises ``requests.HTTPError`` on a non-2xx answer, except a 404 when
+        ``missing_ok`` (deleting what may not exist), which returns None. ``kwargs`` go
+        to ``requests.request`` (``json=``, ``params=``, ``headers=``).
+        """
+        response = requests.request(
+            method,
+            f"{self.management_url}{path}",
+            auth=(self.username, self.password),
+            timeout=timeout,
+            **kwargs,
+        )
+        if missing_ok and response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return response.json() if response.content else None
 
     def rabbitmqctl(self, *args: str, timeout: float = 60) -> str:
         """Run ``rabbitmqctl -n <node> <args>`` against this node and return its stdout.
