@@ -31,7 +31,6 @@ import rmq_spark
 from rmq_spark.devtools.image import PODMAN, ensure_image
 from rmq_spark.ledger import tables
 from rmq_spark.report.console import RESULT_PREFIX
-from tests.integration.test_standalone_cluster import alive_workers, free_port
 from tests.support.brokers import (
     Brokers,
     declare,
@@ -42,6 +41,7 @@ from tests.support.brokers import (
     write_config,
 )
 from tests.support.faults import wait_until
+from tests.support.standalone import alive_workers, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ARBITRARY_USER = "1000700000:0"  # a UID of OpenShift's range; no passwd entry in the image

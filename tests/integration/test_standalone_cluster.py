@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,6 @@ from pathlib import Path
 
 import pyspark
 import pytest
-import requests
 
 from rmq_spark.devtools import worker_root
 from rmq_spark.ledger import tables
@@ -41,6 +39,7 @@ from tests.support.brokers import (
     seed,
     write_config,
 )
+from tests.support.standalone import alive_workers, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
@@ -50,20 +49,6 @@ MESSAGES = 2000
 START_TIMEOUT_SECONDS = 120
 NOT_SHARED = "not-shared"
 SHARED = "shared"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def alive_workers(ui_port: int) -> int:
-    try:
-        state = requests.get(f"http://127.0.0.1:{ui_port}/json/", timeout=5).json()
-    except (requests.RequestException, ValueError):
-        return 0
-    return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
 
 
 @pytest.fixture(scope="module")

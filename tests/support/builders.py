@@ -43,3 +43,16 @@ def delivery(position: int, *, body_size: int = 3, confirmed: bool = True) -> De
         consumed_at=T0,
         confirmed_at=T0 if confirmed else None,
     )
+
+
+#: Two clusters, dr into main, every vhost: a config for planning tests (password env P).
+TWO_CLUSTER_CONFIG = """
+clusters:
+  dr: {amqp: ["amqp://dr:5672"], management: "http://dr:15672", password_env: P}
+  main: {amqp: ["amqp://main:5672"], management: "http://main:15672", password_env: P}
+routes:
+  - name: back
+    source: {cluster: dr, vhosts: ["*"]}
+    destination: {cluster: main}
+ledger: {path: /tmp/ledger}
+"""

@@ -49,3 +49,28 @@ def test_no_engine_class_is_longer_than_the_limit() -> None:
     assert classes, "no classes found under rmq_spark/transfer"
     too_long = {name: length for name, length in classes if length > MAX_ENGINE_CLASS_LINES}
     assert not too_long, f"engine classes over {MAX_ENGINE_CLASS_LINES} lines: {too_long}"
+
+
+TESTS = PACKAGE.parent / "tests"
+
+
+def test_tests_import_shared_helpers_only_from_tests_support() -> None:
+    """A helper two test modules share lives in tests/support/ (issue 28), so a test
+    module can be moved, renamed or deleted without breaking another."""
+    reaching: list[str] = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            reaching += [
+                f"{path.relative_to(TESTS.parent)}:{node.lineno} imports {name}"
+                for name in names
+                if name.startswith("tests.") and not name.startswith("tests.support")
+            ]
+    assert len(list(TESTS.rglob("test_*.py"))) > 50
+    assert not reaching, "test modules import from other test modules: " + "; ".join(reaching)

@@ -4,12 +4,9 @@ committer (Spark's Delta writer copies rows, so the log cannot name the files)."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import committers, tables
@@ -24,6 +21,7 @@ from rmq_spark.ledger.committers import (
 from rmq_spark.ledger.writer import MessageLedgerWriter, is_data_file, run_partition_dir
 from rmq_spark.model import TransferKey
 from tests.support.builders import delivery
+from tests.support.ledger_commits import Recording, recorded_version
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
 OTHER = TransferKey("dr", "b", "billing", "main", "b", "billing")
@@ -39,35 +37,6 @@ def moved(ledger: Path, key: TransferKey, positions: range, attempt: str = "0.0.
 def committed(ledger: Path) -> list[tuple[str, int]]:
     rows = tables.read_arrow(str(ledger), "messages", run_id="r1").to_pylist()
     return sorted((str(row["source_queue"]), int(str(row["position"]))) for row in rows)
-
-
-def recorded_version(ledger: Path, run_id: str = "r1") -> int | None:
-    table = DeltaTable(tables.table_path(str(ledger), "messages"))
-    return table.transaction_version(commit_app_id(run_id))
-
-
-class Recording:
-    """Records what a committer is handed, then commits it with delta-rs (which
-    records the key in the log as Spark's txnAppId/txnVersion options do)."""
-
-    name = "recording"
-
-    def __init__(self, *, fail_before: bool = False, fail_after: bool = False) -> None:
-        self.calls: list[tuple[list[str], CommitKey]] = []
-        self.fail_before, self.fail_after = fail_before, fail_after
-
-    def add_data_files(
-        self, table_path: str, run_id: str, files: Sequence[Path], key: CommitKey
-    ) -> None:
-        self.calls.append(([file.name for file in files], key))
-        if self.fail_before:
-            raise RuntimeError("driver died before the commit")
-        DELTA_RS.add_data_files(table_path, run_id, files, key)
-        if self.fail_after:
-            raise RuntimeError("driver died after the commit")
-
-    def append(self, table_path: str, table: str, rows: pa.Table) -> None:
-        DELTA_RS.append(table_path, table, rows)
 
 
 def test_without_a_session_or_delta_classes_delta_rs_commits(

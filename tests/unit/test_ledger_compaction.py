@@ -26,7 +26,7 @@ from rmq_spark.ledger.writer import (
 )
 from rmq_spark.model import TransferKey
 from tests.support.builders import delivery
-from tests.unit.test_ledger_commit import Recording, recorded_version
+from tests.support.ledger_commits import Recording, recorded_version
 
 KEYS = [TransferKey("dr", f"v{i % 3}", f"q{i}", "main", f"v{i % 3}", f"q{i}") for i in range(12)]
 ROWS_EACH = 4

@@ -16,7 +16,7 @@ from rmq_spark.report.console import MAX_BRAKE_LINES, brake_lines
 from rmq_spark.report.html import brakes_section, render_report
 from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force
 from tests.support.fakes import KEY
-from tests.unit.test_run_report import message, queue_row, run_ledger
+from tests.support.report_rows import message, queue_row, run_ledger
 
 RECORD = BrakeRecord(
     in_force="job 600 msg/s",

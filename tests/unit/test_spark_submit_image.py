@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_spark_submit import REPO, SCRIPT, args_spark_home, confs, submitted
+from tests.support.spark_submit import REPO, SCRIPT, args_spark_home, confs, submitted
 
 __all__ = ["args_spark_home"]  # the stub spark-submit fixture, shared
 

@@ -10,8 +10,7 @@ import pytest
 
 from rmq_spark.config import ClusterConfig, parse_config
 from rmq_spark.planning import discovery
-from tests.support.builders import transfer
-from tests.unit.planning.test_preflight_probes import CONFIG
+from tests.support.builders import TWO_CLUSTER_CONFIG, transfer
 
 
 def test_each_vhost_is_counted_at_once_on_its_own_connection(
@@ -32,7 +31,7 @@ def test_each_vhost_is_counted_at_once_on_its_own_connection(
     monkeypatch.setattr(discovery, "queue_depths", queue_depths)
     transfers = [transfer(f"q{i}", 1, vhost=vhost) for vhost in "abc" for i in range(2)]
 
-    depths = discovery.measure_depths(parse_config(CONFIG, {"P": "p"}), transfers)
+    depths = discovery.measure_depths(parse_config(TWO_CLUSTER_CONFIG, {"P": "p"}), transfers)
 
     assert len(threads) == 6
     assert {t.source_vhost + t.source_queue: depths[t] for t in transfers} == {

@@ -12,17 +12,7 @@ from rmq_spark.config import ClusterConfig, parse_config
 from rmq_spark.errors import AccessRefusedError, BrokerUnreachableError
 from rmq_spark.planning import preflight
 from rmq_spark.planning.preflight import _Preflight
-
-CONFIG = """
-clusters:
-  dr: {amqp: ["amqp://dr:5672"], management: "http://dr:15672", password_env: P}
-  main: {amqp: ["amqp://main:5672"], management: "http://main:15672", password_env: P}
-routes:
-  - name: back
-    source: {cluster: dr, vhosts: ["*"]}
-    destination: {cluster: main}
-ledger: {path: /tmp/ledger}
-"""
+from tests.support.builders import TWO_CLUSTER_CONFIG
 
 
 def test_probes_run_at_once_and_are_reported_in_plan_order(
@@ -39,7 +29,7 @@ def test_probes_run_at_once_and_are_reported_in_plan_order(
         return VhostProbe({name: 7 for name in queues}, {})
 
     monkeypatch.setattr(preflight, "probe_vhost", probe)
-    checks = _Preflight(parse_config(CONFIG, {"P": "p"}), {})
+    checks = _Preflight(parse_config(TWO_CLUSTER_CONFIG, {"P": "p"}), {})
 
     checks._probe(
         {
