@@ -62,6 +62,8 @@ def test_each_contender_moves_a_queue_through_the_delay_proxy_while_separated(
         applied(where, pids),
         DelayProxy(pair.dst.amqp_port, ONE_WAY_DELAY) as proxy,
     ):
+        assert where.broker_cpus is not None
+        assert where.client_cpus is not None
         assert all(cpus == where.broker_cpus for cpus in affinities(pids).values())
         assert os.sched_getaffinity(0) == where.client_cpus
         far = replace(pair, dst_amqp_port=proxy.port)

@@ -47,7 +47,7 @@ def one_node(brokers: Brokers, vhost: str) -> BenchBrokers:
 
 
 def shovel_parameters(pair: BenchBrokers, vhost: str) -> list[object]:
-    return list(pair.management(pair.src, "GET", f"/api/parameters/shovel/{vhost}"))
+    return list(pair.src.management("GET", f"/api/parameters/shovel/{vhost}", timeout=10))
 
 
 @VERSION_4_3

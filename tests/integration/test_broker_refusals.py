@@ -58,7 +58,10 @@ def mover_thread(config: JobConfig, run_id: str, window: int) -> MoverThread:
 def ledger_rows(mover: MoverThread) -> list[dict[str, object]]:
     ledger_path, run_id = mover.settings.ledger_path, mover.settings.run_id
     tables.commit_run(ledger_path, run_id)
-    return tables.read_arrow(ledger_path, "messages", run_id=run_id).to_pylist()
+    rows: list[dict[str, object]] = tables.read_arrow(
+        ledger_path, "messages", run_id=run_id
+    ).to_pylist()
+    return rows
 
 
 def publish(node: LocalNode, brokers: Brokers, vhost: str, queue: str, bodies: list[bytes]) -> None:

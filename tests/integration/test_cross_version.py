@@ -71,7 +71,7 @@ def write_cross_config(
 
 def body_digests(node: LocalNode, vhost: str, queue: str) -> Counter[str]:
     """The sha256 of every body an independent consumer finds in the queue."""
-    found = drain_fingerprints(lambda: Brokers(dr=node, main=node).connect(node, vhost), queue)
+    found = drain_fingerprints(lambda: node.connect(vhost), queue)
     digests: Counter[str] = Counter()
     for (body, _properties), copies in found.items():
         digests[body] += copies

@@ -22,6 +22,7 @@ import subprocess
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -73,7 +74,7 @@ def start(
     *,
     count: int = MESSAGES,
     window: int = WINDOW,
-    **mover: object,
+    **mover: Any,
 ) -> Transfer:
     vhost = fresh_vhost(brokers, f"fault-{name}")
     seed_key_ordered(brokers.dr, vhost, "orders", count)

@@ -13,6 +13,7 @@ from rmq_spark.config import load_config
 from rmq_spark.devtools.demo import seed_demo
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.writer import is_data_file, run_partition_dir
+from rmq_spark.model import TransferKey
 from rmq_spark.progress import AMQP_SAMPLE_MAX_QUEUES, depth_sampler
 from tests.support.brokers import (
     Brokers,
@@ -97,7 +98,7 @@ def test_progress_samples_a_vhost_of_many_queues_from_the_listing(
     sample = depth_sampler(config, transfers)
 
     # The listing's counts are sampled by the broker: they reach 3 within seconds.
-    sampled: dict = {}
+    sampled: dict[str, dict[TransferKey, int]] = {}
 
     def all_three() -> bool:
         sampled.update(depths=sample())

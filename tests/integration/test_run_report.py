@@ -269,10 +269,9 @@ def test_ledger_doc_python_examples_run_against_a_real_ledger(
         if name == "Spark SQL #1":
             names = {t.name for t in spark.catalog.listTables()}
             assert {"runs", "queues", "messages", "plans"} <= names
-            assert (
-                spark.sql(f"SELECT count(*) FROM messages WHERE run_id = '{RUN_ID}'").first()[0]
-                == len(QUEUES) * MESSAGES_PER_QUEUE
-            )
+            counted = spark.sql(f"SELECT count(*) FROM messages WHERE run_id = '{RUN_ID}'").first()
+            assert counted is not None
+            assert counted[0] == len(QUEUES) * MESSAGES_PER_QUEUE
         if name == "pandas #1":
             assert len(namespace["messages"]) == len(QUEUES) * MESSAGES_PER_QUEUE
 

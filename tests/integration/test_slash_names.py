@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -71,7 +72,7 @@ def test_transfers_whose_joined_names_collide_move_and_verify_separately(
     verdicts = {(q["source_vhost"], q["source_queue"]): q for q in verification["queues"]}
     for (vhost, queue), count in TRANSFERS.items():
         expected = expected_fingerprints(vhost, queue, count)
-        found = drain_fingerprints(lambda v=vhost: brokers.main.connect(v), queue)
+        found = drain_fingerprints(partial(brokers.main.connect, vhost), queue)
         assert found == expected, f"{vhost!r} {queue!r}: destination differs from its source"
         assert depth(brokers.dr, vhost, queue) == 0
         rows = messages.filter(

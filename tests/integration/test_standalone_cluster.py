@@ -76,7 +76,7 @@ def standalone_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def shared_dir(standalone_work: Path, request: pytest.FixtureRequest) -> Path:
     """A directory the driver and every worker see (as an NFS mount would be)."""
-    path = standalone_work / SHARED / request.node.name
+    path = standalone_work / SHARED / str(request.node.name)
     path.mkdir(parents=True)
     return path
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -78,7 +79,7 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
     assert ledger_rows.num_rows == 100_000
     for vhost, queue in demo_queue_names(VHOSTS, QUEUES_PER_VHOST):
         expected = expected_fingerprints(vhost, queue, MESSAGES_PER_QUEUE)
-        found = drain_fingerprints(lambda v=vhost: brokers.main.connect(v), queue)
+        found = drain_fingerprints(partial(brokers.main.connect, vhost), queue)
         assert found == expected, f"{vhost}/{queue}: destination differs from what was published"
         rows = ledger_rows.filter(
             pc.and_(
@@ -91,7 +92,7 @@ def test_spark_submit_moves_100k_messages_exactly_and_verifies(
         )
         assert in_ledger == expected, f"{vhost}/{queue}: ledger checksums differ from the messages"
         assert sorted(rows["position"].to_pylist()) == list(range(MESSAGES_PER_QUEUE))
-        source_left = drain_fingerprints(lambda v=vhost: brokers.dr.connect(v), queue)
+        source_left = drain_fingerprints(partial(brokers.dr.connect, vhost), queue)
         assert not source_left, f"{vhost}/{queue}: source not drained"
 
     # Verification and run records sit beside the ledger.
@@ -184,7 +185,7 @@ def test_spark_submit_moves_messages_as_the_source_delivered_them_on_4x(
         assert sorted(b for b, _ in expected.elements()) == sorted(
             b for b, _ in published.elements()
         )
-        found = drain_fingerprints(lambda v=vhost: brokers.main.connect(v), queue)
+        found = drain_fingerprints(partial(brokers.main.connect, vhost), queue)
         assert found == expected, f"{vhost}/{queue}: destination differs from what source delivered"
         rows = ledger_rows.filter(
             pc.and_(
@@ -197,6 +198,6 @@ def test_spark_submit_moves_messages_as_the_source_delivered_them_on_4x(
         )
         assert in_ledger == expected, f"{vhost}/{queue}: ledger checksums differ from deliveries"
         assert sorted(rows["position"].to_pylist()) == list(range(MESSAGES_PER_QUEUE_4X))
-        source_left = drain_fingerprints(lambda v=vhost: brokers.dr.connect(v), queue)
+        source_left = drain_fingerprints(partial(brokers.dr.connect, vhost), queue)
         assert not source_left, f"{vhost}/{queue}: source not drained"
     assert version_password_env not in completed.stdout + completed.stderr

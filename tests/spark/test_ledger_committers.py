@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ def test_the_rows_handed_to_sparks_writer_are_those_delta_rs_commits(
         name = "handed to Spark"
 
         def add_data_files(
-            self, table_path: str, run_id: str, files: list[Path], key: CommitKey
+            self, table_path: str, run_id: str, files: Sequence[Path], key: CommitKey
         ) -> None:
             handed.append((list(files), key))
 

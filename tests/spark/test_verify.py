@@ -257,7 +257,12 @@ def test_redelivered_republished_row_is_one_duplicate_and_passes(
 def test_transfer_without_rows_appears_with_zeros_and_passes(passing_run: Verification) -> None:
     empty = verdict(passing_run, "empty")
     assert empty == QueueVerdict(
-        **{k: v for k, v in key("empty").items() if k != "run_id"},
+        source_cluster="old",
+        source_vhost="/",
+        source_queue="empty",
+        destination_cluster="new",
+        destination_vhost="/",
+        destination_queue="empty",
         status="moved",
         error=None,
         ledger_rows=0,
@@ -554,7 +559,13 @@ def test_summarize_arrow_counts_rows_duplicates_and_depths() -> None:
         ],
     )
     assert all(tuple(row) == SUMMARY_COLUMNS for row in summary)
-    columns = ("source_queue", "status", "ledger_rows", "duplicates", "distinct_messages")
+    columns: tuple[str, ...] = (
+        "source_queue",
+        "status",
+        "ledger_rows",
+        "duplicates",
+        "distinct_messages",
+    )
     columns += ("bytes", "source_drop", "destination_rise", "lost", "unexpected")
     assert [tuple(row[c] for c in (*columns, "positions_contiguous")) for row in summary] == [
         ("none", "moved", 0, 0, 0, 0, 0, 1, 0, 1, True),

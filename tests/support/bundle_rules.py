@@ -18,7 +18,7 @@ it found, an empty list for a valid bundle.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 # apply_bundle_permissions.go: the levels a bundle's `permissions` may grant.
 BUNDLE_PERMISSION_LEVELS = {"CAN_MANAGE", "CAN_VIEW", "CAN_RUN"}
@@ -97,7 +97,7 @@ def _merge_job_clusters(base: list[dict[str, Any]], overrides: list[dict[str, An
 
 def model_problems(bundle: dict[str, Any]) -> list[str]:
     """Sections and jobs the bundle models refuse (unknown field, bad enum value)."""
-    from databricks.bundles.jobs import Job, JobPermission, JobRunAs
+    from databricks.bundles.jobs import Job, JobPermission, JobPermissionDict, JobRunAs
 
     problems = [f"unknown top-level section {key!r}" for key in set(bundle) - TOP_LEVEL]
     for name, target in (bundle.get("targets") or {}).items():
@@ -119,7 +119,8 @@ def model_problems(bundle: dict[str, Any]) -> list[str]:
             except (ValueError, TypeError) as exc:
                 problems.append(f"target {target!r} run_as: {exc}")
         for permission in view.get("permissions") or []:
-            as_job = {**permission, "level": "CAN_VIEW"}  # principal fields, same model
+            # principal fields, same model; from_dict is what checks the YAML's shape
+            as_job = cast(JobPermissionDict, {**permission, "level": "CAN_VIEW"})
             try:
                 JobPermission.from_dict(as_job)
             except (ValueError, TypeError) as exc:

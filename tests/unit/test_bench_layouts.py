@@ -52,6 +52,7 @@ def test_separated_needs_two_cpus_and_unknown_layouts_are_refused() -> None:
 def test_applied_restores_this_process_affinity() -> None:
     before = os.sched_getaffinity(0)
     where = placement(SEPARATED)
+    assert where.client_cpus is not None
     with applied(where, []):
         assert os.sched_getaffinity(0) == where.client_cpus
     assert os.sched_getaffinity(0) == before

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.stages import stage_times
+from bench.stages import Sample, stage_times
 from rmq_spark.transfer.stages import WindowStages
 
 
-def steady(count: int, *, logging: int, destination: int, ledger: int, rate: float):
+def steady(count: int, *, logging: int, destination: int, ledger: int, rate: float) -> list[Sample]:
     """`count` samples 10 ms apart of a mover moving `rate` deliveries a second."""
     return [
         (i * 0.01, WindowStages(logging, destination, ledger, moved=int(rate * i * 0.01)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import logging
 import subprocess
@@ -92,7 +94,7 @@ def test_an_unknown_log_level_is_refused_by_argparse(
 
 
 def test_log_level_is_case_insensitive() -> None:
-    parser = cli.argparse.ArgumentParser()
+    parser = argparse.ArgumentParser()
     cli.add_logging_arguments(parser, "INFO")
     assert parser.parse_args(["--log-level", "debug"]).log_level == "DEBUG"
 
@@ -149,9 +151,9 @@ def test_a_spark_command_without_pyspark_exits_2_naming_the_extra(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    found = cli.importlib.util.find_spec
+    found = importlib.util.find_spec
     monkeypatch.setattr(
-        cli.importlib.util, "find_spec", lambda name: None if name == "pyspark" else found(name)
+        importlib.util, "find_spec", lambda name: None if name == "pyspark" else found(name)
     )
 
     exit_code = cli.main([command, "--config", str(tmp_path / "never-read.yaml")])

@@ -28,8 +28,8 @@ def bundle() -> dict[str, Any]:
 
 
 def job() -> dict[str, Any]:
-    jobs: dict[str, Any] = bundle()["resources"]["jobs"]
-    return jobs["rmq_spark_transfer"]
+    transfer: dict[str, Any] = bundle()["resources"]["jobs"]["rmq_spark_transfer"]
+    return transfer
 
 
 def test_the_task_runs_the_wheels_exiting_entry_point() -> None:
@@ -186,5 +186,6 @@ def test_a_databricks_session_is_not_stopped(
     monkeypatch.setattr("rmq_spark.spark_session.build_session", lambda *_a, **_k: session)
 
     with cli.command_session("test", "local[1]") as spark:
-        assert spark is session
+        handed: object = spark  # the fake stands in for a SparkSession
+        assert handed is session
     assert session.stopped is stopped

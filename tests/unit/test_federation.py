@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -32,6 +32,7 @@ from rmq_spark.broker.federation_plan import (
     queue_names_pattern,
     restore_plan,
 )
+from rmq_spark.broker.management import ManagementClient
 from rmq_spark.config import parse_config
 from rmq_spark.errors import AccessRefusedError, ConfigError, FederationError
 from rmq_spark.model import QueueTransfer
@@ -280,11 +281,16 @@ class FakeManagement:
         self.held = {(p.vhost, p.name): p for p in policies}
         self.listed = listed  # queue of vhost orders -> its policy
         self.upstream_rows: list[dict[str, Any]] = behaviour.get("upstreams", [])
-        self.links: Any = behaviour.get("links", [])  # rows, None (no plugin) or an error
+        # rows, None (no plugin) or an error
+        self.links: list[dict[str, Any]] | Exception | None = behaviour.get("links", [])
         self.refuse_deletes = False
         self.connection_names: list[str] = behaviour.get("connections", [])
         self.consumer_rows: list[dict[str, Any]] = []
         self.calls: list[str] = []
+
+    def as_client(self) -> ManagementClient:
+        """This fake where federation.py wants the real client (it answers its calls)."""
+        return cast(ManagementClient, self)
 
     def consumers(self) -> list[dict[str, Any]]:
         return self.consumer_rows
@@ -450,8 +456,14 @@ def test_links_that_outlive_the_pause_fail_it_and_it_is_undone() -> None:
         now[0] += seconds
 
     with pytest.raises(FederationError, match=r"queue 'orders.a' upstream 'up' \(running\)"):
-        pause(client, [("orders", "orders.a")], link_timeout=1.0, sleep=sleep, clock=lambda: now[0])
-    assert restore(client) == [
+        pause(
+            client.as_client(),
+            [("orders", "orders.a")],
+            link_timeout=1.0,
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+    assert restore(client.as_client()) == [
         ("orders", "federation of policy 'fed' (override 'rmq-spark-paused-1--fed' deleted)")
     ]
     assert client.names() == ["orders/fed"]
@@ -469,13 +481,13 @@ def test_links_of_other_queues_and_exchanges_are_not_waited_for() -> None:
 
 def test_without_the_links_api_the_pause_does_not_wait() -> None:
     client = FakeManagement("dr", [policy("fed", FED_ALL)], {"orders.a": "fed"}, links=None)
-    assert pause(client, [("orders", "orders.a")]) == [("orders", "orders.a")]
+    assert pause(client.as_client(), [("orders", "orders.a")]) == [("orders", "orders.a")]
 
 
 def test_a_user_who_may_not_see_links_pauses_without_waiting() -> None:
     refused = AccessRefusedError("cluster dr management API (dr:15672): Not monitor user")
     client = FakeManagement("dr", [policy("fed", FED_ALL)], {"orders.a": "fed"}, links=refused)
-    assert pause(client, [("orders", "orders.a")]) == [("orders", "orders.a")]
+    assert pause(client.as_client(), [("orders", "orders.a")]) == [("orders", "orders.a")]
     assert client.names() == ["orders/fed", "orders/rmq-spark-paused-1--fed"]
 
 

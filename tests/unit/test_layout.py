@@ -60,13 +60,12 @@ def test_tests_import_shared_helpers_only_from_tests_support() -> None:
     reaching: list[str] = []
     for path in sorted(TESTS.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = (
-                [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else [alias.name for alias in node.names]
-                if isinstance(node, ast.Import)
-                else []
-            )
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
             reaching += [
                 f"{path.relative_to(TESTS.parent)}:{node.lineno} imports {name}"
                 for name in names

@@ -48,7 +48,9 @@ def committed(ledger: Path) -> list[tuple[str, int]]:
     return sorted((str(row["source_queue"]), int(str(row["position"]))) for row in rows)
 
 
-def expected(keys: list[TransferKey] = KEYS, positions: range = range(ROWS_EACH)) -> list:
+def expected(
+    keys: list[TransferKey] = KEYS, positions: range = range(ROWS_EACH)
+) -> list[tuple[str, int]]:
     return sorted((key.source_queue, p) for key in keys for p in positions)
 
 
@@ -65,7 +67,7 @@ def dying_after(
     monkeypatch: pytest.MonkeyPatch, name: str, *, calls: int = 1
 ) -> Callable[..., Any]:
     """Replace compaction.`name` with the real step that raises DriverKilledError after `calls`."""
-    real = getattr(compaction, name)
+    real: Callable[..., Any] = getattr(compaction, name)
     seen = {"calls": 0}
 
     def step(*args: Any, **kwargs: Any) -> Any:

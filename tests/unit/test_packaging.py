@@ -36,7 +36,7 @@ def project() -> dict[str, object]:
 
 
 def exact_pins(requirements: list[str]) -> dict[str, str]:
-    pins = {}
+    pins: dict[str, str] = {}
     for text in requirements:
         requirement = Requirement(text)
         (spec,) = requirement.specifier

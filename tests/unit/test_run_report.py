@@ -341,8 +341,8 @@ def test_a_run_recorded_twice_is_read_from_its_last_record(tmp_path: Path) -> No
     assert run.records == 2
     assert run.run["finished_at"] == seconds(90)
     queues = run.queues.to_pylist()
-    depth_after = {row["source_queue"]: row["source_depth_after"] for row in queues}
-    assert depth_after == {"a": 0, "b": 0}
+    depths_after = {row["source_queue"]: row["source_depth_after"] for row in queues}
+    assert depths_after == {"a": 0, "b": 0}
     assert run.messages.num_rows == 1
     assert run.messages["run_id"].to_pylist() == ["run-1"]
 

@@ -9,6 +9,7 @@ import struct
 import subprocess
 import termios
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -113,7 +114,11 @@ def cds_spark_home(tmp_path: Path) -> Path:
 
 
 def driver_options(
-    spark_home: Path, tmp_path: Path, *spark_args: str, expect_status: int = 0, **env: str
+    spark_home: Path,
+    tmp_path: Path,
+    *spark_args: str,
+    expect_status: int = 0,
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """Run spark-submit.sh; the driver Java options the stub was given."""
     out = tmp_path / "options.txt"
@@ -125,7 +130,7 @@ def driver_options(
             "SPARK_HOME": str(spark_home),
             "STUB_OUT": str(out),
             "RMQ_SPARK_CDS_DIR": str(tmp_path / "cds"),
-            **env,
+            **(env or {}),
         },
         capture_output=True,
         check=False,
@@ -161,7 +166,7 @@ def test_the_exit_status_is_the_jobs_and_only_whole_archives_stay(
     cds_spark_home: Path, tmp_path: Path
 ) -> None:
     # A job that fails (verification: exit 1) still leaves a whole archive.
-    driver_options(cds_spark_home, tmp_path, expect_status=3, STUB_EXIT="3")
+    driver_options(cds_spark_home, tmp_path, expect_status=3, env={"STUB_EXIT": "3"})
     assert [a.suffix for a in (tmp_path / "cds").iterdir()] == [".jsa"]
     # A JVM that dies before writing anything leaves nothing behind.
     (cds_spark_home / "bin" / "spark-submit").write_text("#!/bin/sh\nexit 4\n")
@@ -190,7 +195,7 @@ def test_the_exit_status_is_the_jobs_and_only_whole_archives_stay(
 def test_no_class_data_sharing_on_a_cluster_or_when_turned_off(
     cds_spark_home: Path, tmp_path: Path, spark_args: tuple[str, ...], env: dict[str, str]
 ) -> None:
-    options = driver_options(cds_spark_home, tmp_path, *spark_args, **env)
+    options = driver_options(cds_spark_home, tmp_path, *spark_args, env=env)
     assert "SharedArchiveFile" not in options
     assert "ArchiveClassesAtExit" not in options
     assert not (tmp_path / "cds").exists() or not list((tmp_path / "cds").iterdir())

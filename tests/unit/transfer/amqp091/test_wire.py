@@ -11,6 +11,7 @@ import datetime as dt
 import hashlib
 import struct
 from decimal import Decimal
+from typing import TypedDict
 
 import pytest
 from pika import data, exceptions, frame, spec
@@ -36,7 +37,8 @@ def decode(properties: bytes) -> wire.WireBasicProperties:
 
 
 def forwarded_frame(properties: wire.WireBasicProperties, body_size: int = 3) -> bytes:
-    return frame.Header(CHANNEL, body_size, wire.forward(properties)).marshal()
+    marshalled: bytes = frame.Header(CHANNEL, body_size, wire.forward(properties)).marshal()
+    return marshalled
 
 
 def with_headers(*items: tuple[str | bytes, amqp.Value]) -> bytes:
@@ -49,7 +51,25 @@ def java_client_properties() -> bytes:
 
 
 # Properties other than headers, every one set; user_id is checked by brokers, not here.
-ALL_OTHER_PROPERTIES = {
+class OtherProperties(TypedDict):
+    """Every basic property but headers, as keyword arguments of a BasicProperties."""
+
+    content_type: str
+    content_encoding: str
+    delivery_mode: int
+    priority: int
+    correlation_id: str
+    reply_to: str
+    expiration: str
+    message_id: str
+    timestamp: int
+    type: str
+    user_id: str
+    app_id: str
+    cluster_id: str
+
+
+ALL_OTHER_PROPERTIES: OtherProperties = {
     "content_type": "application/octet-stream",
     "content_encoding": "gzip",
     "delivery_mode": 2,
