@@ -127,15 +127,29 @@ def test_no_problem_raises_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    "path",
-    ["s3://bucket/ledger", "abfss://c@acct.dfs.core.windows.net/l", "dbfs:/ledger", "gs://b"],
+    "path", ["abfss://c@acct.dfs.core.windows.net/l", "dbfs:/ledger", "gs://b", "hdfs://nn/l"]
 )
 def test_a_uri_ledger_path_is_refused_with_what_is_supported(path: str) -> None:
     with pytest.raises(ValueError, match="is a URI") as raised:
         LedgerConfig(path=path)
     assert "a path of a directory they all mount" in str(raised.value)
+    assert "only s3://" in str(raised.value)
     if path.startswith("dbfs"):
         assert "/dbfs/..." in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"), [("s3://bucket/ledger", "s3://bucket/ledger"), ("S3://b/", "S3://b")]
+)
+def test_an_s3_ledger_path_is_accepted(path: str, expected: str) -> None:
+    assert LedgerConfig(path=path).path == expected
+    assert LedgerConfig(path=path).on_object_store
+
+
+@pytest.mark.parametrize("path", ["s3:///no-bucket", "s3://key:secret@bucket/l"])
+def test_an_s3_ledger_path_needs_a_bucket_and_no_credentials(path: str) -> None:
+    with pytest.raises(ValueError, match="expected s3://bucket"):
+        LedgerConfig(path=path)
 
 
 @pytest.mark.parametrize("path", ["/data/ledger", "relative/ledger", "C:\\ledger", "./a:b"])
