@@ -186,6 +186,14 @@ def problems_of(
                     f"({report.write_error}); {need}"
                 )
             )
+        elif read(report.sentinel) != report.token and "://" in ledger_path:
+            problems.append(
+                LedgerNotSharedError(
+                    f"ledger.path {ledger_path}: the {report.where} wrote {report.sentinel}, "
+                    "which the driver cannot read back; the driver and every executor must "
+                    "reach the same object store with the ledger's storage options"
+                )
+            )
         elif read(report.sentinel) != report.token:
             problems.append(
                 LedgerNotSharedError(

@@ -84,6 +84,25 @@ def test_a_sentinel_the_driver_does_not_see_refuses_the_path() -> None:
     assert "/ledger/_preflight/x/worker-1-4242-0-t.json" in message
 
 
+def test_an_object_store_sentinel_the_driver_cannot_read_names_the_store() -> None:
+    uri = "s3://bucket/ledger"
+    (problem,) = problems_of([report()], uri, read=lambda _: None)
+
+    assert isinstance(problem, LedgerNotSharedError)
+    assert f"ledger.path {uri}: the executor on host worker-1" in str(problem)
+    assert "cannot read back" in str(problem)
+    assert "same object store" in str(problem)
+    assert "NFS" not in str(problem)
+
+
+def test_an_executor_that_cannot_write_to_the_store_is_told_what_it_needs() -> None:
+    failed = report(write_error="OSError: AWS Error ACCESS_DENIED", sentinel="")
+    (problem,) = problems_of([failed], "s3://bucket/ledger", read=lambda _: None)
+
+    assert "cannot write under it (OSError: AWS Error ACCESS_DENIED)" in str(problem)
+    assert "reach the object store with the ledger's storage options" in str(problem)
+
+
 def test_another_files_token_is_not_a_shared_directory() -> None:
     # The same path on another disk can hold an older sentinel: the token tells.
     (problem,) = problems_of([report()], "/data/ledger", read=lambda _: "0ld")
