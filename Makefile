@@ -92,8 +92,9 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest tests/unit
 
+# --durations: CI's log says where the time goes (make test should stay under 40 minutes).
 test: lint typecheck docs-build roots test-dbr
-	$(BIN)/pytest tests
+	$(BIN)/pytest --durations=40 tests
 
 # The fast loop for day-to-day work: lint, types, unit tests and the docs build, no brokers
 # or Spark (make test runs all of it and the Spark and integration suites).

@@ -463,10 +463,13 @@ def run_report_command(args: argparse.Namespace) -> int:
 
 
 def ledger_path_of(config_file: str) -> str:
-    """The config's ledger.path, the config validated as for a transfer but without its
-    passwords: a variable named by a `password_env` that is not set gets an empty
-    placeholder (a report never connects, so the placeholder is never used)."""
+    """The config's ledger.path, its object-store options registered (`use_ledger`), the
+    config validated as for a transfer but without its passwords: a variable named by a
+    `password_env` that is not set gets an empty placeholder (a report never connects, so
+    the placeholder is never used)."""
     import yaml
+
+    from rmq_spark.ledger.store import use_ledger
 
     try:
         with open(config_file, encoding="utf-8") as text:
@@ -480,7 +483,7 @@ def ledger_path_of(config_file: str) -> str:
         if isinstance(cluster, dict) and isinstance(cluster.get("password_env"), str)
     ]
     environ = {**{name: "" for name in names}, **os.environ}
-    return load_config(config_file, environ).ledger.path
+    return use_ledger(load_config(config_file, environ).ledger)
 
 
 # -- main ----------------------------------------------------------------------------

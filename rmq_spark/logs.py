@@ -72,6 +72,8 @@ _masked_secrets: list[str] = []
 
 def mask_secrets_in_logs(config: JobConfig) -> None:
     secrets_to_mask = [cluster.password.get_secret_value() for cluster in config.clusters.values()]
+    # An object-store ledger's keys (ledger.storage_options' *_env variables).
+    secrets_to_mask += [s.get_secret_value() for s in config.ledger.storage_secrets.values()]
     _masked_secrets.extend(secret for secret in secrets_to_mask if secret)
     masking = SecretMaskingFilter(secrets_to_mask)
     for handler in logging.getLogger().handlers:

@@ -8,8 +8,10 @@ together, so a notebook or a test can run any stage alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -28,7 +31,7 @@ from rmq_spark.broker.federation import paused_federation
 from rmq_spark.broker.management import ManagementClient, management_clients
 from rmq_spark.config import JobConfig, Limits, validate_run_id
 from rmq_spark.errors import ConfigError, DeliveryLimitError, RmqSparkError
-from rmq_spark.ledger import schema, tables
+from rmq_spark.ledger import schema, store, tables
 from rmq_spark.ledger.brakes import BrakeRecord, HeldBack, write_brakes
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey
@@ -94,6 +97,7 @@ def prepare_run(
     """Pre-flight and plan, which need no Spark: `rmq-spark transfer` runs this while
     Spark starts. Raises RmqSparkError subclasses; nothing has moved if it does."""
     validate_run_id(run_id)
+    store.use_ledger(config.ledger)
     started_at, started = clock(), time.monotonic()
     # Cheapest first: the ledger path, then every cluster, vhost and queue of the
     # plan (discover raises one error listing every problem).
@@ -134,13 +138,14 @@ def run_transfer(
     """
     validate_run_id(run_id)
     ledger_path = config.ledger.path
+    where = store.use_ledger(config.ledger)  # the URI, or the absolute directory
     # Before anything moves: every executor can import the movers' libraries and
     # writes its ledger files where this driver reads them.
     if isinstance(prepared, Future):
-        prepared = probe_beside(spark, str(Path(ledger_path).resolve()), prepared)
+        prepared = probe_beside(spark, where, prepared)
     else:
         prepared = prepared or prepare_run(config, run_id, clock)
-        check_executors(spark, str(Path(ledger_path).resolve()))
+        check_executors(spark, where)
     started_at, started = prepared.started_at, prepared.started
     to_move, transfers = prepared.to_move, prepared.transfers
     assignment = assign_partitions(to_move, config.max_active, config.mover.queues_per_task)
@@ -184,13 +189,7 @@ def run_transfer(
     counters = counters_rows(
         run_id, transfers, partition_of, outcomes, after, shared_routes=shared, removed=removed
     )
-    verification = verify_ledger_run(
-        spark,
-        ledger_path,
-        run_id,
-        counters,
-        Path(ledger_path) / "verification" / f"run_id={run_id}",
-    )
+    verification = verify_on_ledger(spark, ledger_path, run_id, counters)
     seconds = time.monotonic() - started
     record_run(
         config,
@@ -234,6 +233,26 @@ def source_removals(
     moved = {outcome.key: outcome.messages for outcome in outcomes}
     with management_clients(config) as clients:
         return removals.settle(lambda keys: removals.read_removed(clients, keys), before, moved)
+
+
+def verify_on_ledger(
+    spark: SparkSession, ledger_path: str, run_id: str, counters: Sequence[Mapping[str, Any]]
+) -> Verification:
+    """Verify the run; verification.json goes to <ledger>/verification/run_id=<run>.
+
+    On an object store, Great Expectations writes to a local temporary directory and
+    verification.json is uploaded (one PUT); its Data Docs are not kept there.
+    """
+    target = store.root(ledger_path) / "verification" / f"run_id={run_id}"
+    if not store.is_object_store(ledger_path):
+        return verify_ledger_run(spark, ledger_path, run_id, counters, target)
+    with tempfile.TemporaryDirectory(prefix="rmq-spark-verification-") as local:
+        verification = verify_ledger_run(spark, ledger_path, run_id, counters, local)
+        results = Path(verification.results_path)
+        (target / results.name).write_bytes(results.read_bytes())
+    return dataclasses.replace(
+        verification, results_path=str(target / results.name), data_docs_path=None
+    )
 
 
 def probe_beside(
@@ -341,7 +360,10 @@ def move(
     """
     settings = ExecutorSettings(
         run_id=run_id,
-        ledger_path=str(Path(config.ledger.path).resolve()),
+        ledger_path=store.use_ledger(config.ledger),
+        ledger_store=(
+            store.options_of(config.ledger.path) if config.ledger.on_object_store else None
+        ),
         clusters=dict(config.clusters),
         window_messages=config.window.messages,
         window_bytes=config.window.bytes,

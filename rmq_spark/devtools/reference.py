@@ -1,7 +1,7 @@
 """The generated reference pages: `make docs` writes them, a unit test fails when stale.
 
 - docs/reference/config.schema.json: the config file's JSON Schema (`rmq-spark
-  config-schema` prints the same), from the pydantic models in rmq_spark/config.py;
+  config-schema` prints the same), from the pydantic models in rmq_spark/config/;
 - docs/reference/config.md: every key, type, default and description, from that schema;
 - docs/reference/cli.md: every command and option, from rmq_spark.cli.build_parser().
 
@@ -101,7 +101,7 @@ def config_markdown() -> str:
     lines = [
         "# Configuration reference",
         "",
-        GENERATED.format(source="the models in rmq_spark/config.py").rstrip("\n"),
+        GENERATED.format(source="the models in rmq_spark/config/").rstrip("\n"),
         "",
         _cell(schema["description"]),
         "",

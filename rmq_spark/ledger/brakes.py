@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from typing import Any
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import writer
+from rmq_spark.ledger import store, writer
 
 LIMITS_FILE = "limits.json"
 
@@ -37,8 +37,9 @@ class BrakeRecord:
     transfers: tuple[HeldBack, ...]
 
 
-def brakes_dir(ledger_path: str, run_id: str) -> Path:
-    return Path(ledger_path) / "limits" / f"run_id={run_id}"
+def brakes_dir(ledger_path: str, run_id: str) -> Any:
+    """A pathlib.Path, or a StorePath on an object-store ledger (`store.root`)."""
+    return store.root(ledger_path) / "limits" / f"run_id={run_id}"
 
 
 def write_brakes(ledger_path: str, run_id: str, record: BrakeRecord) -> None:

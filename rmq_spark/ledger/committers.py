@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import AddAction, RemoveAction
 
-from rmq_spark.ledger import schema
+from rmq_spark.ledger import schema, store
 from rmq_spark.ledger.storage import storage_options
 from rmq_spark.ledger.writer import DATA_COLUMNS
 from rmq_spark.spark_session import spark_has_delta
@@ -90,7 +89,7 @@ class DeltaRsCommitter:
                     partition_values={"run_id": run_id},
                     modification_time=int(stat.st_mtime * 1000),
                     data_change=True,
-                    stats=json.dumps({"numRecords": pq.read_metadata(file).num_rows}),
+                    stats=json.dumps({"numRecords": store.read_metadata(file).num_rows}),
                 )
             )
         table.create_write_transaction(

@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from pathlib import Path
+from typing import Any
 
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
-
-from rmq_spark.ledger import writer
+from rmq_spark.ledger import store, writer
 from rmq_spark.ledger.writer import COMPACTED_PREFIX, DATA_SCHEMA, TEMP_PREFIX
 
 # Rows per compacted file: ~30-60 MB of ledger rows, large enough that a run of
@@ -43,13 +40,15 @@ COMPACT_ROWS = 262_144
 SMALL_FILE_ROWS = writer.ROLL_ROWS // 4
 
 
-def small_files(partition: Path, names: Iterable[str]) -> list[str]:
+def small_files(partition: Any, names: Iterable[str]) -> list[str]:
     """The data files worth compacting: fewer rows than SMALL_FILE_ROWS (footers only)."""
-    return [name for name in names if pq.read_metadata(partition / name).num_rows < SMALL_FILE_ROWS]
+    return [
+        name for name in names if store.read_metadata(partition / name).num_rows < SMALL_FILE_ROWS
+    ]
 
 
 def compact(
-    partition: Path, names: Sequence[str], version: int, *, rows_per_file: int = COMPACT_ROWS
+    partition: Any, names: Sequence[str], version: int, *, rows_per_file: int = COMPACT_ROWS
 ) -> tuple[str, ...]:
     """Copy the rows of these data files into a few compacted files; their names.
 
@@ -60,10 +59,10 @@ def compact(
     multi-threaded dataset scan (1,000 files one by one took 1 s). The sources are
     left as they are.
     """
-    groups: list[list[Path]] = []
+    groups: list[list[Any]] = []
     group_rows = 0
     for name in names:
-        rows = pq.read_metadata(partition / name).num_rows
+        rows = store.read_metadata(partition / name).num_rows
         if not groups or (group_rows and group_rows + rows > rows_per_file):
             groups.append([])
             group_rows = 0
@@ -71,14 +70,14 @@ def compact(
         group_rows += rows
     written: list[str] = []
     for group in groups:
-        table = ds.dataset(group, schema=DATA_SCHEMA, format="parquet").to_table()
+        table = store.dataset(group, schema=DATA_SCHEMA, format="parquet").to_table()
         name = f"{COMPACTED_PREFIX}{version:010d}-{len(written):04d}-{uuid.uuid4().hex}.parquet"
         writer.write_data_file(partition, name, table)
         written.append(name)
     return tuple(written)
 
 
-def orphans(partition: Path, named: Iterable[str]) -> list[Path]:
+def orphans(partition: Any, named: Iterable[str]) -> list[Any]:
     """Compacted files (whole or half-written) that no commit batch names: left by a
     driver that died before writing its batch, so in no commit and never read as such."""
     keep = set(named)
@@ -89,7 +88,7 @@ def orphans(partition: Path, named: Iterable[str]) -> list[Path]:
     return sorted(path for path in found if path.name not in keep)
 
 
-def remove(partition: Path, names: Iterable[str]) -> int:
+def remove(partition: Any, names: Iterable[str]) -> int:
     """Remove these files of the partition (those that are still there); how many."""
     removed = 0
     for name in names:

@@ -17,6 +17,8 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from rmq_spark.ledger import store
+
 # Databricks mounts these paths with FUSE on every node (Unity Catalog volumes, DBFS).
 DATABRICKS_FUSE_ROOTS = ("/Volumes", "/dbfs")
 UNSAFE_RENAME = {"allow_unsafe_rename": "true"}
@@ -64,7 +66,10 @@ def needs_unsafe_rename(path: str, mounted: Iterable[tuple[str, str]]) -> bool:
 
 
 def storage_options(path: str, mounted: Iterable[tuple[str, str]] | None = None) -> dict[str, str]:
-    """The delta-rs storage options for a Delta table at `path`."""
+    """The delta-rs storage options for a Delta table at `path` (a local path, or an
+    object-store URI whose options `store.configure` registered)."""
+    if store.is_object_store(path):
+        return store.delta_options(path)
     chosen = needs_unsafe_rename(path, mounts() if mounted is None else mounted)
     return dict(UNSAFE_RENAME) if chosen else {}
 

@@ -23,12 +23,11 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import compaction, schema, writer
+from rmq_spark.ledger import compaction, schema, store, writer
 from rmq_spark.ledger.committers import DELTA_RS, CommitKey, DeltaCommitter, commit_app_id
 from rmq_spark.ledger.storage import describe, storage_options
 from rmq_spark.ledger.writer import read_stream, run_intents_dir, run_partition_dir, run_rows_dir
@@ -42,11 +41,15 @@ log = logging.getLogger(__name__)
 
 
 def table_path(ledger_path: str, table: str) -> str:
-    return str(Path(ledger_path) / table)
+    return str(store.root(ledger_path) / table)
 
 
 def ensure_tables(ledger_path: str) -> None:
     """Create any missing ledger table; fails with one clear error if the path is unusable."""
+    if store.is_object_store(ledger_path):
+        check_object_store(ledger_path)
+        _create_tables(ledger_path)
+        return
     root = Path(ledger_path)
     expected = "expected a directory this user can create and write files in"
     if root.exists() and not root.is_dir():
@@ -68,6 +71,26 @@ def ensure_tables(ledger_path: str) -> None:
             ledger_path,
             describe(options),
         )
+    _create_tables(ledger_path)
+
+
+def check_object_store(ledger_path: str) -> None:
+    """The driver can write, read back and remove an object under the ledger URI."""
+    probe = store.StorePath(ledger_path) / f".rmq-spark-write-probe-{uuid.uuid4().hex}"
+    try:
+        probe.write_bytes(b"rmq-spark")
+        if probe.read_bytes() != b"rmq-spark":
+            raise OSError("the object read back differs from the one written")
+        probe.unlink()
+    except OSError as exc:
+        raise LedgerError(
+            f"ledger.path {ledger_path}: expected an object store location this driver can "
+            f"write, read and delete objects in ({store.describe_store(ledger_path)}); "
+            f"writing {probe} failed: {exc}"
+        ) from exc
+
+
+def _create_tables(ledger_path: str) -> None:
     for name, columns in schema.TABLES.items():
         path = table_path(ledger_path, name)
         try:
@@ -182,15 +205,15 @@ def _compacted(batches: Sequence[CommitBatch]) -> set[str]:
     return {name for batch in batches for name in batch.compacted}
 
 
-def data_file_names(partition: Path) -> list[str]:
+def data_file_names(partition: Any) -> list[str]:
     """The executors' data files in a run partition (not files Spark's writer made)."""
     return sorted(
         file.name for file in partition.glob("part-*.parquet") if writer.is_data_file(file.name)
     )
 
 
-def commit_batches_dir(ledger_path: str, run_id: str) -> Path:
-    return Path(ledger_path) / "commits" / f"run_id={run_id}"
+def commit_batches_dir(ledger_path: str, run_id: str) -> Any:
+    return store.root(ledger_path) / "commits" / f"run_id={run_id}"
 
 
 def read_commit_batches(ledger_path: str, run_id: str) -> list[CommitBatch]:
@@ -239,7 +262,7 @@ def _commit(
     # A file the log already holds was added by reference (by delta-rs, after a batch
     # that Spark never committed): its rows are in the table.
     files = [partition / name for name in batch.committed_files if name not in in_log]
-    rows = sum(int(pq.read_metadata(file).num_rows) for file in files)
+    rows = sum(int(store.read_metadata(file).num_rows) for file in files)
     key = CommitKey(commit_app_id(run_id), batch.version)
     committer.add_data_files(table_path(ledger_path, "messages"), run_id, files, key)
     log.info(
@@ -353,6 +376,10 @@ def read_table(spark: SparkSession, ledger_path: str, table: str) -> DataFrame:
     if spark_has_delta(spark):
         return spark.read.format("delta").load(path)
     spark_schema = schema.spark_schema(schema.TABLES[table])
+    if store.is_object_store(ledger_path):
+        # Spark reads s3:// only with the cluster's Hadoop S3 connector, which a plain
+        # pyspark lacks: the rows come through pyarrow instead (the driver's memory).
+        return spark.createDataFrame(read_arrow(ledger_path, table), spark_schema)
     try:
         files = DeltaTable(path, storage_options=storage_options(path)).file_uris()
     except TableNotFoundError as exc:
@@ -400,6 +427,11 @@ def arrow_dataset(ledger_path: str, table: str, run_id: str | None = None) -> ds
     except (DeltaError, OSError) as exc:
         raise LedgerError(f"ledger table {path}: could not read it ({exc})") from exc
     arrow = schema.arrow_schema(schema.TABLES[table])
+    filesystem = None
+    if store.is_object_store(ledger_path):  # s3://bucket/key -> bucket/key on its file system
+        filesystem = store.filesystem_of(ledger_path)
+        files = [store.StorePath(unquote(uri)).fs_path for uri in files]
+        path = store.StorePath(path).fs_path
     partitioning = (
         ds.partitioning(pa.schema([arrow.field(n) for n in partition_columns]), flavor="hive")
         if partition_columns
@@ -411,6 +443,7 @@ def arrow_dataset(ledger_path: str, table: str, run_id: str | None = None) -> ds
         format="parquet",
         partitioning=partitioning,
         partition_base_dir=path,
+        filesystem=filesystem,
     )
 
 

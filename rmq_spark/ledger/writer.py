@@ -33,7 +33,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import schema
+from rmq_spark.ledger import schema, store
+from rmq_spark.ledger.store import StorePath
 from rmq_spark.model import Delivery, TransferKey
 
 # Data files carry every column but the partition column, as Delta expects.
@@ -60,17 +61,21 @@ def is_data_file(name: str) -> bool:
     return _DATA_FILE_NAME.fullmatch(name) is not None
 
 
-def run_partition_dir(ledger_path: str, run_id: str) -> Path:
-    return Path(ledger_path) / "messages" / f"run_id={run_id}"
+# Directories below are pathlib.Paths for a local ledger and StorePaths for an object
+# store (`store`): typed Any, as both have the operations used here.
 
 
-def run_rows_dir(ledger_path: str, run_id: str) -> Path:
-    """Rows streams of transfers still running (or whose task died)."""
-    return Path(ledger_path) / "rows" / f"run_id={run_id}"
+def run_partition_dir(ledger_path: str, run_id: str) -> Any:
+    return store.root(ledger_path) / "messages" / f"run_id={run_id}"
 
 
-def run_intents_dir(ledger_path: str, run_id: str) -> Path:
-    return Path(ledger_path) / "intents" / f"run_id={run_id}"
+def run_rows_dir(ledger_path: str, run_id: str) -> Any:
+    """Rows streams of transfers still running (or whose task died); local ledgers only."""
+    return store.root(ledger_path) / "rows" / f"run_id={run_id}"
+
+
+def run_intents_dir(ledger_path: str, run_id: str) -> Any:
+    return store.root(ledger_path) / "intents" / f"run_id={run_id}"
 
 
 def rows_table(key: TransferKey, task_attempt: str, deliveries: Sequence[Delivery]) -> pa.Table:
@@ -206,8 +211,12 @@ def _microseconds(moments: Sequence[datetime | None]) -> array.array[int]:
     return result
 
 
-def write_data_file(directory: Path, name: str, table: pa.Table) -> None:
+def write_data_file(directory: Any, name: str, table: pa.Table) -> None:
     """Write a Parquet data file so that it is complete and durable, or absent."""
+    if isinstance(directory, StorePath):  # one PUT: complete or absent, durable on return
+        with (directory / name).open_output() as sink:
+            pq.write_table(table, sink, compression="snappy")
+        return
     temp = directory / f"{TEMP_PREFIX}{name}"
     with open(temp, "wb") as sink:
         # Snappy: half zstd's CPU for a few hundred rows (0.9 vs 1.9 ms per file,
@@ -219,8 +228,11 @@ def write_data_file(directory: Path, name: str, table: pa.Table) -> None:
     _fsync_dir(directory)
 
 
-def write_file(directory: Path, name: str, content: bytes) -> None:
+def write_file(directory: Any, name: str, content: bytes) -> None:
     """Write a small file so that it is complete and durable, or absent."""
+    if isinstance(directory, StorePath):
+        (directory / name).write_bytes(content)
+        return
     temp = directory / f"{TEMP_PREFIX}{name}"
     with open(temp, "wb") as sink:
         sink.write(content)
@@ -237,6 +249,10 @@ class IntentLog:
     batch: a transfer that publishes nothing (an empty queue, a refused one) creates,
     fsyncs and removes no file. A batch torn by a crash is never read back: its
     deliveries were not published, since publishing waits for `append` to return.
+
+    On an object store (no append there) each batch is one object of its own, a
+    one-batch stream named after the log and the batch's number, so that listing the
+    directory gives a log's batches in order.
     """
 
     def __init__(self, ledger_path: str, run_id: str, key: TransferKey, task_attempt: str) -> None:
@@ -245,6 +261,8 @@ class IntentLog:
         self._task_attempt = task_attempt
         self._file: BinaryIO | None = None
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
+        self._objects: list[StorePath] = []  # an object store's batches, in order
+        self._log_id = uuid.uuid4().hex
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -265,6 +283,9 @@ class IntentLog:
     def append(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
+        if isinstance(self._dir, StorePath):
+            self._put(deliveries)
+            return
         file, stream = self._file, self._stream
         if file is None or stream is None:
             file, stream = self._open()
@@ -277,6 +298,21 @@ class IntentLog:
                 f"ledger: cannot log intents for {self._key.label()} ({exc})"
             ) from exc
 
+    def _put(self, deliveries: Sequence[Delivery]) -> None:
+        """One batch as one object; logged once the PUT returned."""
+        name = (
+            f"{self._key.file_prefix}{self._task_attempt}-{self._log_id}-"
+            f"{len(self._objects):08d}{STREAM_SUFFIX}"
+        )
+        content = stream_bytes(rows_table(self._key, self._task_attempt, deliveries))
+        try:
+            (self._dir / name).write_bytes(content)
+        except OSError as exc:
+            raise LedgerError(
+                f"ledger: cannot log intents for {self._key.label()} in {self._dir} ({exc})"
+            ) from exc
+        self._objects.append(self._dir / name)
+
     def close(self, *, finished: bool) -> None:
         """Close the log; a mover that finished (rather than died) removes it.
 
@@ -284,6 +320,10 @@ class IntentLog:
         (confirmed, or uncertain after a lost connection); its other intents were
         refused by the destination, so they must not become uncertain rows.
         """
+        if finished:
+            for batch in self._objects:
+                batch.unlink(missing_ok=True)
+        self._objects = []
         if self._file is None or self._stream is None:
             return
         self._stream.close()
@@ -292,12 +332,25 @@ class IntentLog:
             Path(self._file.name).unlink(missing_ok=True)
 
 
-def read_stream(path: Path) -> pa.Table:
+def stream_bytes(table: pa.Table) -> bytes:
+    """`table` as one Arrow IPC stream (an intent batch's object)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, DATA_SCHEMA) as stream:
+        stream.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def read_stream(path: Any) -> pa.Table:
     """Every complete batch of an intent log or rows stream; a torn last batch is
     dropped (its write never returned, so nothing depended on it)."""
     batches = []
     try:
-        with pa.ipc.open_stream(pa.OSFile(str(path))) as reader:
+        source = (
+            pa.BufferReader(path.read_bytes())
+            if isinstance(path, StorePath)
+            else pa.OSFile(str(path))
+        )
+        with pa.ipc.open_stream(source) as reader:
             for batch in reader:
                 batches.append(batch)
     except (pa.ArrowInvalid, OSError):
@@ -314,6 +367,9 @@ class MessageLedgerWriter:
     path every source ack waits on. Every ROLL_ROWS rows, and when the transfer
     ends (`close`), the stream becomes one Parquet data file in the run partition.
     A stream left by a task that died is converted by `tables.commit_run`.
+
+    On an object store each `write` is one Parquet data file of its own (one PUT, the
+    durability point; there is no append), which the driver's commit compacts.
     """
 
     def __init__(self, ledger_path: str, run_id: str, key: TransferKey, task_attempt: str) -> None:
@@ -336,6 +392,9 @@ class MessageLedgerWriter:
     def write(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
+        if isinstance(self._dir, StorePath):
+            self._put(deliveries)
+            return
         try:
             if self._stream is None or self._file is None:
                 self._file, self._stream = self._open_stream()
@@ -350,6 +409,16 @@ class MessageLedgerWriter:
             raise LedgerError(
                 f"ledger {self._rows_dir}: cannot write rows for {self._key.label()} ({exc})"
             ) from exc
+
+    def _put(self, deliveries: Sequence[Delivery]) -> None:
+        name = f"{self._key.file_prefix}{self._task_attempt}-{uuid.uuid4().hex}.parquet"
+        try:
+            write_data_file(self._dir, name, rows_table(self._key, self._task_attempt, deliveries))
+        except OSError as exc:
+            raise LedgerError(
+                f"ledger {self._dir}: cannot write rows for {self._key.label()} ({exc})"
+            ) from exc
+        self.rows_written += len(deliveries)
 
     def close(self) -> None:
         """The transfer ended: what is streamed becomes a Parquet data file."""
@@ -379,7 +448,7 @@ class MessageLedgerWriter:
         self._stream_rows = 0
 
 
-def stream_to_data_file(stream: Path, partition: Path, *, sync_removal: bool = True) -> int:
+def stream_to_data_file(stream: Any, partition: Any, *, sync_removal: bool = True) -> int:
     """Turn a rows stream into the Parquet data file of the same name, then remove it.
 
     Idempotent: a data file of that name is complete (it is renamed into place), so a
@@ -430,15 +499,12 @@ class EarlierFiles:
             (run_rows_dir(ledger_path, run_id), STREAM_SUFFIX),
             (run_intents_dir(ledger_path, run_id), STREAM_SUFFIX),
         ):
-            if not directory.is_dir():
-                continue
-            with os.scandir(directory) as entries:
-                for entry in entries:
-                    if entry.name.startswith(COMPACTED_PREFIX):
-                        self._compacted.append(Path(entry.path))
-                    elif entry.name.endswith(suffix):
-                        prefix = entry.name[:_PREFIX_LENGTH]
-                        self._files.setdefault(prefix, []).append(Path(entry.path))
+            for entry in store.entries(directory):
+                if entry.name.startswith(COMPACTED_PREFIX):
+                    self._compacted.append(entry)
+                elif entry.name.endswith(suffix):
+                    prefix = entry.name[:_PREFIX_LENGTH]
+                    self._files.setdefault(prefix, []).append(entry)
 
     def next_position(self, key: TransferKey) -> int:
         highest = _max_position(compacted_positions(self._compacted, key))
@@ -464,25 +530,25 @@ def transfer_prefixes(key: TransferKey) -> tuple[str, ...]:
     return (key.file_prefix, key.legacy_file_prefix)
 
 
-def data_file_positions(path: Path, key: TransferKey) -> pa.Table:
+def data_file_positions(path: Any, key: TransferKey) -> pa.Table:
     """The `position` column of `key`'s rows in one of its data files.
 
     A file under the transfer's own prefix holds only its rows: one column is read. A
     file under the legacy prefix may hold a colliding transfer's too: those are dropped.
     """
     if not path.name.startswith(key.legacy_file_prefix):
-        return pq.read_table(path, columns=["position"])
-    return rows_of(key, pq.read_table(path, columns=["position", *KEY_COLUMNS]))
+        return store.read_parquet(path, columns=["position"])
+    return rows_of(key, store.read_parquet(path, columns=["position", *KEY_COLUMNS]))
 
 
-def compacted_files(partition: Path) -> list[Path]:
+def compacted_files(partition: Any) -> list[Any]:
     """A run partition's compacted files (written by `tables.commit_run`)."""
     if not partition.is_dir():
         return []
     return sorted(partition.glob(f"{COMPACTED_PREFIX}*.parquet"))
 
 
-def compacted_positions(files: Sequence[Path], key: TransferKey) -> pa.Table:
+def compacted_positions(files: Sequence[Any], key: TransferKey) -> pa.Table:
     """The `position` column of `key`'s rows in these compacted files.
 
     The filter on the key columns is pushed down: row groups whose statistics
@@ -492,7 +558,9 @@ def compacted_positions(files: Sequence[Path], key: TransferKey) -> pa.Table:
     for name in KEY_COLUMNS:
         match = pc.field(name) == getattr(key, name)
         wanted = match if wanted is None else wanted & match
-    tables = [pq.read_table(path, columns=["position"], filters=wanted) for path in sorted(files)]
+    tables = [
+        store.read_parquet(path, columns=["position"], filters=wanted) for path in sorted(files)
+    ]
     if not tables:
         return pa.table({"position": pa.array([], pa.int64())})
     return pa.concat_tables(tables)
@@ -513,8 +581,10 @@ def _max_position(table: pa.Table) -> int:
     return int(pc.max(positions).as_py()) if len(positions) else -1
 
 
-def _fsync_dir(directory: Path) -> None:
+def _fsync_dir(directory: Any) -> None:
     """Make the rename itself durable (POSIX needs the directory fsynced)."""
+    if isinstance(directory, StorePath):
+        return  # no directories, no renames: each PUT is durable when it returns
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

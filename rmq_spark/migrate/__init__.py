@@ -44,7 +44,7 @@ from pyspark.sql import SparkSession
 from rmq_spark.broker.management import management_clients
 from rmq_spark.config import JobConfig, validate_run_id
 from rmq_spark.errors import MigrationError
-from rmq_spark.ledger import tables
+from rmq_spark.ledger import store, tables
 from rmq_spark.migrate.arguments import ArgumentDecision, MigrationOptions, translate_arguments
 from rmq_spark.migrate.hops import HOP_BACK, HOP_HELD, HOP_OUT, PhaseHook, run_batch
 from rmq_spark.migrate.phases import wait_for_no_consumers
@@ -113,6 +113,7 @@ def migrate(
     started = time.monotonic()
     cluster = migration_cluster(config)
     mid = validate_run_id(migration_id or new_migration_id())
+    store.use_ledger(config.ledger)
     tables.ensure_tables(config.ledger.path)
     with management_clients(config) as clients:
         client = clients[cluster]

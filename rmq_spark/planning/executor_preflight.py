@@ -80,12 +80,18 @@ class ProbeReport:
 
 
 def probe(
-    partition: Iterable[Any], *, sentinel_dir: str, modules: Sequence[str] = EXECUTOR_MODULES
+    partition: Iterable[Any],
+    *,
+    sentinel_dir: str,
+    modules: Sequence[str] = EXECUTOR_MODULES,
+    store_values: dict[str, str | None] | None = None,
 ) -> Iterator[dict[str, object]]:
     """Runs on an executor (a Spark task): check imports, write one sentinel, report.
 
     Returns plain dicts: a dataclass would have to be unpickled from this module on the
-    driver, which is fine, but dicts keep the wire format independent of it.
+    driver, which is fine, but dicts keep the wire format independent of it. With
+    `store_values` (an object-store ledger's options, a plain dict so that it unpickles
+    without pyarrow) the sentinel is an object, written through `ledger.store`.
     """
     index = next(iter(partition), 0)  # the partition's single element: its number
     missing = tuple(name for name in modules if importlib.util.find_spec(name) is None)
@@ -93,13 +99,17 @@ def probe(
     host, pid = socket.gethostname(), os.getpid()
     sentinel = os.path.join(sentinel_dir, f"{host}-{pid}-{index}-{token}.json")
     write_error = ""
+    content = json.dumps({"host": host, "pid": pid, "token": token})
     try:
-        os.makedirs(sentinel_dir, exist_ok=True)
-        with open(sentinel, "w", encoding="utf-8") as out:
-            json.dump({"host": host, "pid": pid, "token": token}, out)
-            out.flush()
-            os.fsync(out.fileno())
-    except OSError as exc:
+        if store_values is not None:
+            _put_object(sentinel, content, store_values)
+        else:
+            os.makedirs(sentinel_dir, exist_ok=True)
+            with open(sentinel, "w", encoding="utf-8") as out:
+                out.write(content)
+                out.flush()
+                os.fsync(out.fileno())
+    except (OSError, ImportError) as exc:
         write_error, sentinel = f"{type(exc).__name__}: {exc}", ""
     yield {
         "host": host,
@@ -112,6 +122,24 @@ def probe(
         "write_error": write_error,
         "pika_version": installed_version("pika"),
     }
+
+
+def _put_object(uri: str, content: str, store_values: dict[str, str | None]) -> None:
+    from rmq_spark.ledger import store  # pyarrow: only for an object-store ledger
+
+    store.configure(uri, store.StoreOptions.of(store_values))
+    store.StorePath(uri).write_bytes(content.encode())
+
+
+def read_object_token(uri: str) -> str | None:
+    """The token in an object-store sentinel as the driver reads it, or None."""
+    from rmq_spark.ledger import store
+
+    try:
+        token = json.loads(store.StorePath(uri).read_bytes()).get("token")
+    except (OSError, ValueError):
+        return None
+    return token if isinstance(token, str) else None
 
 
 def read_token(path: str) -> str | None:
@@ -147,11 +175,23 @@ def problems_of(
         elif "pika" in EXECUTOR_MODULES and (problem := pika_problem(report.pika_version)):
             problems.append(ExecutorEnvironmentError(f"{report.where}: {problem}"))
         if report.write_error:
+            need = (
+                "every executor must reach the object store with the ledger's storage options"
+                if "://" in ledger_path
+                else "the driver and every executor must see it as one shared directory"
+            )
             problems.append(
                 LedgerNotSharedError(
                     f"ledger.path {ledger_path}: the {report.where} cannot write under it "
-                    f"({report.write_error}); the driver and every executor must see it as "
-                    "one shared directory"
+                    f"({report.write_error}); {need}"
+                )
+            )
+        elif read(report.sentinel) != report.token and "://" in ledger_path:
+            problems.append(
+                LedgerNotSharedError(
+                    f"ledger.path {ledger_path}: the {report.where} wrote {report.sentinel}, "
+                    "which the driver cannot read back; the driver and every executor must "
+                    "reach the same object store with the ledger's storage options"
                 )
             )
         elif read(report.sentinel) != report.token:
@@ -204,11 +244,14 @@ def check_executors(spark: SparkSession, ledger_path: str) -> None:
     `ledger_path` is the absolute path every task will write under. The sentinels are
     removed again (what the driver can see of them).
     """
+    on_store = "://" in ledger_path  # config accepts URIs of object stores only
+    store_values = _store_values(ledger_path) if on_store else None
     sentinel_dir = os.path.join(ledger_path, SENTINEL_DIR, secrets.token_hex(8))
     tasks = probe_tasks(spark)
+    task = partial(probe, sentinel_dir=sentinel_dir, store_values=store_values)
     try:
         try:
-            raw = run_tasks(spark, tasks, partial(probe, sentinel_dir=sentinel_dir), probe_schema())
+            raw = run_tasks(spark, tasks, task, probe_schema())
         except Exception as exc:  # py4j's or Spark Connect's task failure: only its text says why
             if (cannot_start := python_start_error(exc)) is not None:
                 raise_problems([cannot_start], cause=exc)
@@ -233,13 +276,34 @@ def check_executors(spark: SparkSession, ledger_path: str) -> None:
             )
             for row in raw
         ]
-        problems = problems_of(reports, ledger_path)
+        problems = problems_of(reports, ledger_path, read_object_token if on_store else read_token)
     finally:
-        shutil.rmtree(sentinel_dir, ignore_errors=True)
-        parent = Path(sentinel_dir).parent
-        if parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
+        if on_store:
+            _remove_objects(sentinel_dir)
+        else:
+            shutil.rmtree(sentinel_dir, ignore_errors=True)
+            parent = Path(sentinel_dir).parent
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
     raise_problems(problems)
+
+
+def _store_values(ledger_path: str) -> dict[str, str | None]:
+    from dataclasses import asdict
+
+    from rmq_spark.ledger import store
+
+    return asdict(store.options_of(ledger_path))
+
+
+def _remove_objects(sentinel_dir: str) -> None:
+    from rmq_spark.ledger import store
+
+    try:
+        for sentinel in store.StorePath(sentinel_dir).iterdir():
+            sentinel.unlink(missing_ok=True)
+    except OSError:
+        pass  # a store the driver cannot list: the problems say so
 
 
 def raise_problems(problems: Sequence[RmqSparkError], cause: BaseException | None = None) -> None:

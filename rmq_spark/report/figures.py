@@ -26,8 +26,9 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import tables
+from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.schema import TRANSFER_KEY
+from rmq_spark.ledger.storage import storage_options
 
 VERIFICATION_DIR = "verification"
 VERIFICATION_FILE = "verification.json"
@@ -91,7 +92,10 @@ def _snapshot(
 ) -> tuple[ds.Dataset, dict[str, int]]:
     """The table's snapshot as a pyarrow dataset, and when each data file was written."""
     dataset = tables.arrow_dataset(ledger_path, table, run_id)
-    actions = pa.table(DeltaTable(str(Path(ledger_path) / table)).get_add_actions(flatten=True))
+    path = tables.table_path(ledger_path, table)
+    actions = pa.table(
+        DeltaTable(path, storage_options=storage_options(path)).get_add_actions(flatten=True)
+    )
     written = {
         Path(unquote(relative)).name: modified
         for relative, modified in zip(
@@ -331,8 +335,10 @@ class VerificationResult:
 def read_verification(ledger_path: str, run: Mapping[str, Any]) -> VerificationResult | None:
     """verification.json of the run (runs.verification_path, else the ledger's own folder,
     for a ledger that was moved); None if neither exists."""
-    default = Path(ledger_path) / VERIFICATION_DIR / f"run_id={run['run_id']}" / VERIFICATION_FILE
-    recorded = Path(run["verification_path"]) if run.get("verification_path") else default
+    on_store = store.is_object_store(ledger_path)
+    default = store.root(ledger_path) / VERIFICATION_DIR / f"run_id={run['run_id']}"
+    default = default / VERIFICATION_FILE
+    recorded = store.root(run["verification_path"]) if run.get("verification_path") else default
     path = recorded if recorded.is_file() else default
     if not path.is_file():
         return None
@@ -343,8 +349,9 @@ def read_verification(ledger_path: str, run: Mapping[str, Any]) -> VerificationR
             f"verification of run {run['run_id']}: cannot read {path} ({exc})"
         ) from exc
     docs = document.get("data_docs_path")
-    data_docs = Path(docs) if docs and Path(docs).is_file() else None
-    if data_docs is None and (path.parent / "data_docs" / "index.html").is_file():
+    # Data Docs stay local: an object-store ledger keeps verification.json only.
+    data_docs = Path(docs) if docs and not on_store and Path(docs).is_file() else None
+    if data_docs is None and not on_store and (path.parent / "data_docs" / "index.html").is_file():
         data_docs = path.parent / "data_docs" / "index.html"
     return VerificationResult(
         path=path,

@@ -36,6 +36,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from rmq_spark.errors import LedgerError, RmqSparkError
+from rmq_spark.ledger import store
 from rmq_spark.ledger.brakes import BrakeRecord, read_brakes
 from rmq_spark.report.figures import (
     BUCKET_SECONDS,
@@ -149,12 +150,23 @@ def build_report(ledger_path: str, run_id: str, out_path: Path | None = None) ->
     ledger or the run is not there.
     """
     ledger = load_run(ledger_path, run_id)
+    verification = read_verification(ledger_path, ledger.run)
+    if out_path is None and store.is_object_store(ledger_path):
+        # Beside the tables on the store too (one PUT); the page links no local files.
+        target = store.root(ledger_path) / REPORTS_DIR / f"run_id={run_id}" / REPORT_FILE
+        page = render_report(
+            ledger, verification, report_dir=Path.cwd(), brakes=read_brakes(ledger_path, run_id)
+        )
+        try:
+            target.write_bytes(page.encode("utf-8"))
+        except OSError as exc:
+            raise LedgerError(f"report of run {run_id}: cannot write {target} ({exc})") from exc
+        return target  # type: ignore[no-any-return]
     out = (
         Path(out_path)
         if out_path is not None
         else Path(ledger_path) / REPORTS_DIR / f"run_id={run_id}" / REPORT_FILE
     ).resolve()
-    verification = read_verification(ledger_path, ledger.run)
     page = render_report(
         ledger, verification, report_dir=out.parent, brakes=read_brakes(ledger_path, run_id)
     )

@@ -20,6 +20,8 @@ from rmq_spark.broker.colocation import preferred_uri
 from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.broker.delivery_limit import ReturnGuard, attempt_number
 from rmq_spark.config import ClusterConfig, Limits, MoverConfig
+from rmq_spark.ledger import store
+from rmq_spark.ledger.store import StoreOptions
 from rmq_spark.ledger.writer import EarlierFiles, IntentLog, MessageLedgerWriter
 from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
@@ -54,6 +56,8 @@ class ExecutorSettings:
     # route -> the rate limits each of its transfers keeps to (`rate_limit.transfer_limits`,
     # resolved by the driver); a route not named here is unlimited.
     rate_limits: dict[str, Limits] = field(default_factory=dict)
+    # An object-store ledger's options (credentials included; its repr masks them).
+    ledger_store: StoreOptions | None = None
 
 
 def move_partition(
@@ -77,6 +81,8 @@ def move_queues(
     comes, so it numbers its deliveries after what earlier attempts made durable.
     """
     at_once = queues_at_once(settings.max_active, settings.mover.queues_per_task)
+    if settings.ledger_store is not None:
+        store.configure(settings.ledger_path, settings.ledger_store)
     # The task's transfers of one vhost share a connection per side (a channel each).
     connections = ConnectionPool()
     # Earlier attempts' files, listed once for the task (not once per queue).

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from rmq_spark.devtools import s3_server
 from rmq_spark.devtools.local_brokers import (
     LocalCluster,
     LocalNode,
@@ -113,3 +114,14 @@ def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> WheelEnv:
     """A venv with the built wheel, its runtime lock and its [notebook] extra, no pyspark
     (tests/support/wheel_env.py), built once."""
     return build_wheel_env(tmp_path_factory.mktemp("wheel-env"))
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3_server.S3Server]:
+    """An S3 API server (moto, `devtools.s3_server`) on a free port, with one bucket
+    and one IAM key it checks every request against; started once."""
+    server = s3_server.start(tmp_path_factory.mktemp("s3"))
+    try:
+        yield server
+    finally:
+        s3_server.stop(server)

@@ -184,9 +184,39 @@ BAD_CONFIGS = [
         ("ledger: required key is missing",),
     ),
     BadConfig(
-        "ledger.path that is a URI",
-        _replace("path: /tmp/rmq-spark-bad-config-ledger", "path: s3://bucket/ledger"),
-        ("ledger.path", "'s3://bucket/ledger' is a URI (s3:)", "a directory they all mount"),
+        "ledger.path that is a URI of an unsupported store",
+        _replace("path: /tmp/rmq-spark-bad-config-ledger", "path: gs://bucket/ledger"),
+        ("ledger.path", "'gs://bucket/ledger' is a URI (gs:)", "only s3://"),
+    ),
+    BadConfig(
+        "ledger secret written in the file",
+        _replace(
+            "path: /tmp/rmq-spark-bad-config-ledger",
+            f"path: s3://b/l, storage_options: {{secret_access_key: {SECRET}}}",
+        ),
+        ("ledger.storage_options", "secret_access_key must not be in the config file"),
+    ),
+    BadConfig(
+        "ledger URI carrying credentials",
+        _replace("path: /tmp/rmq-spark-bad-config-ledger", f"path: s3://key:{SECRET}@b/l"),
+        ("ledger.path", "expected s3://bucket[/prefix], without credentials"),
+    ),
+    BadConfig(
+        "ledger secret variable not set",
+        _replace(
+            "path: /tmp/rmq-spark-bad-config-ledger",
+            "path: s3://b/l, storage_options: "
+            "{access_key_id_env: NO_SUCH_KEY_ID, secret_access_key_env: NO_SUCH_SECRET}",
+        ),
+        ("ledger.storage_options.access_key_id_env names NO_SUCH_KEY_ID", "not set"),
+    ),
+    BadConfig(
+        "ledger storage options for a directory",
+        _replace(
+            "path: /tmp/rmq-spark-bad-config-ledger",
+            "path: /tmp/l, storage_options: {region: eu-west-1}",
+        ),
+        ("ledger", "storage_options are for a ledger on an object store"),
     ),
     BadConfig(
         "duplicate route names",

@@ -1,6 +1,6 @@
 """The generated reference (docs/reference/) and the config's JSON Schema.
 
-`make docs` writes them from the models in rmq_spark/config.py and the parsers in
+`make docs` writes them from the models in rmq_spark/config/ and the parsers in
 rmq_spark/cli.py; these tests fail when a model or parser changed and they were not
 regenerated, and check that the schema accepts the shipped configs and names a wrong key.
 """

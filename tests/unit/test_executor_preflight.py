@@ -84,6 +84,25 @@ def test_a_sentinel_the_driver_does_not_see_refuses_the_path() -> None:
     assert "/ledger/_preflight/x/worker-1-4242-0-t.json" in message
 
 
+def test_an_object_store_sentinel_the_driver_cannot_read_names_the_store() -> None:
+    uri = "s3://bucket/ledger"
+    (problem,) = problems_of([report()], uri, read=lambda _: None)
+
+    assert isinstance(problem, LedgerNotSharedError)
+    assert f"ledger.path {uri}: the executor on host worker-1" in str(problem)
+    assert "cannot read back" in str(problem)
+    assert "same object store" in str(problem)
+    assert "NFS" not in str(problem)
+
+
+def test_an_executor_that_cannot_write_to_the_store_is_told_what_it_needs() -> None:
+    failed = report(write_error="OSError: AWS Error ACCESS_DENIED", sentinel="")
+    (problem,) = problems_of([failed], "s3://bucket/ledger", read=lambda _: None)
+
+    assert "cannot write under it (OSError: AWS Error ACCESS_DENIED)" in str(problem)
+    assert "reach the object store with the ledger's storage options" in str(problem)
+
+
 def test_another_files_token_is_not_a_shared_directory() -> None:
     # The same path on another disk can hold an older sentinel: the token tells.
     (problem,) = problems_of([report()], "/data/ledger", read=lambda _: "0ld")
@@ -127,15 +146,29 @@ def test_no_problem_raises_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    "path",
-    ["s3://bucket/ledger", "abfss://c@acct.dfs.core.windows.net/l", "dbfs:/ledger", "gs://b"],
+    "path", ["abfss://c@acct.dfs.core.windows.net/l", "dbfs:/ledger", "gs://b", "hdfs://nn/l"]
 )
 def test_a_uri_ledger_path_is_refused_with_what_is_supported(path: str) -> None:
     with pytest.raises(ValueError, match="is a URI") as raised:
         LedgerConfig(path=path)
     assert "a path of a directory they all mount" in str(raised.value)
+    assert "only s3://" in str(raised.value)
     if path.startswith("dbfs"):
         assert "/dbfs/..." in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"), [("s3://bucket/ledger", "s3://bucket/ledger"), ("S3://b/", "S3://b")]
+)
+def test_an_s3_ledger_path_is_accepted(path: str, expected: str) -> None:
+    assert LedgerConfig(path=path).path == expected
+    assert LedgerConfig(path=path).on_object_store
+
+
+@pytest.mark.parametrize("path", ["s3:///no-bucket", "s3://key:secret@bucket/l"])
+def test_an_s3_ledger_path_needs_a_bucket_and_no_credentials(path: str) -> None:
+    with pytest.raises(ValueError, match="expected s3://bucket"):
+        LedgerConfig(path=path)
 
 
 @pytest.mark.parametrize("path", ["/data/ledger", "relative/ledger", "C:\\ledger", "./a:b"])

@@ -18,8 +18,6 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -28,17 +26,25 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from rmq_spark.config.ledger import (
+    LEDGER_OBJECT_STORES as LEDGER_OBJECT_STORES,
+)
+from rmq_spark.config.ledger import (
+    LedgerConfig as LedgerConfig,
+)
+from rmq_spark.config.ledger import (
+    LedgerStorageOptions as LedgerStorageOptions,
+)
+from rmq_spark.config.ledger import (
+    with_storage_secrets,
+)
+from rmq_spark.config.strict import Strict as _Strict
+from rmq_spark.config.uris import mask_uri as mask_uri
 from rmq_spark.errors import ConfigError
 
 _ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 QUEUE_TYPES = ("classic", "quorum", "stream")
-
-
-class _Strict(BaseModel):
-    # The string under each field is its description: the JSON Schema (`rmq-spark
-    # config-schema`) and the configuration reference (docs/reference/config.md) carry it.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class TlsConfig(_Strict):
@@ -310,38 +316,6 @@ class MoverConfig(_Strict):
     still caps the queues moving at once across the whole job."""
 
 
-# A scheme of two letters or more: `C:\\ledger` (one letter) stays a path.
-_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
-
-
-class LedgerConfig(_Strict):
-    """Where the Delta ledger tables (runs, queues, messages) live."""
-
-    path: str
-    """Directory of the Delta tables (runs/, queues/, messages/, plans/). A file system
-    path the driver and every executor see, not a URI: a local path for local[*], an NFS
-    or ReadWriteMany volume on a cluster, /Volumes/... or /dbfs/... on Databricks."""
-
-    @field_validator("path")
-    @classmethod
-    def _path(cls, path: str) -> str:
-        if not path.strip():
-            raise ValueError("must not be empty")
-        scheme = _URI_SCHEME.match(path)
-        if scheme:
-            # Left alone, `s3://b/x` would become a local folder named `s3:`.
-            hint = {"dbfs": " (on Databricks: /dbfs/... or /Volumes/...)"}.get(
-                scheme.group(1).lower(), ""
-            )
-            raise ValueError(
-                f"{path!r} is a URI ({scheme.group(1)}:); the ledger is written with file "
-                "system calls by the driver and every executor, so it must be a path of a "
-                f"directory they all mount{hint}: a local path for local[*], an NFS or "
-                "ReadWriteMany volume on a cluster, /Volumes/... or /dbfs/... on Databricks"
-            )
-        return path
-
-
 class JobConfig(_Strict):
     """The whole job."""
 
@@ -463,7 +437,12 @@ def _with_passwords(config: JobConfig, environ: dict[str, str], origin: str) -> 
         elif cluster.username == "guest":
             password = "guest"
         clusters[name] = cluster.model_copy(update={"password": SecretStr(password)})
-    return config.model_copy(update={"clusters": clusters})
+    return config.model_copy(
+        update={
+            "clusters": clusters,
+            "ledger": with_storage_secrets(config.ledger, environ, origin),
+        }
+    )
 
 
 def _describe(exc: ValidationError, raw: Any = None) -> str:
@@ -492,15 +471,6 @@ def _route_name(raw: Any, loc: tuple[int | str, ...]) -> str | None:
     route = routes[loc[1]]
     name = route.get("name") if isinstance(route, dict) else None
     return name if isinstance(name, str) else None
-
-
-def mask_uri(uri: str) -> str:
-    """The URI with any password replaced by ***, for logs and errors."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
 
 
 def validate_run_id(run_id: str) -> str:

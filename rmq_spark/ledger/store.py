@@ -1,0 +1,293 @@
+"""Where the ledger's files live: a directory every node mounts, or an object store.
+
+A ledger path is either a local path (a POSIX directory the driver and every executor
+see) or an `s3://bucket/prefix` URI (AWS S3 or an S3-compatible server). For a URI the
+ledger code works on `StorePath`s: the few pathlib operations it uses (join, name, list
+one directory by pattern, read, write whole, remove, size) over pyarrow's S3 file
+system, which executors already import. On an object store there is no append and no
+fsync: a file is written whole by one PUT (a multipart upload completed on close), and
+the PUT having returned is the durability point; there is no rename either, and none
+is needed, since an object is complete or absent.
+
+Credentials: the platform's provider chain (environment, instance or workload
+identity) unless `ledger.storage_options` names them; secrets there are read from
+environment variables the config names (`config.LedgerConfig`), never from the file,
+and no `repr` or log line shows them. The driver registers a ledger's options once
+(`configure`); executor tasks register the same from their settings before touching
+the ledger.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from rmq_spark.config import LedgerConfig
+
+OBJECT_STORE_SCHEMES = ("s3",)
+# Option names of `ledger.storage_options` (values) and their secret counterparts
+# (`*_env`: the variable holding the value).
+PLAIN_OPTIONS = ("endpoint", "region")
+SECRET_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
+
+
+def scheme_of(path: str) -> str | None:
+    match = _SCHEME.match(path)
+    return match.group(1).lower() if match else None
+
+
+def is_object_store(path: str) -> bool:
+    return scheme_of(path) in OBJECT_STORE_SCHEMES
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Resolved options of one object-store ledger (secrets included: never logged)."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+
+    def __repr__(self) -> str:  # the secrets stay out of logs and tracebacks
+        return f"StoreOptions(endpoint={self.endpoint!r}, region={self.region!r}, secrets=***)"
+
+    @classmethod
+    def of(cls, values: Mapping[str, str | None]) -> StoreOptions:
+        return cls(**{key: values.get(key) for key in (*PLAIN_OPTIONS, *SECRET_OPTIONS)})
+
+    def filesystem(self) -> pafs.S3FileSystem:
+        kwargs: dict[str, Any] = {}
+        if self.endpoint:
+            parts = urlsplit(self.endpoint)
+            kwargs["endpoint_override"] = parts.netloc or self.endpoint
+            kwargs["scheme"] = parts.scheme or "https"
+        if self.region:
+            kwargs["region"] = self.region
+        if self.access_key_id:
+            kwargs.update(access_key=self.access_key_id, secret_key=self.secret_access_key)
+            if self.session_token:
+                kwargs["session_token"] = self.session_token
+        # No retries beyond the default: a failed PUT fails the flush (and so the ack).
+        return pafs.S3FileSystem(**kwargs)
+
+    def delta(self) -> dict[str, str]:
+        """delta-rs' storage options (object_store's AWS keys)."""
+        options: dict[str, str] = {}
+        if self.endpoint:
+            options["AWS_ENDPOINT_URL"] = self.endpoint
+            if self.endpoint.startswith("http://"):
+                options["AWS_ALLOW_HTTP"] = "true"
+        if self.region:
+            options["AWS_REGION"] = self.region
+        if self.access_key_id:
+            options["AWS_ACCESS_KEY_ID"] = self.access_key_id
+            options["AWS_SECRET_ACCESS_KEY"] = self.secret_access_key or ""
+            if self.session_token:
+                options["AWS_SESSION_TOKEN"] = self.session_token
+        return options
+
+
+_OPTIONS: dict[str, StoreOptions] = {}
+_FILESYSTEMS: dict[str, pafs.FileSystem] = {}
+
+
+def _bucket_key(uri: str) -> str:
+    parts = urlsplit(uri)
+    return f"{parts.scheme.lower()}://{parts.netloc}"
+
+
+def configure(uri: str, options: StoreOptions) -> None:
+    """Register the options of the ledger at `uri` (for its whole bucket) in this process."""
+    key = _bucket_key(uri)
+    if _OPTIONS.get(key) != options:
+        _OPTIONS[key] = options
+        _FILESYSTEMS.pop(key, None)
+
+
+def options_of(uri: str) -> StoreOptions:
+    return _OPTIONS.get(_bucket_key(uri), StoreOptions())
+
+
+def filesystem_of(uri: str) -> pafs.FileSystem:
+    key = _bucket_key(uri)
+    found = _FILESYSTEMS.get(key)
+    if found is None:
+        found = _FILESYSTEMS[key] = options_of(uri).filesystem()
+    return found
+
+
+def delta_options(uri: str) -> dict[str, str]:
+    return options_of(uri).delta()
+
+
+class FileStat(NamedTuple):
+    st_size: int
+    st_mtime: float
+
+
+class StorePath:
+    """A file or "directory" (key prefix) of an object-store ledger: the pathlib subset
+    the ledger code uses. Directories exist as long as an object is under them."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri.rstrip("/")
+        parts = urlsplit(self.uri)
+        self.fs_path = f"{parts.netloc}{parts.path}"  # bucket/key, as pyarrow names it
+        self._scheme = parts.scheme
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        return filesystem_of(self.uri)
+
+    def __truediv__(self, name: str) -> StorePath:
+        return StorePath(f"{self.uri}/{name}")
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __repr__(self) -> str:
+        return f"StorePath({self.uri!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StorePath) and other.uri == self.uri
+
+    def __hash__(self) -> int:
+        return hash(self.uri)
+
+    def __lt__(self, other: StorePath) -> bool:
+        return self.uri < other.uri
+
+    @property
+    def name(self) -> str:
+        return self.uri.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> StorePath:
+        return StorePath(self.uri.rsplit("/", 1)[0])
+
+    def _info(self) -> pafs.FileInfo:
+        return self.fs.get_file_info(self.fs_path)
+
+    def is_dir(self) -> bool:
+        return bool(self._info().type == pafs.FileType.Directory)
+
+    def is_file(self) -> bool:
+        return bool(self._info().type == pafs.FileType.File)
+
+    def exists(self) -> bool:
+        return bool(self._info().type != pafs.FileType.NotFound)
+
+    def iterdir(self) -> Iterator[StorePath]:
+        selector = pafs.FileSelector(self.fs_path, allow_not_found=True)
+        for info in self.fs.get_file_info(selector):
+            yield self / info.base_name
+
+    def glob(self, pattern: str) -> Iterator[StorePath]:
+        """The entries of this directory whose name matches `pattern` (no recursion)."""
+        return (path for path in self.iterdir() if fnmatch.fnmatchcase(path.name, pattern))
+
+    def mkdir(self, *, parents: bool = False, exist_ok: bool = False) -> None:
+        """Nothing to do: a key prefix exists once an object is under it."""
+
+    def unlink(self, *, missing_ok: bool = False) -> None:
+        try:
+            self.fs.delete_file(self.fs_path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+    def stat(self) -> FileStat:
+        info = self._info()
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(self.uri)
+        mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+        return FileStat(int(info.size or 0), mtime)
+
+    def read_bytes(self) -> bytes:
+        with self.fs.open_input_stream(self.fs_path) as source:
+            return bytes(source.read())
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+    def write_bytes(self, content: bytes) -> None:
+        """One PUT: the object is complete and durable when this returns, or absent."""
+        with self.fs.open_output_stream(self.fs_path) as sink:
+            sink.write(content)
+
+    def open_output(self) -> IO[bytes]:
+        """A sink whose close completes the upload (the durability point)."""
+        return self.fs.open_output_stream(self.fs_path)  # type: ignore[no-any-return]
+
+
+def root(ledger_path: str) -> Any:
+    """The ledger's root as a pathlib.Path (local) or a StorePath (object store): both
+    have the operations the ledger code uses, so it is typed Any where either goes."""
+    return StorePath(ledger_path) if is_object_store(ledger_path) else Path(ledger_path)
+
+
+def arrow_source(path: Any) -> tuple[str, pafs.FileSystem | None]:
+    """(path, filesystem) for pyarrow's readers: a StorePath's bucket/key and file system."""
+    if isinstance(path, StorePath):
+        return path.fs_path, path.fs
+    return str(path), None
+
+
+def entries(directory: Any) -> list[Any]:
+    """A directory's entries (none if it is missing): one listing, local or object store."""
+    if isinstance(directory, StorePath):
+        return list(directory.iterdir())
+    if not directory.is_dir():
+        return []
+    with os.scandir(directory) as found:
+        return [Path(entry.path) for entry in found]
+
+
+def read_parquet(path: Any, **options: Any) -> pa.Table:
+    """A local or object-store Parquet file (pq.read_table's options)."""
+    where, filesystem = arrow_source(path)
+    return pq.read_table(where, filesystem=filesystem, **options)
+
+
+def dataset(paths: list[Any], **options: Any) -> Any:
+    """A pyarrow dataset of these local or object-store files (all on one store)."""
+    import pyarrow.dataset as ds
+
+    if paths and isinstance(paths[0], StorePath):
+        return ds.dataset([p.fs_path for p in paths], filesystem=paths[0].fs, **options)
+    return ds.dataset(paths, **options)
+
+
+def read_metadata(path: Any) -> pq.FileMetaData:
+    where, filesystem = arrow_source(path)
+    return pq.read_metadata(where, filesystem=filesystem)
+
+
+def describe_store(uri: str) -> str:
+    """The store and its endpoint, for errors (never a credential)."""
+    options = options_of(uri)
+    endpoint = options.endpoint or "the provider's default endpoint"
+    credentials = "keys from ledger.storage_options" if options.access_key_id else "default chain"
+    return f"{scheme_of(uri)} at {endpoint}, bucket {urlsplit(uri).netloc}, {credentials}"
+
+
+def use_ledger(ledger: LedgerConfig) -> str:
+    """Register the config's object-store options in this process (nothing for a local
+    ledger); the path every node uses: the URI, or the local path made absolute."""
+    if not is_object_store(ledger.path):
+        return str(Path(ledger.path).resolve())
+    configure(ledger.path, StoreOptions.of(ledger.store_values()))
+    return ledger.path

@@ -1,0 +1,73 @@
+"""An object-store ledger's options: resolved from the variables the config names,
+handed to delta-rs and pyarrow, and never shown (pure: no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rmq_spark.config import LedgerConfig, LedgerStorageOptions, with_storage_secrets
+from rmq_spark.ledger import store
+from rmq_spark.ledger.storage import storage_options
+from rmq_spark.ledger.store import StoreOptions, StorePath
+
+SECRET = "s3cret-not-for-logs"
+OPTIONS = StoreOptions(
+    endpoint="http://127.0.0.1:9000",
+    region="eu-west-1",
+    access_key_id="AKIDEXAMPLE",
+    secret_access_key=SECRET,
+)
+
+
+def test_the_options_never_print_their_secrets() -> None:
+    shown = f"{OPTIONS!r} {OPTIONS!s} {[OPTIONS]}"
+    assert SECRET not in shown
+    assert "AKIDEXAMPLE" not in shown
+    assert "http://127.0.0.1:9000" in shown
+
+
+def test_delta_rs_gets_the_endpoint_region_and_keys() -> None:
+    assert OPTIONS.delta() == {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "eu-west-1",
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+    }
+    # Without options, delta-rs and pyarrow use the platform's provider chain.
+    assert StoreOptions().delta() == {}
+
+
+def test_a_ledger_uri_gets_the_options_registered_for_its_bucket() -> None:
+    store.configure("s3://bucket-a/ledger", OPTIONS)
+    assert storage_options("s3://bucket-a/ledger/messages") == OPTIONS.delta()
+    assert storage_options("s3://bucket-b/ledger/messages") == {}
+
+
+def test_the_config_resolves_secrets_from_the_named_variables() -> None:
+    ledger = LedgerConfig(
+        path="s3://bucket/ledger",
+        storage_options=LedgerStorageOptions(
+            region="eu-west-1", access_key_id_env="KEY_ID", secret_access_key_env="SECRET"
+        ),
+    )
+    resolved = with_storage_secrets(ledger, {"KEY_ID": "AKID", "SECRET": SECRET}, "job.yaml")
+
+    assert StoreOptions.of(resolved.store_values()) == StoreOptions(
+        region="eu-west-1", access_key_id="AKID", secret_access_key=SECRET
+    )
+    assert SECRET not in resolved.model_dump_json()
+    assert SECRET not in repr(resolved)
+
+
+def test_only_both_halves_of_a_key_are_accepted() -> None:
+    with pytest.raises(ValueError, match="go together"):
+        LedgerStorageOptions(access_key_id_env="KEY_ID")
+
+
+def test_a_store_path_names_its_bucket_key_parent_and_entry() -> None:
+    path = StorePath("s3://bucket/ledger/") / "messages" / "run_id=r1"
+    assert str(path) == "s3://bucket/ledger/messages/run_id=r1"
+    assert path.fs_path == "bucket/ledger/messages/run_id=r1"
+    assert path.name == "run_id=r1"
+    assert path.parent == StorePath("s3://bucket/ledger/messages")
