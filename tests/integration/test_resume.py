@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +25,12 @@ from tests.support.brokers import (
     depth,
     drain_fingerprints,
     fresh_vhost,
-    job_environment,
     seed,
+    submit_as_scheduled,
     write_config,
 )
 from tests.support.faults import expected_fingerprints, wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 QUEUES = ("a", "b")
 MESSAGES = 20_000
 WINDOW = 1000
@@ -75,30 +73,6 @@ SCHEDULERS = [
 ]
 
 
-def submit(
-    config: Path, arguments: tuple[str, ...], scheduler: dict[str, str], attempt_dir: Path
-) -> subprocess.Popen[str]:
-    """spark-submit.sh as the scheduler starts it; `attempt_dir` is the attempt's own
-    scratch space (YARN's LOCAL_DIRS when the scheduler is YARN)."""
-    environment = {
-        key: value
-        for key, value in job_environment().items()
-        # only what the scheduler sets
-        if key not in ("RMQ_SPARK_RUN_ID", "CONTAINER_ID", "LOCAL_DIRS")
-    }
-    if "CONTAINER_ID" in scheduler:
-        attempt_dir.mkdir()
-        scheduler = {**scheduler, "LOCAL_DIRS": str(attempt_dir)}
-    return subprocess.Popen(
-        [str(REPO / "spark-submit.sh"), "--config", str(config), *arguments],
-        env={**environment, **scheduler},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: the driver, JVM and workers
-    )
-
-
 @pytest.mark.parametrize("attempts", SCHEDULERS, ids=lambda a: a.name)
 def test_a_killed_driver_started_again_by_its_scheduler_finishes_the_run(
     brokers: Brokers, password_env: str, tmp_path: Path, attempts: Attempts
@@ -116,7 +90,9 @@ def test_a_killed_driver_started_again_by_its_scheduler_finishes_the_run(
         window={"messages": WINDOW},
     )
 
-    first = submit(config, attempts.arguments[0], attempts.environments[0], tmp_path / "first")
+    first = submit_as_scheduled(
+        config, attempts.arguments[0], attempts.environments[0], tmp_path / "first"
+    )
 
     def a_fifth_arrived() -> bool:
         if first.poll() is not None:
@@ -132,7 +108,9 @@ def test_a_killed_driver_started_again_by_its_scheduler_finishes_the_run(
     assert {(p["source_queue"], p["messages"]) for p in plans} == {(q, MESSAGES) for q in QUEUES}
     assert {p["run_id"] for p in plans} == {attempts.run_id}
 
-    second = submit(config, attempts.arguments[1], attempts.environments[1], tmp_path / "second")
+    second = submit_as_scheduled(
+        config, attempts.arguments[1], attempts.environments[1], tmp_path / "second"
+    )
     stdout, stderr = second.communicate(timeout=600)
 
     assert second.returncode == 0, stderr[-4000:]

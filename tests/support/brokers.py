@@ -178,6 +178,35 @@ class MoverThread(threading.Thread):
             self.error = exc
 
 
+def submit_as_scheduled(
+    config: Path, arguments: tuple[str, ...], scheduler: dict[str, str], attempt_dir: Path
+) -> subprocess.Popen[str]:
+    """spark-submit.sh as the scheduler starts it; `attempt_dir` is the attempt's own
+    scratch space (YARN's LOCAL_DIRS when the scheduler is YARN)."""
+    environment = {
+        key: value
+        for key, value in job_environment().items()
+        # only what the scheduler sets
+        if key not in ("RMQ_SPARK_RUN_ID", "CONTAINER_ID", "LOCAL_DIRS")
+    }
+    if "CONTAINER_ID" in scheduler:
+        attempt_dir.mkdir()
+        scheduler = {**scheduler, "LOCAL_DIRS": str(attempt_dir)}
+    return subprocess.Popen(
+        [
+            str(Path(__file__).resolve().parents[2] / "spark-submit.sh"),
+            "--config",
+            str(config),
+            *arguments,
+        ],
+        env={**environment, **scheduler},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the driver, JVM and workers
+    )
+
+
 def spark_submit(config: Path, run_id: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [

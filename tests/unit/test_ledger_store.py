@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rmq_spark.config import LedgerConfig, LedgerStorageOptions, with_storage_secrets
+from rmq_spark.config import LedgerConfig, LedgerStorageOptions
+from rmq_spark.config.ledger import with_storage_secrets
 from rmq_spark.ledger import store
 from rmq_spark.ledger.storage import storage_options
 from rmq_spark.ledger.store import StoreOptions, StorePath
