@@ -118,7 +118,7 @@ def migrate(
     with management_clients(config) as clients:
         client = clients[cluster]
         versions = rabbitmq_versions({cluster: client})
-        plans = plan_migration(config, client, options, mid)
+        plans = plan_migration(config, client, options, mid, rabbitmq_version=versions[cluster])
         raise_problems(plans)
         join_check(config, plans, mid)
         log_decisions(client.cluster_name, versions[cluster], plans)

@@ -1,5 +1,11 @@
 """What a classic queue's arguments become on the quorum queue (pure), and the options
-for the cases that have no single right answer."""
+for the cases that have no single right answer.
+
+The translation is the one table `rmq_spark.planning.queue_arguments` (which
+`destination.topology: copy` reads too): a queue migrated in place gets the arguments
+a copy-topology move into a quorum queue would give it. Here it is only worded for
+migrate's plan and log, and given the `--replicas` argument.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-# Kept unchanged on the quorum queue (RabbitMQ 3.10 quorum queues support them; message
-# TTL since 3.10.0, checked on this project's 3.10.8 brokers).
-_KEPT = (
-    "x-message-ttl",
-    "x-expires",
-    "x-max-length",
-    "x-max-length-bytes",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-single-active-consumer",
-    # RabbitMQ 4.x classic queues take the leader locator too (it replaces the master
-    # locator, whose declare 4.3 refuses); quorum queues take the same values.
-    "x-queue-leader-locator",
-)
-# Quorum queues refuse these on declare (406 PRECONDITION_FAILED, 3.10 to 4.3).
-_DROPPED = {
-    "x-queue-mode": "quorum queues refuse it; they keep every message on disk, so lazy mode "
-    "does not apply",
-    "x-queue-version": "quorum queues refuse it; it is a classic queue storage version and "
-    "quorum queues have their own log",
-}
-_QUORUM_OVERFLOW = ("drop-head", "reject-publish")
-# Classic master locators and the quorum leader locator that does the same job.
-_LEADER_LOCATOR = {"client-local": "client-local", "min-masters": "balanced", "random": "balanced"}
+from rmq_spark.planning.queue_arguments import translate_queue_arguments
 
 Action = Literal["kept", "translated", "dropped", "refused", "added"]
 
@@ -64,79 +47,32 @@ class ArgumentDecision:
 
 
 def translate_arguments(
-    arguments: Mapping[str, Any], options: MigrationOptions
+    arguments: Mapping[str, Any],
+    options: MigrationOptions,
+    *,
+    rabbitmq_version: str = "unknown",
 ) -> tuple[dict[str, Any], list[ArgumentDecision]]:
     """The quorum queue's arguments for a classic queue's, and a decision per argument.
 
     >>> translate_arguments({"x-queue-mode": "lazy"}, MigrationOptions())[0]
     {'x-queue-type': 'quorum'}
     """
-    quorum: dict[str, Any] = {"x-queue-type": "quorum"}
-    decisions: list[ArgumentDecision] = []
-
-    def decide(
-        key: str, value: Any, action: Action, reason: str, becomes: str | None = None
-    ) -> None:
-        decisions.append(ArgumentDecision(key, value, action, becomes, reason))
-
-    for key, value in sorted(arguments.items()):
-        if key == "x-queue-type":
-            continue
-        if key in _KEPT:
-            quorum[key] = value
-            decide(key, value, "kept", "quorum queues support it")
-        elif key in _DROPPED:
-            decide(key, value, "dropped", _DROPPED[key])
-        elif key == "x-max-priority":
-            if options.priorities == "drop":
-                decide(
-                    key,
-                    value,
-                    "dropped",
-                    "quorum queues have no priorities; messages keep their priority "
-                    "property, the queue delivers in arrival order",
-                )
-            else:
-                decide(
-                    key,
-                    value,
-                    "refused",
-                    "quorum queues have no priorities; migrate anyway with --drop-priorities",
-                )
-        elif key == "x-queue-master-locator":
-            locator = _LEADER_LOCATOR.get(str(value), "balanced")
-            quorum["x-queue-leader-locator"] = locator
-            decide(
-                key,
-                value,
-                "translated",
-                "quorum queues place leaders instead of masters",
-                becomes=f"x-queue-leader-locator={locator}",
-            )
-        elif key == "x-overflow":
-            if value in _QUORUM_OVERFLOW:
-                quorum[key] = value
-                decide(key, value, "kept", "quorum queues support it")
-            else:
-                # RabbitMQ 4.x accepts reject-publish-dlx on a quorum declare and then
-                # ignores it (drop-head, with a warning in its log): refused here.
-                decide(
-                    key,
-                    value,
-                    "refused",
-                    f"quorum queues support x-overflow {' and '.join(_QUORUM_OVERFLOW)} only",
-                )
-        elif key.startswith("x-"):
-            decide(key, value, "refused", "unknown to rmq-spark, so its quorum meaning is unknown")
-        else:
-            quorum[key] = value
-            decide(key, value, "kept", "not a RabbitMQ argument; passed on unchanged")
+    quorum, table = translate_queue_arguments(
+        arguments,
+        destination_type="quorum",
+        destination_version=rabbitmq_version,
+        priorities="drop" if options.priorities == "drop" else "keep",
+    )
+    decisions = [ArgumentDecision(d.key, d.value, d.action, d.becomes, d.reason) for d in table]
     if options.replicas is not None:
         quorum["x-quorum-initial-group-size"] = options.replicas
-        decide(
-            "x-quorum-initial-group-size",
-            options.replicas,
-            "added",
-            "--replicas: the number of quorum members",
+        decisions.append(
+            ArgumentDecision(
+                "x-quorum-initial-group-size",
+                options.replicas,
+                "added",
+                None,
+                "--replicas: the number of quorum members",
+            )
         )
     return quorum, decisions

@@ -155,6 +155,8 @@ def plan_migration(
     client: ManagementClient,
     options: MigrationOptions,
     migration_id: str,
+    *,
+    rabbitmq_version: str | None = None,
 ) -> list[QueueMigration]:
     """The selected queues, new and in progress, each with its problems (not raised).
 
@@ -162,6 +164,8 @@ def plan_migration(
     marker whose original the routes select by name or pattern (the original may be
     gone, or already a quorum queue); it keeps its own migration id.
     """
+    if rabbitmq_version is None:
+        rabbitmq_version = str(client.overview().get("rabbitmq_version", "unknown"))
     plans: list[QueueMigration] = []
     vhosts_visible = client.vhosts()
     for route in config.routes:
@@ -174,7 +178,14 @@ def plan_migration(
                     f"{route.name!r} names it)"
                 )
             plans.extend(
-                _route_plans(client, route, vhost, options=options, migration_id=migration_id)
+                _route_plans(
+                    client,
+                    route,
+                    vhost,
+                    options=options,
+                    migration_id=migration_id,
+                    rabbitmq_version=rabbitmq_version,
+                )
             )
     seen: set[tuple[str, str]] = set()
     unique = []
@@ -193,6 +204,7 @@ def _route_plans(
     *,
     options: MigrationOptions,
     migration_id: str,
+    rabbitmq_version: str,
 ) -> list[QueueMigration]:
     selector = route.source
     queues = client.queues(vhost)
@@ -250,6 +262,7 @@ def _route_plans(
                 migration_id=migration_id,
                 policies=policies,
                 by_name=by_name,
+                rabbitmq_version=rabbitmq_version,
             )
         )
     return plans
@@ -264,10 +277,11 @@ def _new_plan(
     migration_id: str,
     policies: Sequence[Mapping[str, Any]],
     by_name: Mapping[str, Mapping[str, Any]],
+    rabbitmq_version: str,
 ) -> QueueMigration:
     name = str(queue["name"])
     arguments = dict(queue.get("arguments") or {})
-    quorum, decisions = translate_arguments(arguments, options)
+    quorum, decisions = translate_arguments(arguments, options, rabbitmq_version=rabbitmq_version)
     bindings = [
         {
             "source": b["source"],

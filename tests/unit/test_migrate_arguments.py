@@ -73,10 +73,11 @@ def test_priorities_are_refused_unless_dropping_them_was_asked_for() -> None:
     assert quorum == {"x-queue-type": "quorum"}
 
 
-def test_overflow_quorum_queues_lack_and_unknown_arguments_are_refused() -> None:
+def test_overflow_quorum_queues_ignore_is_refused_and_unknown_arguments_kept() -> None:
+    """The one table's answers (tests/unit/planning/test_queue_arguments.py)."""
     assert actions({"x-overflow": "reject-publish-dlx", "x-something": 1}) == {
         "x-overflow": "refused",
-        "x-something": "refused",
+        "x-something": "kept",
     }
 
 
@@ -117,7 +118,7 @@ def test_every_argument_not_kept_as_it_is_is_logged_with_its_reason(
     assert [r.getMessage() for r in caplog.records] == [
         "cluster qq (RabbitMQ 4.3.6) vhost 'v' queue 'orders': argument "
         "x-queue-master-locator='random': translated -> x-queue-leader-locator=balanced "
-        "(quorum queues place leaders instead of masters)",
+        "(quorum queues refuse it; they place leaders instead of masters)",
         "cluster qq (RabbitMQ 4.3.6) vhost 'v' queue 'orders': argument "
         "x-queue-mode='lazy': dropped (quorum queues refuse it; they keep every message on "
         "disk, so lazy mode does not apply)",
