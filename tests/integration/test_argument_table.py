@@ -11,13 +11,13 @@ quorum queues do not honour is refused by both, before anything is created.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pika
 import pytest
-import requests
 import yaml
 from pyspark.sql import SparkSession
 
@@ -61,25 +61,19 @@ QUORUM: dict[str, dict[str, Any]] = {
 
 
 def queue_info(node: LocalNode, vhost: str, queue: str) -> dict[str, Any] | None:
-    response = requests.get(
-        f"{node.management_url}/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}",
-        auth=(node.username, node.password),
-        timeout=30,
+    row: dict[str, Any] | None = node.management(
+        "GET", f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}", missing_ok=True
     )
-    if response.status_code == 404:
-        return None
-    response.raise_for_status()
-    row: dict[str, Any] = response.json()
     return row
 
 
-def connect(node: LocalNode, vhost: str) -> pika.BlockingConnection:
-    return Brokers(dr=node, main=node).connect(node, vhost)
+def has_depth(node: LocalNode, vhost: str, queue: str) -> bool:
+    return depth(node, vhost, queue) == MESSAGES
 
 
 def seed(node: LocalNode, vhost: str, queue: str, count: int, arguments: dict[str, Any]) -> None:
     """A durable classic queue with these arguments and `count` demo messages in it."""
-    connection = connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True, arguments=arguments)
@@ -157,8 +151,8 @@ def test_copy_and_migrate_give_the_same_quorum_arguments_and_refuse_the_same_que
         assert in_place is not None
         assert (on_dr["type"], in_place["type"]) == ("quorum", "quorum"), name
         assert on_dr["arguments"] == in_place["arguments"] == QUORUM[name], name
-        wait_until(lambda q=name: depth(brokers.dr, copied, q) == MESSAGES, f"{name} on dr")
-        wait_until(lambda q=name: depth(brokers.main, migrated, q) == MESSAGES, f"{name} here")
+        wait_until(partial(has_depth, brokers.dr, copied, name), f"{name} on dr")
+        wait_until(partial(has_depth, brokers.main, migrated, name), f"{name} here")
 
     # reject-publish-dlx: declared by a 4.x quorum queue, which then drops heads instead
     # (test_quorum_queues_take_reject_publish_dlx_and_drop_heads): refused by both paths.
@@ -198,7 +192,7 @@ def test_quorum_queues_take_reject_publish_dlx_and_unknown_arguments_and_drop_he
         "x-max-length": 2,
         "x-custom-plugin": "on",
     }
-    connection = connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare("dlx", durable=True, arguments=arguments)
@@ -222,7 +216,7 @@ PRIORITIES = [0, 9, 1, 8, 2, 5, 3, 4, None, 7]
 
 def delivered_order(node: LocalNode, vhost: str, arguments: dict[str, Any]) -> list[int | None]:
     """Priorities in the order a queue with these arguments hands out PRIORITIES."""
-    connection = connect(node, vhost)
+    connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare("order", durable=True, arguments=arguments)

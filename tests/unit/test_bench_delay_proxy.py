@@ -18,8 +18,10 @@ import pytest
 from bench.delay_proxy import DelayProxy, serve
 
 DELAY = 0.050
-# The event loop's timers and a loaded 2-core box: late by a few ms, never early.
-LATE_TOLERANCE = 0.030
+# The event loop's timers and a loaded 2-core box: late by a few ms, never early; 30 ms
+# was once exceeded with four engineers' tests on the box. Below one DELAY, so a proxy
+# that adds a third one-way delay still fails.
+LATE_TOLERANCE = 0.045
 
 
 async def _echo_server() -> asyncio.Server:
