@@ -1,7 +1,8 @@
 """Moving from sources that publishers keep writing to (a migration before every
 publisher has switched, a redrive from a dead-letter queue still receiving): the run
-ends verified on the sources' consumer counters (`broker/removals.py`), and another
-consumer taking messages during the run still fails it, however many arrived meanwhile.
+ends verified on the sources' consumer counters (`broker/removals.py`; a source whose
+counters a busy node never caught up passes unproven), and another consumer taking
+messages during the run still fails it, however many arrived meanwhile.
 
 On 3.10 and 4.3: 4 queues of 5,000 messages, a publisher sending several hundred
 messages per second to every source queue from before the job starts until after it
@@ -28,7 +29,7 @@ QUEUES = [f"live-{i}" for i in range(4)]
 SEEDED = 5_000
 RATE_PER_QUEUE = 400  # messages per second, to every source queue
 STOLEN = 100
-STEAL_MOVE_RATE = 1_000.0  # per queue, while the publisher adds RATE_PER_QUEUE
+MOVE_RATE = 1_000.0  # per queue, while the publisher adds RATE_PER_QUEUE
 
 
 class Publisher(threading.Thread):
@@ -96,13 +97,11 @@ def move_while_publishing(
     config = load_config(
         write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger")
     )
-    if steal:
-        # Slow enough (net of the publisher's rate) that the movers still hold the queue
-        # when the other consumer starts, however busy the machine.
-        route = config.routes[0].model_copy(
-            update={"limits": Limits(messages_per_second=STEAL_MOVE_RATE)}
-        )
-        config = config.model_copy(update={"routes": [route]})
+    # Slow enough (net of the publisher's rate) that the movers still hold the queue
+    # when the other consumer starts, however busy the machine, and that their channels
+    # report their acks over many statistics intervals.
+    route = config.routes[0].model_copy(update={"limits": Limits(messages_per_second=MOVE_RATE)})
+    config = config.model_copy(update={"routes": [route]})
     publisher = Publisher(brokers, vhost)
     publisher.start()
     wait_until(lambda: min(publisher.sent[q] for q in QUEUES) >= 200, "the publisher to run")
@@ -166,8 +165,14 @@ def test_a_live_source_is_verified_on_its_consumer_counters(
     verification = result.verification
     assert verification.verified, verification.failed_expectations
     assert verification.lost == 0
+    # The counters prove what left a source; where a busy node's counters never caught
+    # up (broker/removals.py), that source passes unproven and is counted so, never
+    # failed, and never on the depth alone (messages arrived meanwhile).
+    witnesses = Counter(verdict.source_witness for verdict in verification.queues)
+    assert set(witnesses) <= {"counters", "none"}, witnesses
+    assert witnesses["counters"] >= 1, witnesses
+    assert verification.sources_unproven == witnesses["none"]
     for verdict in verification.queues:
-        assert verdict.source_witness == "counters", verdict
         assert verdict.distinct_messages > verdict.source_drop  # messages arrived meanwhile
     # Independent reader: every message in exactly one place, the destination or the source.
     moved = 0
