@@ -33,12 +33,14 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from rmq_spark.config import LedgerConfig
+from rmq_spark.config.ledger import LEDGER_OBJECT_STORES, LEDGER_SECRETS
 
-OBJECT_STORE_SCHEMES = ("s3",)
+# The schemes and secret option names are the config's (`config/ledger.py`): one list.
+OBJECT_STORE_SCHEMES = LEDGER_OBJECT_STORES
 # Option names of `ledger.storage_options` (values) and their secret counterparts
 # (`*_env`: the variable holding the value).
 PLAIN_OPTIONS = ("endpoint", "region")
-SECRET_OPTIONS = ("access_key_id", "secret_access_key", "session_token")
+SECRET_OPTIONS = LEDGER_SECRETS
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 
 
