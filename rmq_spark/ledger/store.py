@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -229,10 +229,6 @@ class StorePath:
         """One PUT: the object is complete and durable when this returns, or absent."""
         with self.fs.open_output_stream(self.fs_path) as sink:
             sink.write(content)
-
-    def open_output(self) -> IO[bytes]:
-        """A sink whose close completes the upload (the durability point)."""
-        return self.fs.open_output_stream(self.fs_path)  # type: ignore[no-any-return]
 
 
 def root(ledger_path: str) -> Any:

@@ -214,8 +214,12 @@ def _microseconds(moments: Sequence[datetime | None]) -> array.array[int]:
 def write_data_file(directory: Any, name: str, table: pa.Table) -> None:
     """Write a Parquet data file so that it is complete and durable, or absent."""
     if isinstance(directory, StorePath):  # one PUT: complete or absent, durable on return
-        with (directory / name).open_output() as sink:
-            pq.write_table(table, sink, compression="snappy")
+        # Encoded in memory first (a flush's rows: checksums, not bodies): a stream
+        # closed by an error inside the Parquet writer would still complete its upload,
+        # leaving a partial object the commit could not read.
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer, compression="snappy")
+        (directory / name).write_bytes(buffer.getvalue().to_pybytes())
         return
     temp = directory / f"{TEMP_PREFIX}{name}"
     with open(temp, "wb") as sink:
