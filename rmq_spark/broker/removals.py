@@ -17,11 +17,10 @@ skips the management plugin's listing cache but reports the counters as of the l
 5 s sample, which on 3.10.8 and 4.3.6 lagged more than the plain listing did.)
 On 3.10.8 and 4.3.6 (tests/integration/test_live_source.py, 1 s interval) they
 usually caught up with exactly what the movers moved, the movers' closed channels
-included, and counted another consumer's acks; 4.0.5 was not tested. Not always: on a
-node sharing two busy cores with the rest of the test suite, some sources' counters
-stayed short of the moved acks for good (650-1,350 short; once all 6,792 of a source
-whose mover lived under a second), so those transfers end unproven (None), never
-failed.
+included, and counted another consumer's acks; 4.0.5 was not tested. Not always: on
+nodes that had served the rest of a full test run on two busy cores, some or all
+sources' counters stayed short of the moved acks for good (650-1,350 short, or by all
+of them), so those transfers end unproven (None), never failed. Why is not known.
 Before the run the movers have not consumed yet, so only another consumer could move
 the counter; after it, `settle` reads again until the counters have caught up with what
 the movers acked. They restart from 0 when the queue's node restarts, and are absent
