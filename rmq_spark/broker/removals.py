@@ -19,8 +19,10 @@ On 3.10.8 and 4.3.6 (tests/integration/test_live_source.py, 1 s interval) they
 usually caught up with exactly what the movers moved, the movers' closed channels
 included, and counted another consumer's acks; 4.0.5 was not tested. Not always: on
 nodes that had served the rest of a full test run on two busy cores, some or all
-sources' counters stayed short of the moved acks for good (650-1,350 short, or by all
-of them), so those transfers end unproven (None), never failed. Why is not known.
+sources' counters stayed short of the moved acks for good (from 39 to about 2,000 of
+some 9,000 moved; once all of them), so those transfers end unproven (None), never
+failed. Why is not known; another consumer is caught only when it took more than such a
+shortfall.
 Before the run the movers have not consumed yet, so only another consumer could move
 the counter; after it, `settle` reads again until the counters have caught up with what
 the movers acked. They restart from 0 when the queue's node restarts, and are absent
