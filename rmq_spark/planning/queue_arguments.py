@@ -84,10 +84,12 @@ QUORUM_PRIORITY_ORDER = (
     "as 4), so consumers see a new order wherever publishers set priorities"
 )
 
-_QUEUE_MODE_IGNORED_FROM = (3, 12)
-_MASTER_LOCATOR_DEPRECATED_IN = (4, 0)
+# The RabbitMQ versions that changed these (queue arguments here, the same settings as
+# policy keys in topology_rules.py).
+QUEUE_MODE_IGNORED_FROM = (3, 12)
+MASTER_LOCATOR_DEPRECATED_IN = (4, 0)
 _CLASSIC_LEADER_LOCATOR_FROM = (4, 0)
-_CQV1_REMOVED_IN = (4, 3)
+CQV1_REMOVED_IN = (4, 3)
 _CONSUMER_TIMEOUT_QUORUM_ONLY_FROM = (4, 3)
 
 
@@ -163,7 +165,7 @@ def translate_queue_arguments(
                 "quorum queues refuse it; they keep every message on disk, so lazy mode "
                 "does not apply",
             )
-        elif key == "x-queue-mode" and at_least(version, _QUEUE_MODE_IGNORED_FROM):
+        elif key == "x-queue-mode" and at_least(version, QUEUE_MODE_IGNORED_FROM):
             drop(
                 key,
                 value,
@@ -177,7 +179,7 @@ def translate_queue_arguments(
                 "quorum queues refuse it; it is a classic queue storage version and quorum "
                 "queues have their own log",
             )
-        elif key == "x-queue-version" and value != 2 and at_least(version, _CQV1_REMOVED_IN):
+        elif key == "x-queue-version" and value != 2 and at_least(version, CQV1_REMOVED_IN):
             drop(
                 key,
                 value,
@@ -185,7 +187,7 @@ def translate_queue_arguments(
                 "version 1; every classic queue is version 2)",
             )
         elif key == "x-queue-master-locator" and (
-            quorum or at_least(version, _MASTER_LOCATOR_DEPRECATED_IN)
+            quorum or at_least(version, MASTER_LOCATOR_DEPRECATED_IN)
         ):
             reason = (
                 "quorum queues refuse it; they place leaders instead of masters"

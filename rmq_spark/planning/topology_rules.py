@@ -28,7 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmq_spark.planning.queue_arguments import (
+    CQV1_REMOVED_IN,
     LEADER_LOCATOR,
+    MASTER_LOCATOR_DEPRECATED_IN,
+    QUEUE_MODE_IGNORED_FROM,
     Action,
     Decision,
     at_least,
@@ -50,10 +53,7 @@ MIRRORING_POLICY_KEYS = (
 # Never copied: an upstream set or name refers to runtime parameters holding the
 # upstream's URI (with its password) and naming the old cluster's peers.
 FEDERATION_POLICY_KEYS = ("federation-upstream", "federation-upstream-set")
-_QUEUE_MODE_IGNORED_FROM = (3, 12)
 _MIRRORING_REMOVED_IN = (4, 0)
-_MASTER_LOCATOR_DEPRECATED_IN = (4, 0)
-_CQV1_REMOVED_IN = (4, 3)
 
 
 @dataclass(frozen=True)
@@ -151,11 +151,11 @@ def translate_policy(
                 f"RabbitMQ {destination_version} refuses it (classic mirroring was removed "
                 "in 4.0; quorum queues replicate by themselves)",
             )
-        elif key == "queue-mode" and at_least(version, _QUEUE_MODE_IGNORED_FROM):
+        elif key == "queue-mode" and at_least(version, QUEUE_MODE_IGNORED_FROM):
             drop(key, value, f"RabbitMQ {destination_version} ignores it (from 3.12)")
-        elif key == "queue-version" and value != 2 and at_least(version, _CQV1_REMOVED_IN):
+        elif key == "queue-version" and value != 2 and at_least(version, CQV1_REMOVED_IN):
             drop(key, value, f"RabbitMQ {destination_version} has classic queue version 2 only")
-        elif key == "queue-master-locator" and at_least(version, _MASTER_LOCATOR_DEPRECATED_IN):
+        elif key == "queue-master-locator" and at_least(version, MASTER_LOCATOR_DEPRECATED_IN):
             if "queue-leader-locator" in definition:
                 drop(key, value, "deprecated from 4.0, refused by 4.3; queue-leader-locator kept")
                 continue
