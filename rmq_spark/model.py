@@ -133,7 +133,7 @@ class TransferKey:
         label, shared by transfers whose joined names collide.
 
         Read, never written, so a run started by an earlier build resumes under this
-        one (`writer.next_position`, `tables.rows_from_intents`). Remove in the release
+        one (`resume.next_position`, `tables.rows_from_intents`). Remove in the release
         after 0.1.0 (docs/LEDGER.md, "File names").
         """
         label = (

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import store, writer
+from rmq_spark.ledger import durable, store
 
 LIMITS_FILE = "limits.json"
 
@@ -46,7 +46,7 @@ def write_brakes(ledger_path: str, run_id: str, record: BrakeRecord) -> None:
     directory = brakes_dir(ledger_path, run_id)
     directory.mkdir(parents=True, exist_ok=True)
     content = {"in_force": record.in_force, "transfers": [asdict(t) for t in record.transfers]}
-    writer.write_file(directory, LIMITS_FILE, json.dumps(content, indent=1).encode())
+    durable.write_file(directory, LIMITS_FILE, json.dumps(content, indent=1).encode())
 
 
 def read_brakes(ledger_path: str, run_id: str) -> BrakeRecord | None:

@@ -27,8 +27,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import AddAction, RemoveAction
 
 from rmq_spark.ledger import schema, store
+from rmq_spark.ledger.layout import DATA_COLUMNS
 from rmq_spark.ledger.storage import storage_options
-from rmq_spark.ledger.writer import DATA_COLUMNS
 from rmq_spark.spark_session import spark_has_delta
 
 if TYPE_CHECKING:  # Spark's writer is chosen only when a session exists

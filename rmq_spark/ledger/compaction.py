@@ -8,7 +8,7 @@ the table then opens. `tables.commit_run` hands the small files of a commit batc
 
 Crash safety rests on the order of durable steps, each complete or absent:
 
-1. the compacted files (temp name, fsync, rename: `writer.write_data_file`);
+1. the compacted files (temp name, fsync, rename: `durable.write_data_file`);
 2. the commit batch naming the executor files it chose, the compacted files, and
    which executor files those replace (`tables.CommitBatch`);
 3. the Delta commit of the batch (idempotent through its `CommitKey`);
@@ -19,7 +19,7 @@ in no commit, and the next commit removes them and chooses again. After 2 the ba
 is committed later under the same version, from the compacted files it names. After
 3 nothing is committed again (the executor files are in a batch, so never chosen
 again), and step 4 is repeated by the next commit. Resuming reads a transfer's rows
-from compacted files filtered by its key columns (`writer.compacted_rows`), since
+from compacted files filtered by its key columns (`resume.compacted_positions`), since
 compacted files hold many transfers under no transfer's prefix.
 """
 
@@ -29,15 +29,15 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rmq_spark.ledger import store, writer
-from rmq_spark.ledger.writer import COMPACTED_PREFIX, DATA_SCHEMA, TEMP_PREFIX
+from rmq_spark.ledger import durable, store
+from rmq_spark.ledger.layout import COMPACTED_PREFIX, DATA_SCHEMA, ROLL_ROWS, TEMP_PREFIX
 
 # Rows per compacted file: ~30-60 MB of ledger rows, large enough that a run of
 # thousands of small queues commits a handful of files, small enough to build in memory.
 COMPACT_ROWS = 262_144
 # Executor files at least this large are committed as they are: copying them buys
 # nothing (a rolled stream's file already has ROLL_ROWS rows).
-SMALL_FILE_ROWS = writer.ROLL_ROWS // 4
+SMALL_FILE_ROWS = ROLL_ROWS // 4
 
 
 def small_files(partition: Any, names: Iterable[str]) -> list[str]:
@@ -72,7 +72,7 @@ def compact(
     for group in groups:
         table = store.dataset(group, schema=DATA_SCHEMA, format="parquet").to_table()
         name = f"{COMPACTED_PREFIX}{version:010d}-{len(written):04d}-{uuid.uuid4().hex}.parquet"
-        writer.write_data_file(partition, name, table)
+        durable.write_data_file(partition, name, table)
         written.append(name)
     return tuple(written)
 

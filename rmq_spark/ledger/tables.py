@@ -27,10 +27,11 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import compaction, schema, store, writer
+from rmq_spark.ledger import compaction, durable, layout, resume, schema, store
 from rmq_spark.ledger.committers import DELTA_RS, CommitKey, DeltaCommitter, commit_app_id
+from rmq_spark.ledger.durable import read_stream
+from rmq_spark.ledger.layout import run_intents_dir, run_partition_dir, run_rows_dir
 from rmq_spark.ledger.storage import describe, storage_options
-from rmq_spark.ledger.writer import read_stream, run_intents_dir, run_partition_dir, run_rows_dir
 from rmq_spark.model import TransferKey
 from rmq_spark.spark_session import spark_has_delta
 
@@ -208,7 +209,7 @@ def _compacted(batches: Sequence[CommitBatch]) -> set[str]:
 def data_file_names(partition: Any) -> list[str]:
     """The executors' data files in a run partition (not files Spark's writer made)."""
     return sorted(
-        file.name for file in partition.glob("part-*.parquet") if writer.is_data_file(file.name)
+        file.name for file in partition.glob("part-*.parquet") if layout.is_data_file(file.name)
     )
 
 
@@ -248,7 +249,7 @@ def write_commit_batch(ledger_path: str, run_id: str, batch: CommitBatch) -> Non
         "compacted": list(batch.compacted),
         "replaced": list(batch.replaced),
     }
-    writer.write_file(directory, f"batch-{batch.version:010d}.json", json.dumps(content).encode())
+    durable.write_file(directory, f"batch-{batch.version:010d}.json", json.dumps(content).encode())
 
 
 def _commit(
@@ -292,11 +293,11 @@ def rows_from_streams(ledger_path: str, run_id: str, *, chosen: Set[str] = froze
     partition = run_partition_dir(ledger_path, run_id)
     partition.mkdir(parents=True, exist_ok=True)
     written = 0
-    for stream in sorted(streams_dir.glob(f"part-*{writer.STREAM_SUFFIX}")):
-        if f"{stream.name.removesuffix(writer.STREAM_SUFFIX)}.parquet" in chosen:
+    for stream in sorted(streams_dir.glob(f"part-*{layout.STREAM_SUFFIX}")):
+        if f"{stream.name.removesuffix(layout.STREAM_SUFFIX)}.parquet" in chosen:
             stream.unlink()
         else:
-            written += writer.stream_to_data_file(stream, partition)
+            written += durable.stream_to_data_file(stream, partition)
     return written
 
 
@@ -317,16 +318,16 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
     by_transfer: dict[TransferKey, list[pa.Table]] = {}
     for intent_file in sorted(intents_dir.glob("part-*.arrows")):
         logged = read_stream(intent_file)
-        for key in {TransferKey.of(row) for row in logged.select(writer.KEY_COLUMNS).to_pylist()}:
-            by_transfer.setdefault(key, []).append(writer.rows_of(key, logged))
+        for key in {TransferKey.of(row) for row in logged.select(layout.KEY_COLUMNS).to_pylist()}:
+            by_transfer.setdefault(key, []).append(resume.rows_of(key, logged))
     written = 0
-    compacted = writer.compacted_files(partition)
+    compacted = resume.compacted_files(partition)
     for key, intents in by_transfer.items():
         logged = pa.concat_tables(intents)
-        present = set(writer.compacted_positions(compacted, key)["position"].to_pylist())
-        for prefix in writer.transfer_prefixes(key):
+        present = set(resume.compacted_positions(compacted, key)["position"].to_pylist())
+        for prefix in layout.transfer_prefixes(key):
             for data_file in partition.glob(f"{prefix}*.parquet"):
-                positions = writer.data_file_positions(data_file, key)
+                positions = resume.data_file_positions(data_file, key)
                 present.update(positions["position"].to_pylist())
         missing = pc.invert(
             pc.is_in(logged["position"], value_set=pa.array(sorted(present), pa.int64()))
@@ -340,8 +341,8 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
             last_of_each[position] = index
         orphans = orphans.take(pa.array(sorted(last_of_each.values()), pa.int64()))
         if orphans.num_rows:
-            orphans = orphans.select(writer.DATA_SCHEMA.names).cast(writer.DATA_SCHEMA)
-            writer.write_data_file(
+            orphans = orphans.select(layout.DATA_SCHEMA.names).cast(layout.DATA_SCHEMA)
+            durable.write_data_file(
                 partition, f"{key.file_prefix}intents-{uuid.uuid4().hex}.parquet", orphans
             )
             written += orphans.num_rows

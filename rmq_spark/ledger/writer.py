@@ -20,7 +20,6 @@ from __future__ import annotations
 import array
 import operator
 import os
-import re
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -29,53 +28,19 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import schema, store
+from rmq_spark.ledger import layout
+from rmq_spark.ledger.durable import fsync_dir, stream_to_data_file, write_data_file
+from rmq_spark.ledger.layout import (
+    DATA_SCHEMA,
+    STREAM_SUFFIX,
+    run_intents_dir,
+    run_partition_dir,
+    run_rows_dir,
+)
 from rmq_spark.ledger.store import StorePath
 from rmq_spark.model import Delivery, TransferKey
-
-# Data files carry every column but the partition column, as Delta expects.
-DATA_COLUMNS = tuple(c for c in schema.MESSAGES if c.name != "run_id")
-DATA_SCHEMA = schema.arrow_schema(DATA_COLUMNS)
-# The transfer's identity in every row (TransferKey's fields).
-KEY_COLUMNS: tuple[str, ...] = tuple(name for name in schema.TRANSFER_KEY if name != "run_id")
-TEMP_PREFIX = ".staging-"
-STREAM_SUFFIX = ".arrows"
-# A transfer's rows stream becomes a Parquet data file every this many rows.
-ROLL_ROWS = 65_536
-# Files the commit step compacts many transfers' small data files into (`compaction`):
-# named for no transfer, so a transfer's rows there are found by its key columns.
-COMPACTED_PREFIX = "compacted-"
-
-
-# Names of the data files executors (and the commit step) write: the transfer's
-# file prefix first. Spark's Delta writer names its files part-00000-<uuid>...
-_DATA_FILE_NAME = re.compile(r"part-[0-9a-f]{16}-.+\.parquet")
-
-
-def is_data_file(name: str) -> bool:
-    """Whether a file in a run partition is one of rmq-spark's own data files."""
-    return _DATA_FILE_NAME.fullmatch(name) is not None
-
-
-# Directories below are pathlib.Paths for a local ledger and StorePaths for an object
-# store (`store`): typed Any, as both have the operations used here.
-
-
-def run_partition_dir(ledger_path: str, run_id: str) -> Any:
-    return store.root(ledger_path) / "messages" / f"run_id={run_id}"
-
-
-def run_rows_dir(ledger_path: str, run_id: str) -> Any:
-    """Rows streams of transfers still running (or whose task died); local ledgers only."""
-    return store.root(ledger_path) / "rows" / f"run_id={run_id}"
-
-
-def run_intents_dir(ledger_path: str, run_id: str) -> Any:
-    return store.root(ledger_path) / "intents" / f"run_id={run_id}"
 
 
 def rows_table(key: TransferKey, task_attempt: str, deliveries: Sequence[Delivery]) -> pa.Table:
@@ -211,41 +176,6 @@ def _microseconds(moments: Sequence[datetime | None]) -> array.array[int]:
     return result
 
 
-def write_data_file(directory: Any, name: str, table: pa.Table) -> None:
-    """Write a Parquet data file so that it is complete and durable, or absent."""
-    if isinstance(directory, StorePath):  # one PUT: complete or absent, durable on return
-        # Encoded in memory first (a flush's rows: checksums, not bodies): a stream
-        # closed by an error inside the Parquet writer would still complete its upload,
-        # leaving a partial object the commit could not read.
-        buffer = pa.BufferOutputStream()
-        pq.write_table(table, buffer, compression="snappy")
-        (directory / name).write_bytes(buffer.getvalue().to_pybytes())
-        return
-    temp = directory / f"{TEMP_PREFIX}{name}"
-    with open(temp, "wb") as sink:
-        # Snappy: half zstd's CPU for a few hundred rows (0.9 vs 1.9 ms per file,
-        # files ~15% larger); executors write one file per flush, on the mover's CPU.
-        pq.write_table(table, sink, compression="snappy")
-        sink.flush()
-        os.fsync(sink.fileno())
-    os.replace(temp, directory / name)
-    _fsync_dir(directory)
-
-
-def write_file(directory: Any, name: str, content: bytes) -> None:
-    """Write a small file so that it is complete and durable, or absent."""
-    if isinstance(directory, StorePath):
-        (directory / name).write_bytes(content)
-        return
-    temp = directory / f"{TEMP_PREFIX}{name}"
-    with open(temp, "wb") as sink:
-        sink.write(content)
-        sink.flush()
-        os.fsync(sink.fileno())
-    os.replace(temp, directory / name)
-    _fsync_dir(directory)
-
-
 class IntentLog:
     """Rows of deliveries about to be published, appended and fsynced per batch.
 
@@ -278,7 +208,7 @@ class IntentLog:
             file = open(self._dir / name, "wb")  # noqa: SIM115 - lives as long as the log
             stream = pa.ipc.new_stream(file, DATA_SCHEMA)
             # Before the first intent counts as logged: the file survives a crash.
-            _fsync_dir(self._dir)
+            fsync_dir(self._dir)
         except OSError as exc:
             raise LedgerError(f"ledger {self._dir}: cannot start the intent log ({exc})") from exc
         self._file, self._stream = file, stream
@@ -344,24 +274,6 @@ def stream_bytes(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def read_stream(path: Any) -> pa.Table:
-    """Every complete batch of an intent log or rows stream; a torn last batch is
-    dropped (its write never returned, so nothing depended on it)."""
-    batches = []
-    try:
-        source = (
-            pa.BufferReader(path.read_bytes())
-            if isinstance(path, StorePath)
-            else pa.OSFile(str(path))
-        )
-        with pa.ipc.open_stream(source) as reader:
-            for batch in reader:
-                batches.append(batch)
-    except (pa.ArrowInvalid, OSError):
-        pass  # the tail a crash left unfinished: never published
-    return pa.Table.from_batches(batches, schema=DATA_SCHEMA)
-
-
 class MessageLedgerWriter:
     """Writes one queue transfer's message rows; each `write` is durable on return.
 
@@ -407,7 +319,7 @@ class MessageLedgerWriter:
             os.fsync(self._file.fileno())
             self._stream_rows += len(deliveries)
             self.rows_written += len(deliveries)
-            if self._stream_rows >= ROLL_ROWS:
+            if self._stream_rows >= layout.ROLL_ROWS:
                 self._roll()
         except OSError as exc:
             raise LedgerError(
@@ -438,7 +350,7 @@ class MessageLedgerWriter:
         name = f"{self._key.file_prefix}{self._task_attempt}-{uuid.uuid4().hex}{STREAM_SUFFIX}"
         file = open(self._rows_dir / name, "wb")  # noqa: SIM115 - closed by _roll
         stream = pa.ipc.new_stream(file, DATA_SCHEMA)
-        _fsync_dir(self._rows_dir)
+        fsync_dir(self._rows_dir)
         return file, stream
 
     def _roll(self) -> None:
@@ -450,147 +362,3 @@ class MessageLedgerWriter:
         stream_to_data_file(Path(self._file.name), self._dir, sync_removal=False)
         self._file = self._stream = None
         self._stream_rows = 0
-
-
-def stream_to_data_file(stream: Any, partition: Any, *, sync_removal: bool = True) -> int:
-    """Turn a rows stream into the Parquet data file of the same name, then remove it.
-
-    Idempotent: a data file of that name is complete (it is renamed into place), so a
-    crash between the two steps leaves a stream that is only removed. For the same
-    reason the removal need not be durable (`sync_removal=False`, the executors): a
-    stream a crash brings back is removed by the commit. Returns the rows of the
-    data file it wrote (0 if it wrote none).
-    """
-    data_file = partition / f"{stream.name.removesuffix(STREAM_SUFFIX)}.parquet"
-    rows = 0
-    if not data_file.exists():
-        table = read_stream(stream)
-        if table.num_rows:
-            write_data_file(partition, data_file.name, table)
-            rows = table.num_rows
-    stream.unlink(missing_ok=True)
-    if sync_removal:
-        _fsync_dir(stream.parent)
-    return rows
-
-
-def next_position(ledger_path: str, run_id: str, key: TransferKey) -> int:
-    """Where a (retried) task continues numbering this transfer's drain order.
-
-    Reads the durable rows and intents of earlier attempts, committed to the Delta
-    log or not, so positions stay unique across attempts of the same run.
-    """
-    return EarlierFiles(ledger_path, run_id).next_position(key)
-
-
-class EarlierFiles:
-    """A run's ledger files (data files, rows streams, intent logs) as a task finds
-    them when it starts, by transfer: where each of the task's transfers continues
-    numbering (`next_position`).
-
-    One listing of three directories per task, not per transfer: a task moving 1,000
-    queues listed them 1,000 times, each listing as long as the run's files. Files
-    written after the listing do not matter: a task moves each of its transfers once,
-    and the attempts before it, whose files do, are over (speculation is off).
-    """
-
-    def __init__(self, ledger_path: str, run_id: str) -> None:
-        self._files: dict[str, list[Path]] = {}
-        # Compacted files (a commit's, on a resumed run) hold many transfers' rows.
-        self._compacted: list[Path] = []
-        for directory, suffix in (
-            (run_partition_dir(ledger_path, run_id), ".parquet"),
-            (run_rows_dir(ledger_path, run_id), STREAM_SUFFIX),
-            (run_intents_dir(ledger_path, run_id), STREAM_SUFFIX),
-        ):
-            for entry in store.entries(directory):
-                if entry.name.startswith(COMPACTED_PREFIX):
-                    self._compacted.append(entry)
-                elif entry.name.endswith(suffix):
-                    prefix = entry.name[:_PREFIX_LENGTH]
-                    self._files.setdefault(prefix, []).append(entry)
-
-    def next_position(self, key: TransferKey) -> int:
-        highest = _max_position(compacted_positions(self._compacted, key))
-        for prefix in transfer_prefixes(key):
-            for path in sorted(self._files.get(prefix[:_PREFIX_LENGTH], ())):
-                if not path.name.startswith(prefix):
-                    continue
-                if path.name.endswith(".parquet"):
-                    positions = data_file_positions(path, key)
-                else:
-                    positions = rows_of(key, read_stream(path))
-                highest = max(highest, _max_position(positions))
-        return highest + 1
-
-
-# "part-" and 16 hex digits and "-": the length of TransferKey.file_prefix.
-_PREFIX_LENGTH = 22
-
-
-def transfer_prefixes(key: TransferKey) -> tuple[str, ...]:
-    """The file prefixes a transfer's files may carry: its own, and the one earlier
-    builds wrote (`TransferKey.legacy_file_prefix`), so their runs resume."""
-    return (key.file_prefix, key.legacy_file_prefix)
-
-
-def data_file_positions(path: Any, key: TransferKey) -> pa.Table:
-    """The `position` column of `key`'s rows in one of its data files.
-
-    A file under the transfer's own prefix holds only its rows: one column is read. A
-    file under the legacy prefix may hold a colliding transfer's too: those are dropped.
-    """
-    if not path.name.startswith(key.legacy_file_prefix):
-        return store.read_parquet(path, columns=["position"])
-    return rows_of(key, store.read_parquet(path, columns=["position", *KEY_COLUMNS]))
-
-
-def compacted_files(partition: Any) -> list[Any]:
-    """A run partition's compacted files (written by `tables.commit_run`)."""
-    if not partition.is_dir():
-        return []
-    return sorted(partition.glob(f"{COMPACTED_PREFIX}*.parquet"))
-
-
-def compacted_positions(files: Sequence[Any], key: TransferKey) -> pa.Table:
-    """The `position` column of `key`'s rows in these compacted files.
-
-    The filter on the key columns is pushed down: row groups whose statistics
-    exclude the transfer are skipped.
-    """
-    wanted = None
-    for name in KEY_COLUMNS:
-        match = pc.field(name) == getattr(key, name)
-        wanted = match if wanted is None else wanted & match
-    tables = [
-        store.read_parquet(path, columns=["position"], filters=wanted) for path in sorted(files)
-    ]
-    if not tables:
-        return pa.table({"position": pa.array([], pa.int64())})
-    return pa.concat_tables(tables)
-
-
-def rows_of(key: TransferKey, table: pa.Table) -> pa.Table:
-    """The rows of `table` that belong to `key`: a file under a legacy prefix may hold
-    another transfer's rows (one whose "/"-joined names collide with this one's)."""
-    keep = None
-    for name in KEY_COLUMNS:
-        match = pc.equal(table[name], getattr(key, name))
-        keep = match if keep is None else pc.and_(keep, match)
-    return table.filter(keep) if keep is not None else table
-
-
-def _max_position(table: pa.Table) -> int:
-    positions = table.column("position")
-    return int(pc.max(positions).as_py()) if len(positions) else -1
-
-
-def _fsync_dir(directory: Any) -> None:
-    """Make the rename itself durable (POSIX needs the directory fsynced)."""
-    if isinstance(directory, StorePath):
-        return  # no directories, no renames: each PUT is durable when it returns
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

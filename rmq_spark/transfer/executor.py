@@ -21,8 +21,9 @@ from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.broker.delivery_limit import ReturnGuard, attempt_number
 from rmq_spark.config import ClusterConfig, Limits, MoverConfig
 from rmq_spark.ledger import store
+from rmq_spark.ledger.resume import EarlierFiles
 from rmq_spark.ledger.store import StoreOptions
-from rmq_spark.ledger.writer import EarlierFiles, IntentLog, MessageLedgerWriter
+from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
 from rmq_spark.transfer.amqp091.pool import ConnectionPool

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rmq_spark.ledger.layout import KEY_COLUMNS
 from rmq_spark.ledger.schema import TRANSFER_KEY
-from rmq_spark.ledger.writer import KEY_COLUMNS
 from rmq_spark.model import TransferKey
 from rmq_spark.verify.columns import (
     CONFIRMED_BEFORE_CONSUMED,

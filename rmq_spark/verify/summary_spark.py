@@ -10,8 +10,8 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from rmq_spark.ledger.layout import KEY_COLUMNS
 from rmq_spark.ledger.schema import TRANSFER_KEY
-from rmq_spark.ledger.writer import KEY_COLUMNS
 from rmq_spark.model import TransferKey
 from rmq_spark.verify.columns import (
     CONFIRMED_BEFORE_CONSUMED,

@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 from rmq_spark.config import load_config
 from rmq_spark.devtools.demo import seed_demo
 from rmq_spark.ledger import tables
-from rmq_spark.ledger.writer import is_data_file, run_partition_dir
+from rmq_spark.ledger.layout import is_data_file, run_partition_dir
 from rmq_spark.model import TransferKey
 from rmq_spark.progress import AMQP_SAMPLE_MAX_QUEUES, depth_sampler
 from tests.support.brokers import (

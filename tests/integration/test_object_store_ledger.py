@@ -24,8 +24,9 @@ from pyarrow import fs as pafs
 from rmq_spark.devtools.s3_server import REGION, S3Server
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import store, tables
+from rmq_spark.ledger.resume import EarlierFiles
 from rmq_spark.ledger.store import StorePath
-from rmq_spark.ledger.writer import EarlierFiles, IntentLog, MessageLedgerWriter
+from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import TransferKey
 from tests.support.brokers import (
     Brokers,

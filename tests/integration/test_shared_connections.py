@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from rmq_spark.config import JobConfig, Limits, MoverConfig
 from rmq_spark.ledger import tables
-from rmq_spark.ledger.writer import run_partition_dir
+from rmq_spark.ledger.layout import run_partition_dir
 from rmq_spark.model import MoveOutcome
 from rmq_spark.transfer.executor import ExecutorSettings, move_queues
 from tests.support.brokers import Brokers, declare, depth, drain_fingerprints, fresh_vhost, seed

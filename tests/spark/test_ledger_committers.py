@@ -28,7 +28,8 @@ from rmq_spark.ledger.committers import (
     messages_write,
     rows_frame,
 )
-from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter, run_partition_dir
+from rmq_spark.ledger.layout import run_partition_dir
+from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.spark_session import spark_has_delta
 

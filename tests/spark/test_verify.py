@@ -19,7 +19,7 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from rmq_spark.ledger import tables, writer
+from rmq_spark.ledger import durable, layout, tables
 from rmq_spark.ledger.schema import MESSAGES, arrow_schema, spark_schema
 from rmq_spark.model import TransferKey
 from rmq_spark.verify import (
@@ -640,13 +640,13 @@ def test_ledger_run_is_verified_on_the_driver_when_small_and_in_spark_when_large
     ledger = str(tmp_path / "ledger")
     tables.ensure_tables(ledger)
     messages, counters = passing_rows()
-    partition = writer.run_partition_dir(ledger, RUN_ID)
+    partition = layout.run_partition_dir(ledger, RUN_ID)
     partition.mkdir(parents=True)
     data = pa.Table.from_pylist(
         [{k: v for k, v in row.items() if k != "run_id"} for row in messages],
-        schema=writer.DATA_SCHEMA,
+        schema=layout.DATA_SCHEMA,
     )
-    writer.write_data_file(partition, "part-0000000000000000-a.parquet", data)
+    durable.write_data_file(partition, "part-0000000000000000-a.parquet", data)
     assert tables.commit_run(ledger, RUN_ID) == len(messages)
     on_driver = verify_ledger_run(spark, ledger, RUN_ID, counters, tmp_path / "driver")
     in_spark = verify_ledger_run(

@@ -18,7 +18,8 @@ from rmq_spark.ledger.committers import (
     committer_for,
     messages_write,
 )
-from rmq_spark.ledger.writer import MessageLedgerWriter, is_data_file, run_partition_dir
+from rmq_spark.ledger.layout import is_data_file, run_partition_dir
+from rmq_spark.ledger.writer import MessageLedgerWriter
 from rmq_spark.model import TransferKey
 from tests.support.builders import delivery
 from tests.support.ledger_commits import Recording, recorded_version

@@ -14,16 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from rmq_spark.ledger import compaction, tables
-from rmq_spark.ledger.writer import (
-    IntentLog,
-    MessageLedgerWriter,
-    compacted_files,
-    compacted_positions,
-    is_data_file,
-    next_position,
-    run_partition_dir,
-    run_rows_dir,
-)
+from rmq_spark.ledger.layout import is_data_file, run_partition_dir, run_rows_dir
+from rmq_spark.ledger.resume import compacted_files, compacted_positions, next_position
+from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import TransferKey
 from tests.support.builders import delivery
 from tests.support.ledger_commits import Recording, recorded_version

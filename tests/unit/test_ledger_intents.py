@@ -5,14 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from rmq_spark.ledger import tables
-from rmq_spark.ledger.writer import (
-    EarlierFiles,
-    IntentLog,
-    MessageLedgerWriter,
-    next_position,
-    read_stream,
-    run_intents_dir,
-)
+from rmq_spark.ledger.durable import read_stream
+from rmq_spark.ledger.layout import run_intents_dir
+from rmq_spark.ledger.resume import EarlierFiles, next_position
+from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import TransferKey
 from tests.support.builders import delivery
 

@@ -11,15 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from rmq_spark.ledger import tables, writer
-from rmq_spark.ledger.writer import (
-    DATA_SCHEMA,
-    MessageLedgerWriter,
-    next_position,
-    rows_table,
-    run_partition_dir,
-    run_rows_dir,
-)
+from rmq_spark.ledger import layout, tables, writer
+from rmq_spark.ledger.layout import DATA_SCHEMA, run_partition_dir, run_rows_dir
+from rmq_spark.ledger.resume import next_position
+from rmq_spark.ledger.writer import MessageLedgerWriter, rows_table
 from rmq_spark.model import Delivery, TransferKey
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
@@ -120,7 +115,7 @@ def test_rows_are_streamed_until_close_makes_one_data_file(tmp_path: Path) -> No
 def test_a_long_transfer_rolls_its_stream_into_data_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(writer, "ROLL_ROWS", 4)
+    monkeypatch.setattr(layout, "ROLL_ROWS", 4)
     tables.ensure_tables(str(tmp_path))
     ledger = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
     for start in range(0, 10, 2):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, replace
 
-from rmq_spark.ledger.writer import is_data_file
+from rmq_spark.ledger.layout import is_data_file
 from rmq_spark.model import MoveOutcome, TransferKey
 from rmq_spark.pipeline import counters_rows
 from tests.support.builders import transfer

@@ -1,0 +1,131 @@
+"""Reading what earlier attempts of a run left in the ledger.
+
+A retried task continues numbering each transfer's drain order after every row
+that earlier attempts made durable (`next_position`, `EarlierFiles`), committed to
+the Delta log or not; the driver's commit (`tables`) finds a transfer's rows in
+data files, compacted files and intent logs the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rmq_spark.ledger import store
+from rmq_spark.ledger.durable import read_stream
+from rmq_spark.ledger.layout import (
+    COMPACTED_PREFIX,
+    KEY_COLUMNS,
+    PREFIX_LENGTH,
+    STREAM_SUFFIX,
+    run_intents_dir,
+    run_partition_dir,
+    run_rows_dir,
+    transfer_prefixes,
+)
+from rmq_spark.model import TransferKey
+
+
+def next_position(ledger_path: str, run_id: str, key: TransferKey) -> int:
+    """Where a (retried) task continues numbering this transfer's drain order.
+
+    Reads the durable rows and intents of earlier attempts, committed to the Delta
+    log or not, so positions stay unique across attempts of the same run.
+    """
+    return EarlierFiles(ledger_path, run_id).next_position(key)
+
+
+class EarlierFiles:
+    """A run's ledger files (data files, rows streams, intent logs) as a task finds
+    them when it starts, by transfer: where each of the task's transfers continues
+    numbering (`next_position`).
+
+    One listing of three directories per task, not per transfer: a task moving 1,000
+    queues listed them 1,000 times, each listing as long as the run's files. Files
+    written after the listing do not matter: a task moves each of its transfers once,
+    and the attempts before it, whose files do, are over (speculation is off).
+    """
+
+    def __init__(self, ledger_path: str, run_id: str) -> None:
+        self._files: dict[str, list[Path]] = {}
+        # Compacted files (a commit's, on a resumed run) hold many transfers' rows.
+        self._compacted: list[Path] = []
+        for directory, suffix in (
+            (run_partition_dir(ledger_path, run_id), ".parquet"),
+            (run_rows_dir(ledger_path, run_id), STREAM_SUFFIX),
+            (run_intents_dir(ledger_path, run_id), STREAM_SUFFIX),
+        ):
+            for entry in store.entries(directory):
+                if entry.name.startswith(COMPACTED_PREFIX):
+                    self._compacted.append(entry)
+                elif entry.name.endswith(suffix):
+                    prefix = entry.name[:PREFIX_LENGTH]
+                    self._files.setdefault(prefix, []).append(entry)
+
+    def next_position(self, key: TransferKey) -> int:
+        highest = _max_position(compacted_positions(self._compacted, key))
+        for prefix in transfer_prefixes(key):
+            for path in sorted(self._files.get(prefix[:PREFIX_LENGTH], ())):
+                if not path.name.startswith(prefix):
+                    continue
+                if path.name.endswith(".parquet"):
+                    positions = data_file_positions(path, key)
+                else:
+                    positions = rows_of(key, read_stream(path))
+                highest = max(highest, _max_position(positions))
+        return highest + 1
+
+
+def data_file_positions(path: Any, key: TransferKey) -> pa.Table:
+    """The `position` column of `key`'s rows in one of its data files.
+
+    A file under the transfer's own prefix holds only its rows: one column is read. A
+    file under the legacy prefix may hold a colliding transfer's too: those are dropped.
+    """
+    if not path.name.startswith(key.legacy_file_prefix):
+        return store.read_parquet(path, columns=["position"])
+    return rows_of(key, store.read_parquet(path, columns=["position", *KEY_COLUMNS]))
+
+
+def compacted_files(partition: Any) -> list[Any]:
+    """A run partition's compacted files (written by `tables.commit_run`)."""
+    if not partition.is_dir():
+        return []
+    return sorted(partition.glob(f"{COMPACTED_PREFIX}*.parquet"))
+
+
+def compacted_positions(files: Sequence[Any], key: TransferKey) -> pa.Table:
+    """The `position` column of `key`'s rows in these compacted files.
+
+    The filter on the key columns is pushed down: row groups whose statistics
+    exclude the transfer are skipped.
+    """
+    wanted = None
+    for name in KEY_COLUMNS:
+        match = pc.field(name) == getattr(key, name)
+        wanted = match if wanted is None else wanted & match
+    tables = [
+        store.read_parquet(path, columns=["position"], filters=wanted) for path in sorted(files)
+    ]
+    if not tables:
+        return pa.table({"position": pa.array([], pa.int64())})
+    return pa.concat_tables(tables)
+
+
+def rows_of(key: TransferKey, table: pa.Table) -> pa.Table:
+    """The rows of `table` that belong to `key`: a file under a legacy prefix may hold
+    another transfer's rows (one whose "/"-joined names collide with this one's)."""
+    keep = None
+    for name in KEY_COLUMNS:
+        match = pc.equal(table[name], getattr(key, name))
+        keep = match if keep is None else pc.and_(keep, match)
+    return table.filter(keep) if keep is not None else table
+
+
+def _max_position(table: pa.Table) -> int:
+    positions = table.column("position")
+    return int(pc.max(positions).as_py()) if len(positions) else -1
