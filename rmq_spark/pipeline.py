@@ -385,10 +385,7 @@ def record_brakes(config: JobConfig, run_id: str, outcomes: Sequence[MoveOutcome
         return
     held = tuple(
         HeldBack(
-            source=f"{o.key.source_cluster}/{o.key.source_vhost}/{o.key.source_queue}",
-            destination=(
-                f"{o.key.destination_cluster}/{o.key.destination_vhost}/{o.key.destination_queue}"
-            ),
+            key=o.key,
             limits=describe_limits(o.rate_limits),
             held_seconds=round(o.rate_held_seconds, 3),
             depth_held_seconds=round(o.depth_held_seconds, 3),

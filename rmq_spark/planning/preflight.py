@@ -413,13 +413,8 @@ class _Preflight:
             requests.append(
                 CopyRequest(
                     route=t.route,
-                    source_cluster=t.source_cluster,
-                    source_vhost=t.source_vhost,
-                    source_queue=t.source_queue,
+                    key=t.key,
                     source_policy=d.candidate.source.get("policy") or None,
-                    destination_cluster=t.destination_cluster,
-                    destination_vhost=t.destination_vhost,
-                    destination_queue=t.destination_queue,
                     destination_exists=d.existing is not None,
                     messages_after=t.messages + held,
                     bytes_after=t.message_bytes + int(existing.get("message_bytes_ready") or 0),

@@ -16,6 +16,7 @@ from typing import Any
 
 from rmq_spark.broker.management import ManagementClient
 from rmq_spark.errors import DestinationIncompatibleError, RmqSparkError
+from rmq_spark.model import TransferKey
 from rmq_spark.planning.topology_rules import (
     BindingSpec,
     ExchangeSpec,
@@ -33,14 +34,9 @@ class CopyRequest:
     """One moved queue whose topology goes with it (destination.topology: copy)."""
 
     route: str
-    source_cluster: str
-    source_vhost: str
-    source_queue: str
+    key: TransferKey
     #: The user policy that applies to the source queue (management API `policy`).
     source_policy: str | None
-    destination_cluster: str
-    destination_vhost: str
-    destination_queue: str
     destination_exists: bool
     #: Messages the destination will hold after the move (its own plus the source's).
     messages_after: int
@@ -49,7 +45,8 @@ class CopyRequest:
     @property
     def source_label(self) -> str:
         return (
-            f"cluster {self.source_cluster} vhost {self.source_vhost!r} queue {self.source_queue!r}"
+            f"cluster {self.key.source_cluster} vhost {self.key.source_vhost!r} "
+            f"queue {self.key.source_queue!r}"
         )
 
 
@@ -106,51 +103,51 @@ class TopologyCopy:
         )
 
     def _plan_bindings(self, request: CopyRequest) -> None:
-        source = self._clients[request.source_cluster]
-        destination = self._clients[request.destination_cluster]
+        source = self._clients[request.key.source_cluster]
+        destination = self._clients[request.key.destination_cluster]
         existing: set[tuple[str, str, str, str, str]] = set()
         if request.destination_exists:
             for row in destination.queue_bindings(
-                request.destination_vhost, request.destination_queue
+                request.key.destination_vhost, request.key.destination_queue
             ):
                 existing.add(_binding_from_api(request, row).key())
-        for row in source.queue_bindings(request.source_vhost, request.source_queue):
+        for row in source.queue_bindings(request.key.source_vhost, request.key.source_queue):
             exchange = str(row["source"])
             if not exchange.startswith("amq."):  # every vhost has the amq.* exchanges
                 self._plan_exchange(request, exchange)
             binding = _binding_from_api(request, row)
-            key = (request.destination_cluster, binding.key())
+            key = (request.key.destination_cluster, binding.key())
             if key in self._bindings or binding.key() in existing:
                 continue
             self._bindings[key] = binding
-            self._bindings_to_add.append((request.destination_cluster, binding))
+            self._bindings_to_add.append((request.key.destination_cluster, binding))
 
     def _plan_exchange(self, request: CopyRequest, name: str) -> None:
-        source = self._clients[request.source_cluster]
-        destination = self._clients[request.destination_cluster]
-        source_key = (request.source_cluster, request.source_vhost, name)
+        source = self._clients[request.key.source_cluster]
+        destination = self._clients[request.key.destination_cluster]
+        source_key = (request.key.source_cluster, request.key.source_vhost, name)
         if source_key not in self._source_exchanges:
-            self._source_exchanges[source_key] = source.exchange(request.source_vhost, name)
-            into = source.exchange_bindings_in(request.source_vhost, name)
+            self._source_exchanges[source_key] = source.exchange(request.key.source_vhost, name)
+            into = source.exchange_bindings_in(request.key.source_vhost, name)
             if into:
                 log.warning(
                     "cluster %s vhost %r exchange %r: %d exchange-to-exchange binding(s) "
                     "into it are not copied (only the moved queues' own bindings are)",
-                    request.source_cluster,
-                    request.source_vhost,
+                    request.key.source_cluster,
+                    request.key.source_vhost,
                     name,
                     len(into),
                 )
         row = self._source_exchanges[source_key]
         if row is None:
             return  # deleted since the binding was listed: its bindings went with it
-        wanted = ExchangeSpec.from_api(request.destination_vhost, row)
+        wanted = ExchangeSpec.from_api(request.key.destination_vhost, row)
         where = (
-            f"cluster {request.destination_cluster} vhost {request.destination_vhost!r} "
+            f"cluster {request.key.destination_cluster} vhost {request.key.destination_vhost!r} "
             f"exchange {name!r}"
         )
         origin = f"{request.source_label} of route {request.route!r} is bound from it"
-        key = (request.destination_cluster, request.destination_vhost, name)
+        key = (request.key.destination_cluster, request.key.destination_vhost, name)
         if key in self._exchanges:
             earlier, earlier_origin = self._exchanges[key]
             if not earlier.same_definition(wanted):
@@ -163,9 +160,9 @@ class TopologyCopy:
                 )
             return
         self._exchanges[key] = (wanted, origin)
-        if request.destination_cluster not in self._exchange_types:
-            self._exchange_types[request.destination_cluster] = destination.exchange_types()
-        offered = self._exchange_types[request.destination_cluster]
+        if request.key.destination_cluster not in self._exchange_types:
+            self._exchange_types[request.key.destination_cluster] = destination.exchange_types()
+        offered = self._exchange_types[request.key.destination_cluster]
         if wanted.type not in offered:
             self._problem(
                 _incompatible(
@@ -174,9 +171,9 @@ class TopologyCopy:
                 )
             )
             return
-        found = destination.exchange(request.destination_vhost, name)
+        found = destination.exchange(request.key.destination_vhost, name)
         if found is None:
-            self._exchanges_to_declare.append((request.destination_cluster, wanted))
+            self._exchanges_to_declare.append((request.key.destination_cluster, wanted))
             return
         differences = exchange_differences(wanted, ExchangeSpec.from_api(wanted.vhost, found))
         if differences:
@@ -189,22 +186,22 @@ class TopologyCopy:
     def _plan_policy(self, request: CopyRequest) -> None:
         if not request.source_policy:
             return
-        source = self._clients[request.source_cluster]
-        destination = self._clients[request.destination_cluster]
-        rows = self._policies_of(source, request.source_cluster, request.source_vhost)
+        source = self._clients[request.key.source_cluster]
+        destination = self._clients[request.key.destination_cluster]
+        rows = self._policies_of(source, request.key.source_cluster, request.key.source_vhost)
         row = rows.get(request.source_policy)
         if row is None:
             return  # removed since the queue was listed: nothing applies any more
-        version = self._version_of(request.destination_cluster)
+        version = self._version_of(request.key.destination_cluster)
         definition, decisions = translate_policy(
             row.get("definition") or {}, destination_version=version
         )
         name = request.source_policy
         where = (
-            f"cluster {request.destination_cluster} vhost {request.destination_vhost!r} "
+            f"cluster {request.key.destination_cluster} vhost {request.key.destination_vhost!r} "
             f"policy {name!r}"
         )
-        key = (request.destination_cluster, request.destination_vhost, name)
+        key = (request.key.destination_cluster, request.key.destination_vhost, name)
         if key not in self._policies and key not in self._empty_policies:
             for decision in decisions:
                 if decision.action in ("dropped", "translated"):
@@ -221,15 +218,15 @@ class TopologyCopy:
                 )
                 self._empty_policies.add(key)
             return
-        wanted = PolicySpec.from_api(request.destination_vhost, row, definition)
+        wanted = PolicySpec.from_api(request.key.destination_vhost, row, definition)
         origin = f"it applies to {request.source_label} of route {request.route!r}"
-        if not _pattern_matches(wanted.pattern, request.destination_queue):
+        if not _pattern_matches(wanted.pattern, request.key.destination_queue):
             log.warning(
                 "%s: its pattern %r does not match the destination queue %r, so it will not "
                 "apply to it there",
                 where,
                 wanted.pattern,
-                request.destination_queue,
+                request.key.destination_queue,
             )
         self._check_room(request, wanted, where)
         if key in self._policies:
@@ -245,11 +242,11 @@ class TopologyCopy:
             return
         self._policies[key] = (wanted, origin)
         existing_rows = self._policies_of(
-            destination, request.destination_cluster, request.destination_vhost
+            destination, request.key.destination_cluster, request.key.destination_vhost
         )
         found = existing_rows.get(name)
         if found is None:
-            self._policies_to_put.append((request.destination_cluster, wanted))
+            self._policies_to_put.append((request.key.destination_cluster, wanted))
             return
         existing = PolicySpec.from_api(wanted.vhost, found, dict(found.get("definition") or {}))
         differences = policy_differences(wanted, existing)
@@ -273,8 +270,9 @@ class TopologyCopy:
                 self._problem(
                     _incompatible(
                         f"{where}: {key} {limit} (overflow {overflow}) would apply to "
-                        f"cluster {request.destination_cluster} vhost "
-                        f"{request.destination_vhost!r} queue {request.destination_queue!r}, "
+                        f"cluster {request.key.destination_cluster} vhost "
+                        f"{request.key.destination_vhost!r} "
+                        f"queue {request.key.destination_queue!r}, "
                         f"which will hold {held} {unit} after the move of route "
                         f"{request.route!r}; expected room for them"
                     )
@@ -346,9 +344,9 @@ class TopologyCopy:
 
 def _binding_from_api(request: CopyRequest, row: Mapping[str, Any]) -> BindingSpec:
     return BindingSpec(
-        vhost=request.destination_vhost,
+        vhost=request.key.destination_vhost,
         exchange=str(row["source"]),
-        queue=request.destination_queue,
+        queue=request.key.destination_queue,
         routing_key=str(row.get("routing_key", "")),
         arguments=dict(row.get("arguments") or {}),
     )

@@ -80,10 +80,9 @@ def print_queue_table(
         failed + [verdict for verdict in queues if verdict.passed][: max(0, limit - len(failed))]
     )
     for verdict in shown:
-        source = f"{verdict.source_cluster}/{verdict.source_vhost}/{verdict.source_queue}"
-        destination = (
-            f"{verdict.destination_cluster}/{verdict.destination_vhost}/{verdict.destination_queue}"
-        )
+        key = verdict.key
+        source = f"{key.source_cluster}/{key.source_vhost}/{key.source_queue}"
+        destination = f"{key.destination_cluster}/{key.destination_vhost}/{key.destination_queue}"
         partition = partition_of.get(verdict.key, "")
         outcome = "ok" if verdict.passed else (verdict.error or "FAILED")
         table.add_row(

@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -287,7 +286,7 @@ def write_results(
         "engine": verification.engine,
         "failed_expectations": list(verification.failed_expectations),
         "queues": [
-            {**asdict(verdict), "summary": dict(row)}
+            {**verdict.record(), "summary": dict(row)}
             for verdict, row in zip(verification.queues, summary_rows, strict=True)
         ],
         "data_docs_path": verification.data_docs_path,

@@ -40,12 +40,7 @@ _MESSAGE_PROBLEM_COUNT: dict[tuple[str, str], str] = {
 class QueueVerdict:
     """One queue transfer of the run, as the ledger and the broker counters saw it."""
 
-    source_cluster: str
-    source_vhost: str
-    source_queue: str
-    destination_cluster: str
-    destination_vhost: str
-    destination_queue: str
+    key: TransferKey  # the transfer this verdict is about (what the pipeline matches on)
     status: str
     error: str | None
     ledger_rows: int
@@ -66,13 +61,15 @@ class QueueVerdict:
     source_witness: str = WITNESS_DEPTH
 
     @property
-    def key(self) -> TransferKey:
-        """The transfer this verdict is about (what the pipeline matches it on)."""
-        return TransferKey.of(asdict(self))
-
-    @property
     def label(self) -> str:
         return self.key.label()
+
+    def record(self) -> dict[str, Any]:
+        """The verdict as flat JSON-ready fields (verification.json's `queues`): the
+        key's six names first, as columns of their own."""
+        fields = asdict(self)
+        del fields["key"]
+        return {**asdict(self.key), **fields}
 
 
 @dataclass(frozen=True)
@@ -116,12 +113,7 @@ def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:
         and all(row[name] == 0 for name in PROBLEM_COUNTS)
     )
     return QueueVerdict(
-        source_cluster=row["source_cluster"],
-        source_vhost=row["source_vhost"],
-        source_queue=row["source_queue"],
-        destination_cluster=row["destination_cluster"],
-        destination_vhost=row["destination_vhost"],
-        destination_queue=row["destination_queue"],
+        key=TransferKey.of(row),
         status=row["status"],
         error=row["error"],
         ledger_rows=row["ledger_rows"],

@@ -270,7 +270,7 @@ def test_job_stops_a_queue_at_its_delivery_limit_and_verification_agrees(
 
     result = run_transfer(spark, config, run_id="delivery-limit-job")
 
-    verdicts = {v.source_queue: v for v in result.verification.queues}
+    verdicts = {v.key.source_queue: v for v in result.verification.queues}
     assert verdicts["untouched"].passed
     stopped = verdicts["orders"]
     assert stopped.status == "failed"

@@ -431,7 +431,7 @@ def test_one_refusing_destination_fails_alone(
             "eval", "application:set_env(rabbit, max_message_size, 134217728)."
         )
 
-    verdicts = {v.source_queue: v for v in result.verification.queues}
+    verdicts = {v.key.source_queue: v for v in result.verification.queues}
     assert verdicts["good-1"].passed
     assert verdicts["good-2"].passed
     assert not verdicts["bad"].passed

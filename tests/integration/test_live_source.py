@@ -235,7 +235,7 @@ def test_another_consumer_on_a_live_source_fails_verification(
     )
     assert taken > 0, "the other consumer took nothing"
     verification = result.verification
-    verdicts = {v.source_queue: v for v in verification.queues}
+    verdicts = {v.key.source_queue: v for v in verification.queues}
     robbed = verdicts[QUEUES[0]]
     assert all(verdicts[queue].passed for queue in QUEUES[1:])
     if robbed.source_witness == "none":

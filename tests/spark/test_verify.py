@@ -171,7 +171,7 @@ def run_verification(
 
 
 def verdict(verification: Verification, queue: str) -> QueueVerdict:
-    (found,) = [v for v in verification.queues if v.source_queue == queue]
+    (found,) = [v for v in verification.queues if v.key.source_queue == queue]
     return found
 
 
@@ -257,12 +257,7 @@ def test_redelivered_republished_row_is_one_duplicate_and_passes(
 def test_transfer_without_rows_appears_with_zeros_and_passes(passing_run: Verification) -> None:
     empty = verdict(passing_run, "empty")
     assert empty == QueueVerdict(
-        source_cluster="old",
-        source_vhost="/",
-        source_queue="empty",
-        destination_cluster="new",
-        destination_vhost="/",
-        destination_queue="empty",
+        key=TransferKey("old", "/", "empty", "new", "/", "empty"),
         status="moved",
         error=None,
         ledger_rows=0,

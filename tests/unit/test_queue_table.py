@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+from rmq_spark.model import TransferKey
 from rmq_spark.pipeline import RunResult
 from rmq_spark.report.console import print_queue_table
 from rmq_spark.verify.verdicts import QueueVerdict, Verification
@@ -12,12 +13,7 @@ from rmq_spark.verify.verdicts import QueueVerdict, Verification
 
 def verdict(name: str, *, passed: bool = True) -> QueueVerdict:
     return QueueVerdict(
-        source_cluster="dr",
-        source_vhost="v",
-        source_queue=name,
-        destination_cluster="main",
-        destination_vhost="v",
-        destination_queue=name,
+        key=TransferKey("dr", "v", name, "main", "v", name),
         status="moved",
         error=None,
         ledger_rows=2,

@@ -3,6 +3,7 @@ console's lines (no Spark, no broker)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from rmq_spark.config import JobConfig, Limits
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger.brakes import BrakeRecord, HeldBack, brakes_dir, read_brakes, write_brakes
-from rmq_spark.model import MoveOutcome
+from rmq_spark.model import MoveOutcome, TransferKey
 from rmq_spark.report.console import MAX_BRAKE_LINES, brake_lines
 from rmq_spark.report.html import brakes_section, render_report
 from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force
@@ -20,7 +21,9 @@ from tests.support.report_rows import message, queue_row, run_ledger
 
 RECORD = BrakeRecord(
     in_force="job 600 msg/s",
-    transfers=(HeldBack("dr/orders/a", "main/orders/a", "300 msg/s", 12.345, 0.0),),
+    transfers=(
+        HeldBack(TransferKey("dr", "orders", "a", "main", "orders", "a"), "300 msg/s", 12.345),
+    ),
 )
 
 
@@ -30,6 +33,63 @@ def test_the_record_is_read_back_as_written_and_absent_without_limits(tmp_path: 
     write_brakes(str(tmp_path), "run-1", RECORD)
 
     assert read_brakes(str(tmp_path), "run-1") == RECORD
+
+
+def test_the_record_names_transfers_by_key_so_slashed_names_stay_apart(tmp_path: Path) -> None:
+    # Joined by "/", these two transfers were the same string "dr/a/b/c".
+    slashed = TransferKey("dr", "a/b", "c", "main", "a/b", "c")
+    split = TransferKey("dr", "a", "b/c", "main", "a", "b/c")
+    record = BrakeRecord(
+        "job 10 msg/s", (HeldBack(slashed, "5 msg/s", 1.0), HeldBack(split, "5 msg/s", 2.0))
+    )
+
+    write_brakes(str(tmp_path), "run-1", record)
+    written = json.loads((brakes_dir(str(tmp_path), "run-1") / "limits.json").read_text())
+
+    assert [t["key"]["source_vhost"] for t in written["transfers"]] == ["a/b", "a"]
+    read = read_brakes(str(tmp_path), "run-1")
+    assert read is not None
+    assert [(t.key, t.held_seconds) for t in read.transfers] == [(slashed, 1.0), (split, 2.0)]
+
+
+def test_a_record_an_earlier_build_wrote_is_read_with_its_names_as_written(
+    tmp_path: Path,
+) -> None:
+    directory = brakes_dir(str(tmp_path), "run-1")
+    directory.mkdir(parents=True)
+    earlier = {
+        "in_force": "job 600 msg/s",
+        "transfers": [
+            {
+                "source": "dr/orders/a",
+                "destination": "main/orders/a",
+                "limits": "300 msg/s",
+                "held_seconds": 12.345,
+                "depth_held_seconds": 0.5,
+            }
+        ],
+    }
+    (directory / "limits.json").write_text(json.dumps(earlier), encoding="utf-8")
+
+    read = read_brakes(str(tmp_path), "run-1")
+
+    assert read is not None
+    (held,) = read.transfers
+    assert (held.key, held.source, held.destination) == (None, "dr/orders/a", "main/orders/a")
+    assert (held.limits, held.held_seconds, held.depth_held_seconds) == ("300 msg/s", 12.345, 0.5)
+    section = brakes_section(read)
+    assert "<td>dr/orders/a</td><td>main/orders/a</td><td>300 msg/s</td>" in section
+
+
+def test_a_transfer_named_neither_way_is_one_clear_error(tmp_path: Path) -> None:
+    directory = brakes_dir(str(tmp_path), "run-1")
+    directory.mkdir(parents=True)
+    entry = {"source": "dr/v/q", "limits": "1 msg/s", "held_seconds": 0.0}
+    content = {"in_force": "job 1 msg/s", "transfers": [entry]}
+    (directory / "limits.json").write_text(json.dumps(content), encoding="utf-8")
+
+    with pytest.raises(LedgerError, match=r"limits\.json: expected JSON .* key \(or source"):
+        read_brakes(str(tmp_path), "run-1")
 
 
 def test_a_record_changed_by_hand_is_one_clear_error(tmp_path: Path) -> None:
@@ -56,7 +116,8 @@ def test_the_page_shows_the_limits_and_the_time_held_back_only_when_limited(
 
 
 def test_the_section_escapes_queue_names() -> None:
-    record = BrakeRecord("job 1 msg/s", (HeldBack("dr/v/<b>", "main/v/<b>", "1 msg/s", 0.0),))
+    key = TransferKey("dr", "v", "<b>", "main", "v", "<b>")
+    record = BrakeRecord("job 1 msg/s", (HeldBack(key, "1 msg/s", 0.0),))
     section = brakes_section(record)
     assert "/<b>" not in section
     assert "dr/v/&lt;b&gt;" in section

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rmq_spark.errors import RmqSparkError
+from rmq_spark.model import TransferKey
 from rmq_spark.planning.topology import CopyRequest, TopologyCopy
 from rmq_spark.planning.topology_rules import (
     ExchangeSpec,
@@ -236,13 +237,8 @@ def request(vhost: str, queue: str, policy: str | None, **overrides: Any) -> Cop
     return CopyRequest(
         **{
             "route": "upgrade",
-            "source_cluster": "blue",
-            "source_vhost": vhost,
-            "source_queue": queue,
+            "key": TransferKey("blue", vhost, queue, "green", "green-v", queue),
             "source_policy": policy,
-            "destination_cluster": "green",
-            "destination_vhost": "green-v",
-            "destination_queue": queue,
             "destination_exists": False,
             "messages_after": 10,
             "bytes_after": 1_000,
