@@ -37,6 +37,9 @@ class QueueTransfer:
     destination_messages: int  # exact ready count at plan time
     destination_created: bool = False  # missing at plan time; created (or, dry run, would be)
     destination_node: str = ""  # node hosting the destination (quorum leader), if it existed
+    # classic | quorum | stream: the destination's type (as found, or as it is created);
+    # "" when unknown (planned by an earlier driver of the run, before this was kept).
+    destination_type: str = ""
     # The source's quorum delivery limit (delivery_limit.py), None when unlimited, and
     # what its broker does to a message past it; the movers stop before that can happen.
     source_delivery_limit: int | None = None
@@ -184,6 +187,8 @@ class Delivery:
     # without going back to the source. Bounded by the window like the delivery itself.
     body: bytes | None = field(default=None, repr=False)
     properties: bytes | None = field(default=None, repr=False)
+    # Its properties set `priority` (a RabbitMQ 4.x quorum destination delivers by it).
+    priority: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,9 @@ class MoveOutcome:
     rate_limits: Any = None
     rate_held_seconds: float = 0.0
     depth_held_seconds: float = 0.0
+    # Moved messages whose properties set `priority`: a quorum destination on RabbitMQ
+    # 4.x delivers them by it, not in source order (read from the flags word alone).
+    priority_messages: int = 0
 
 
 # The capacity rule both sides use: the driver plans task_count partitions, each

@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -39,6 +39,7 @@ from rmq_spark.partition_tasks import run_tasks
 from rmq_spark.planning.discovery import discover, measure_depths
 from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_groups
+from rmq_spark.planning.queue_arguments import delivers_by_priority
 from rmq_spark.progress import ProgressReporter, depth_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
 from rmq_spark.transfer.outcomes import OUTCOME_SCHEMA, outcome_of
@@ -187,7 +188,14 @@ def run_transfer(
     partition_of = {t.key: p for t, p in zip(to_move, assignment, strict=True)}
     shared = {route.name for route in config.routes if route.destination.shared}
     counters = counters_rows(
-        run_id, transfers, partition_of, outcomes, after, shared_routes=shared, removed=removed
+        run_id,
+        transfers,
+        partition_of,
+        outcomes,
+        after,
+        shared_routes=shared,
+        removed=removed,
+        versions=prepared.rabbitmq_versions,
     )
     verification = verify_on_ledger(spark, ledger_path, run_id, counters)
     seconds = time.monotonic() - started
@@ -316,6 +324,7 @@ def record_plan(
     is now empty and discovery no longer selects them.
     """
     digest = config.digest()
+    found = {t.key: t for t in discovered}
     earlier: dict[TransferKey, QueueTransfer] = {}
     for row in tables.read_rows(config.ledger.path, "plans", run_id):
         if row["config_digest"] != digest:
@@ -326,6 +335,8 @@ def record_plan(
             )
         # The plans table leaves out what only the movers need (the delivery limit).
         transfer = QueueTransfer(**{f: row[f] for f in _TRANSFER_FIELDS if f in row})
+        if transfer.key in found:  # nor the destination's type: as discovery found it now
+            transfer = replace(transfer, destination_type=found[transfer.key].destination_type)
         earlier.setdefault(transfer.key, transfer)
     new = [t for t in discovered if t.key not in earlier]
     tables.append_rows(
@@ -405,6 +416,7 @@ def counters_rows(
     *,
     shared_routes: Collection[str] = (),
     removed: Mapping[TransferKey, int | None] | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> list[dict[str, object]]:
     """Broker counters before/after and the outcome, per transfer (_COUNTERS_SCHEMA).
 
@@ -442,9 +454,22 @@ def counters_rows(
                 "destination_depth_after": after[transfer][1],
                 DESTINATION_SHARED: transfer.route in shared_routes,
                 SOURCE_REMOVED: (removed or {}).get(key),
+                "reordered_by_priority": reordered_by_priority(transfer, outcome, versions or {}),
             }
         )
     return rows
+
+
+def reordered_by_priority(
+    transfer: QueueTransfer, outcome: MoveOutcome | None, versions: Mapping[str, str]
+) -> int | None:
+    """Of the transfer's moved messages, those its destination delivers by priority
+    (`queue_arguments.delivers_by_priority`); None when that is not known."""
+    version = versions.get(transfer.destination_cluster, "")
+    reorders = delivers_by_priority(transfer.destination_type, version)
+    if outcome is None or reorders is None:
+        return None
+    return outcome.priority_messages if reorders else 0
 
 
 def record_run(

@@ -125,6 +125,15 @@ QUEUES: tuple[Column, ...] = (
         nullable=True,
     ),
     _c("unexpected", _INT64, "Destination rise not accounted for by ledger rows."),
+    _c(
+        "reordered_by_priority",
+        _INT64,
+        "Moved messages that set the priority property, into a destination that delivers "
+        "by it (a quorum queue on RabbitMQ 4.x): consumers see them in priority order, not "
+        "source order. 0 when the destination keeps arrival order; null when not known "
+        "(not moved by this driver) and in rows written before this column existed.",
+        nullable=True,
+    ),
 )
 
 RUNS: tuple[Column, ...] = (

@@ -36,7 +36,7 @@ from rmq_spark.broker.management import ManagementClient
 from rmq_spark.config import JobConfig
 from rmq_spark.model import QueueTransfer
 from rmq_spark.planning.preflight import _Preflight
-from rmq_spark.planning.rules import hosting_node
+from rmq_spark.planning.rules import destination_type, hosting_node
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ def discover(
     preflight.raise_problems()
     to_create = {d.candidate.transfer for d in destinations if d.create}
     nodes = {d.candidate.transfer: hosting_node(d.existing or {}) for d in destinations}
+    types = {d.candidate.transfer: destination_type(d.existing, d.arguments) for d in destinations}
     if not dry_run:
         # Policies first: the broker validates them, so a refusal stops the job before
         # any queue exists. Every step skips what exists already: a re-run writes nothing.
@@ -75,6 +76,7 @@ def discover(
             c.transfer,
             destination_created=c.transfer in to_create,
             destination_node=nodes.get(c.transfer, ""),
+            destination_type=types.get(c.transfer, ""),
         )
         for c in selected
     ]

@@ -49,6 +49,7 @@ PLAN_SCHEMA = T.StructType(
         T.StructField("destination_messages", T.LongType(), False),
         T.StructField("destination_created", T.BooleanType(), False),
         T.StructField("destination_node", T.StringType(), False),
+        T.StructField("destination_type", T.StringType(), False),
         T.StructField("source_delivery_limit", T.LongType(), True),
         T.StructField("source_past_limit", T.StringType(), False),
     ]

@@ -84,6 +84,25 @@ QUORUM_PRIORITY_ORDER = (
     "as 4), so consumers see a new order wherever publishers set priorities"
 )
 
+# From this release a quorum queue delivers by the `priority` property (QUORUM_PRIORITY_ORDER).
+QUORUM_PRIORITY_ORDER_FROM = (4, 0)
+
+
+def delivers_by_priority(queue_type: str, rabbitmq_version: str) -> bool | None:
+    """Whether a queue of this type on this RabbitMQ delivers by the `priority` property
+    rather than in arrival order, without any queue argument; None when unknown.
+
+    >>> delivers_by_priority("quorum", "4.3.6"), delivers_by_priority("quorum", "3.10.8")
+    (True, False)
+    >>> delivers_by_priority("classic", "4.3.6"), delivers_by_priority("", "4.3.6")
+    (False, None)
+    """
+    version = parse_version(rabbitmq_version)
+    if not queue_type or version is None:
+        return None
+    return queue_type == "quorum" and version >= QUORUM_PRIORITY_ORDER_FROM
+
+
 # The RabbitMQ versions that changed these (queue arguments here, the same settings as
 # policy keys in topology_rules.py).
 QUEUE_MODE_IGNORED_FROM = (3, 12)

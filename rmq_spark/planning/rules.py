@@ -484,3 +484,15 @@ def allows(pattern: str, name: str) -> bool:
 def hosting_node(queue: Mapping[str, Any]) -> str:
     """The node to connect to for a queue: a quorum queue's leader, else its home node."""
     return str(queue.get("leader") or queue.get("node") or "")
+
+
+def destination_type(existing: Mapping[str, Any] | None, arguments: Mapping[str, Any]) -> str:
+    """A destination queue's type: as the management API lists it, or as it will be
+    declared (`x-queue-type`, classic when absent); "" when neither says.
+
+    >>> destination_type({"type": "quorum"}, {}), destination_type(None, {})
+    ('quorum', 'classic')
+    """
+    if existing is not None:
+        return str(existing.get("type") or "")
+    return str(arguments.get("x-queue-type") or "classic")

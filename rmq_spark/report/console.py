@@ -18,6 +18,7 @@ from rich.table import Table
 from rmq_spark.broker.federation_plan import Override
 from rmq_spark.config import JobConfig
 from rmq_spark.model import QueueTransfer
+from rmq_spark.planning.queue_arguments import delivers_by_priority
 from rmq_spark.transfer.rate_limit import describe_limits
 from rmq_spark.transfer.window import prefetch_for
 
@@ -100,7 +101,7 @@ def print_queue_table(
         Console(file=file, width=160).print(
             f"... and {len(queues) - len(shown)} more queues, all verified (the report lists them)"
         )
-    for line in brake_lines(result):
+    for line in [*brake_lines(result), *priority_lines(result)]:
         Console(file=file, width=160).print(line, markup=False, highlight=False)
     for failure in result.verification.failed_expectations:
         Console(file=file, width=160).print(f"[red]failed:[/red] {failure}")
@@ -127,6 +128,34 @@ def brake_lines(result: RunResult) -> list[str]:
         f"limits {describe_limits(o.rate_limits)}: held back {o.rate_held_seconds:,.1f} s by "
         f"the rate, {o.depth_held_seconds:,.1f} s by the depth ({o.key.label()})"
         for o in limited
+    ]
+
+
+def priority_lines(result: RunResult) -> list[str]:
+    """Transfers whose destination delivers by the priority property (a quorum queue on
+    RabbitMQ 4.x) and that moved messages setting it: consumers see those in a new order."""
+    by_key = {t.key: t for t in result.transfers}
+    reordered = []
+    for outcome in result.outcomes:
+        transfer = by_key.get(outcome.key)
+        if transfer is None or not outcome.priority_messages:
+            continue
+        version = result.rabbitmq_versions.get(transfer.destination_cluster, "")
+        if delivers_by_priority(transfer.destination_type, version):
+            reordered.append((outcome, transfer, version))
+    if len(reordered) > MAX_BRAKE_LINES:
+        total = sum(outcome.priority_messages for outcome, _t, _v in reordered)
+        return [
+            f"priority order: {total:,} moved messages of {len(reordered)} transfers set a "
+            "priority and went into quorum queues on RabbitMQ 4.x, which deliver by it, not "
+            "in source order (the queues table's reordered_by_priority names them)"
+        ]
+    return [
+        f"priority order: {outcome.priority_messages:,} of {outcome.messages:,} moved messages "
+        f"set a priority; the quorum queue {transfer.destination_cluster}/"
+        f"{transfer.destination_vhost}/{transfer.destination_queue} (RabbitMQ {version}) "
+        "delivers them by it, not in source order"
+        for outcome, transfer, version in reordered
     ]
 
 

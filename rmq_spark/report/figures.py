@@ -297,6 +297,8 @@ def queue_summary(
                 "unexpected": row["unexpected"],
                 "passed": passed.get(key),
                 "error": row["error"],
+                # Null in ledgers written before the column existed.
+                "reordered_by_priority": row.get("reordered_by_priority"),
             }
         )
     return rows

@@ -189,11 +189,13 @@ def render_report(
     run = ledger.run
     rates = throughput(ledger.messages, origin=run["started_at"])
     latency = confirm_latency(ledger.messages)
+    queues = queue_summary(ledger, verification)
     sections = [
         header_section(ledger, rates),
-        queues_section(queue_summary(ledger, verification)),
+        queues_section(queues),
         throughput_section(rates, run["seconds"]),
         *([] if brakes is None else [brakes_section(brakes)]),
+        *priority_section(queues),
         latency_section(latency),
         verification_section(verification, report_dir),
     ]
@@ -326,6 +328,29 @@ def throughput_section(rates: Throughput, run_seconds: float) -> str:
         f"{rates.uncertain:,} uncertain row(s) have no confirm time and are not plotted."
     )
     return _figure_section("Throughput", plot_throughput(rates), "throughput", caption)
+
+
+def priority_section(queues: list[dict[str, Any]]) -> list[str]:
+    """The transfers whose destination will deliver moved messages by their priority
+    property (a quorum queue on RabbitMQ 4.x); no section when there are none."""
+    reordered = [q for q in queues if q["reordered_by_priority"]]
+    if not reordered:
+        return []
+    rows = "".join(
+        f"<tr><td>{_e(q['source'])}</td><td>{_e(q['destination'])}</td>"
+        f'<td class="num">{q["reordered_by_priority"]:,}</td></tr>'
+        for q in reordered
+    )
+    return [
+        "<section><h2>Priority order</h2>"
+        "<p>These destinations are quorum queues on RabbitMQ 4.x, which deliver by the "
+        "<code>priority</code> property without any queue argument (4.3 in strict priority "
+        "order, 4.0 priorities of 5 and above first): the moved messages that set it reach "
+        "consumers in priority order, not in source order.</p>"
+        '<div class="wide"><table class="queues"><thead><tr><th>source</th>'
+        "<th>destination</th><th>moved with a priority</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div></section>"
+    ]
 
 
 def brakes_section(record: BrakeRecord) -> str:

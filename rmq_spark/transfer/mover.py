@@ -113,6 +113,7 @@ class QueueMover:
         self._error: str | None = None
         self._moved_messages = 0
         self._moved_bytes = 0
+        self._moved_with_priority = 0
         self._peak_held_bytes = 0
 
     @property
@@ -204,6 +205,7 @@ class QueueMover:
         self._error = end.error
         self._moved_messages += session.settlement.moved_messages
         self._moved_bytes += session.settlement.moved_bytes
+        self._moved_with_priority += session.settlement.moved_with_priority
         self._peak_held_bytes = max(self._peak_held_bytes, session.outbound.peak_held_bytes)
         if end.how == "fatal":
             assert end.fatal is not None
@@ -249,6 +251,7 @@ class QueueMover:
             seconds=seconds,
             sessions=self._sessions,
             peak_held_bytes=self._peak_held_bytes,
+            priority_messages=self._moved_with_priority,
             rate_limits=self._rate_limits,
             rate_held_seconds=(
                 0.0 if self._brake is None else self._brake.held_seconds(self._monotonic())

@@ -116,6 +116,7 @@ class Outbound:
         self._clock = clock
         self._message_id_of = connector.message_id_of
         self._delivery_count_of = connector.delivery_count_of
+        self._carries_priority = connector.carries_priority
         self._digest_properties = connector.digest_properties
         # Deliveries received but not yet logged and published (one loop iteration's worth).
         self._pending: list[tuple[int, bool, bytes, bytes]] = []
@@ -214,6 +215,7 @@ class Outbound:
         consumed_at = self._clock()  # one reading per batch: they arrived together
         digest_properties = self._digest_properties
         message_id_of = self._message_id_of
+        carries_priority = self._carries_priority
         batch = [
             on_publish(
                 tag,
@@ -225,6 +227,7 @@ class Outbound:
                 body=body,
                 properties=property_bytes,
                 consumed_at=consumed_at,
+                priority=carries_priority(property_bytes),
             )
             for tag, redelivered, body, property_bytes in pending
         ]

@@ -211,6 +211,7 @@ class Connector(Protocol):
 
     message_id_of: Callable[[bytes], str | None]
     delivery_count_of: Callable[[bytes], int]
+    carries_priority: Callable[[bytes], bool]
     digest_properties: Callable[[bytes], str]
 
     @property

@@ -57,6 +57,7 @@ class Settlement:
         self._last_write: DurableJob | None = None  # the lane's jobs finish in order
         self.moved_messages = 0
         self.moved_bytes = 0
+        self.moved_with_priority = 0  # of moved_messages, those whose properties set priority
 
     def settle(self) -> None:
         """Start writing ledger rows for confirmed deliveries; ack what is already durable."""
@@ -109,6 +110,7 @@ class Settlement:
     def _count_moved(self, rows: list[Delivery]) -> None:
         self.moved_messages += len(rows)
         self.moved_bytes += sum(row.body_size for row in rows)
+        self.moved_with_priority += sum(row.priority for row in rows)
 
     def write_confirmed_now(self) -> None:
         """Session end: wait for the write under way, then write the rest here (durable)."""

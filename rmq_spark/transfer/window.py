@@ -121,6 +121,7 @@ class TransferWindow:
         body: bytes | None = None,
         properties: bytes | None = None,
         consumed_at: datetime | None = None,
+        priority: bool = False,
     ) -> Delivery:
         """Called for a delivery about to be published: gives it a position and a seq.
 
@@ -141,6 +142,7 @@ class TransferWindow:
             session=self._session,
             body=body,
             properties=properties,
+            priority=priority,
         )
         self._next_seq += 1
         self._next_position += 1

@@ -215,8 +215,15 @@ class FakeSourceLink(_FakeLink):
     def get_one(self) -> None:
         self.gets += 1
 
-    def deliver(self, tag: int, body: bytes, *, redelivered: bool = False) -> bool:
-        go_on = self.events.on_delivery(tag, redelivered, body, NO_PROPERTIES)
+    def deliver(
+        self,
+        tag: int,
+        body: bytes,
+        *,
+        redelivered: bool = False,
+        properties: bytes = NO_PROPERTIES,
+    ) -> bool:
+        go_on = self.events.on_delivery(tag, redelivered, body, properties)
         if not go_on:
             self.paused = True
         return go_on
@@ -276,6 +283,10 @@ class FakeConnector:
         self.links: list[tuple[FakeSourceLink, FakeDestinationLink]] = []
         self.message_id_of: Callable[[bytes], str | None] = lambda _properties: None
         self.delivery_count_of: Callable[[bytes], int] = lambda _properties: 0
+        # The flags word's priority bit, as amqp091/wire.py reads it.
+        self.carries_priority: Callable[[bytes], bool] = lambda block: (
+            len(block) >= 2 and bool(block[0] & 0x08)
+        )
         self.digest_properties: Callable[[bytes], str] = lambda block: hashlib.sha256(
             block
         ).hexdigest()
@@ -357,10 +368,12 @@ class MoverRig:
         self.destination.open()
         assert self.source.consumes == 1
 
-    def receive(self, *bodies: bytes, first_tag: int = 1) -> None:
+    def receive(
+        self, *bodies: bytes, first_tag: int = 1, properties: bytes = NO_PROPERTIES
+    ) -> None:
         """Deliveries arrive together and go out as one batch once their intents are durable."""
         for tag, body in enumerate(bodies, start=first_tag):
-            self.source.deliver(tag, body)
+            self.source.deliver(tag, body, properties=properties)
         self.timers.run_due()  # the end of the loop iteration: the batch is taken
         self.lanes.finish("intents")
 

@@ -358,3 +358,51 @@ def test_ledger_doc_describes_every_column_of_every_table() -> None:
             where = shared if column.name in schema.TRANSFER_KEY and table != "runs" else None
             described = f"| `{column.name}` |" in (where or sections[table])
             assert described, f"docs/LEDGER.md does not describe {table}.{column.name}"
+
+
+# --- priority order ---------------------------------------------------------------------------
+
+
+def test_the_page_names_transfers_whose_destination_reorders_by_priority(tmp_path: Path) -> None:
+    ledger = run_ledger(
+        [
+            queue_row("into-quorum", reordered_by_priority=3),
+            queue_row("into-classic", reordered_by_priority=0),
+            queue_row("unknown", reordered_by_priority=None),
+        ],
+        [message(0)],
+    )
+
+    page = render_report(ledger, None, report_dir=tmp_path)
+
+    section = page.split("<h2>Priority order</h2>", 1)[1].split("</section>", 1)[0]
+    assert '/into-quorum</td><td class="num">3</td></tr>' in section
+    assert "into-classic" not in section
+    assert "unknown" not in section
+
+
+def test_no_priority_section_when_nothing_is_reordered(tmp_path: Path) -> None:
+    ledger = run_ledger([queue_row("a", reordered_by_priority=0)], [message(0)])
+    assert "Priority order" not in render_report(ledger, None, report_dir=tmp_path)
+
+
+def test_a_ledger_written_before_the_priority_column_still_reads(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    write_deltalake(
+        str(ledger / "runs"),
+        pa.Table.from_pylist([run_row()], schema=schema.arrow_schema(schema.RUNS)),
+    )
+    earlier = tuple(c for c in schema.QUEUES if c.name != "reordered_by_priority")
+    write_deltalake(
+        str(ledger / "queues"),
+        pa.Table.from_pylist([queue_row("a")], schema=schema.arrow_schema(earlier)),
+    )
+    write_deltalake(
+        str(ledger / "messages"), messages(message(0)), partition_by=["run_id"], mode="append"
+    )
+
+    run = load_run(str(ledger), "run-1")
+
+    assert run.queues.to_pylist()[0]["reordered_by_priority"] is None
+    assert queue_summary(run)[0]["reordered_by_priority"] is None
+    assert "Priority order" not in render_report(run, None, report_dir=tmp_path)

@@ -70,6 +70,7 @@ class Amqp091Connector:
         self.connections = connections if connections is not None else ConnectionPool()
         self.message_id_of: Callable[[bytes], str | None] = wire.message_id_of
         self.delivery_count_of: Callable[[bytes], int] = wire.delivery_count_of
+        self.carries_priority: Callable[[bytes], bool] = wire.carries_priority
         # One per transfer, as the messages of a queue often share their property bytes.
         self.digest_properties: Callable[[bytes], str] = wire.DigestCache().digest
 

@@ -333,6 +333,16 @@ def delivery_count_of(property_bytes: bytes) -> int:
     return 0
 
 
+# The `priority` bit of the first property flags word, as the byte it sits in.
+_PRIORITY_BIT = spec.BasicProperties.FLAG_PRIORITY >> 8
+
+
+def carries_priority(property_bytes: bytes) -> bool:
+    """Whether a property block sets `priority` (its flags word says so; nothing is
+    decoded): a RabbitMQ 4.x quorum queue delivers such messages by it."""
+    return bool(property_bytes) and bool(property_bytes[0] & _PRIORITY_BIT)
+
+
 class DigestCache:
     """sha256 hex digests of property blocks, remembering the last one.
 

@@ -10,6 +10,9 @@ from rmq_spark.model import MoveOutcome
 from rmq_spark.transfer.mover import QueueMover
 from tests.support.fakes import mover_rig
 
+# A property block with only `priority` set (5): the flags word's bit 11, then the octet.
+PRIORITY_5 = b"\x08\x00\x05"
+
 
 def test_reconnect_gives_up_after_the_configured_attempts() -> None:
     rig = mover_rig(limits=MoverConfig(reconnect_attempts=2, backoff_seconds=0.5))
@@ -49,6 +52,24 @@ def test_refused_access_ends_the_transfer_without_reconnecting() -> None:
     rig.timers.advance(60.0)
     assert rig.results == [refused]
     assert len(rig.connector.links) == 1
+
+
+def test_the_outcome_counts_the_moved_messages_whose_properties_set_priority() -> None:
+    rig = mover_rig()
+    rig.open_session()
+    rig.receive(b"a", b"b", properties=PRIORITY_5)
+    rig.receive(b"c", first_tag=3)
+    rig.confirm(3)
+    rig.lanes.finish("ledger")
+    rig.timers.advance(0.5)
+    rig.source.events.on_depth(0, 1)
+    rig.source.events.on_cancel_ok()
+    rig.source.events.on_get_empty()
+    rig.timers.advance(0.05)
+    rig.lanes.finish("ledger")
+    (outcome,) = rig.results
+    assert isinstance(outcome, MoveOutcome)
+    assert (outcome.messages, outcome.priority_messages) == (3, 2)
 
 
 def test_the_outcome_counts_every_session() -> None:

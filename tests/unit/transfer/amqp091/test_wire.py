@@ -388,3 +388,19 @@ def test_digest_cache_digests_each_block() -> None:
     assert [cache.digest(block) for block in blocks] == [
         hashlib.sha256(block).hexdigest() for block in blocks
     ]
+
+
+@pytest.mark.parametrize(
+    ("properties", "expected"),
+    [
+        ({"priority": 0}, True),  # set, even to 0: a 4.x quorum queue orders by it
+        ({"priority": 9, "headers": {"a": 1}, "message_id": "m"}, True),
+        ({"delivery_mode": 2, "headers": {"priority": 9}, "message_id": "m"}, False),
+        ({}, False),
+    ],
+)
+def test_the_priority_property_is_read_from_the_flags_word(
+    properties: dict[str, object], expected: bool
+) -> None:
+    raw = b"".join(spec.BasicProperties(**properties).encode())
+    assert wire.carries_priority(raw) is expected
