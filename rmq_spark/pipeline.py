@@ -40,10 +40,10 @@ from rmq_spark.planning.discovery import discover, measure_depths
 from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_groups
 from rmq_spark.planning.queue_arguments import delivers_by_priority
+from rmq_spark.planning.rate_limits import describe_limits, limits_in_force, route_rate_limits
 from rmq_spark.progress import ProgressReporter, depth_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
 from rmq_spark.transfer.outcomes import OUTCOME_SCHEMA, outcome_of
-from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force, route_rate_limits
 from rmq_spark.verify import (
     DESTINATION_SHARED,
     SOURCE_REMOVED,

@@ -249,7 +249,7 @@ class ProgressReporter:
         interval: float | None = None,
         limits: str = "",
     ) -> None:
-        # The rate limits in force (rate_limit.limits_in_force), shown beside the rate.
+        # The rate limits in force (planning.rate_limits.limits_in_force), shown beside the rate.
         self._limits = limits
         self._before = {t.key: t.messages for t in transfers}
         self._names = {t.key: t.source_label for t in transfers}  # what a bar says

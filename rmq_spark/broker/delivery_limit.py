@@ -23,7 +23,10 @@ message (or dead-letters it, when a dead-letter exchange is set). What RabbitMQ 
 The mover returns a message only when a session ends while it holds it (it moves
 whatever reaches it after its own basic.cancel instead of rejecting it), so each
 session, and each Spark task attempt, can add one to a held message's count.
-`ReturnGuard` stops a transfer before that could take a message past the limit.
+The driver reads each source's limit here (`source_delivery_limit`) and refuses a plan
+whose limit the retries could pass (`budget_problem`); on the executors
+`transfer.return_guard.ReturnGuard` stops a transfer before a lost session could take
+a message past it.
 """
 
 from __future__ import annotations
@@ -161,50 +164,3 @@ def budget_problem(limit: int | None, *, reconnect_attempts: int, task_attempts:
         f"{reconnect_attempts} + {task_attempts} Spark task attempt(s) + 1, so lost sessions "
         f"could take a message past it; raise the limit (policy key delivery-limit) or {lower}"
     )
-
-
-@dataclass
-class ReturnGuard:
-    """Decides, per delivery, whether the transfer must stop taking messages.
-
-    `limit` is the source's delivery limit (None: unlimited); `later_attempts` the
-    Spark task attempts that may still run after this one. A delivery arrives with
-    the count of returns it has had (`x-delivery-count`). If this session is lost it
-    has one more; a tripped guard ends the attempt (no reconnect), and each later
-    attempt trips on the first sight of it, adding at most one each. So a message
-    seen at count `c` can end at `c + 1 + later_attempts`, and the guard trips while
-    that is still at most the limit: when `c + 2 + later_attempts > limit`, i.e. one
-    more ordinary lost session would make it unsafe.
-    """
-
-    limit: int | None
-    later_attempts: int = 0
-    past_limit: str = "dropped"  # what the source's broker does past the limit
-    highest_count: int = 0
-    tripped: bool = False
-
-    @property
-    def active(self) -> bool:
-        return self.limit is not None
-
-    @property
-    def stop_at(self) -> int | None:
-        """The count at which the guard trips (None: never)."""
-        if self.limit is None:
-            return None
-        return self.limit - self.later_attempts - 1
-
-    def observe(self, count: int) -> bool:
-        """Record a delivery's return count; True the first time it trips the guard."""
-        self.highest_count = max(self.highest_count, count)
-        stop_at = self.stop_at
-        if stop_at is None or self.tripped or count < stop_at:
-            return False
-        self.tripped = True
-        return True
-
-
-def attempt_number(attempt: str) -> int:
-    """The Spark attempt number of an executor's 'stage.partition.attempt' (0 outside)."""
-    last = attempt.rsplit(".", 1)[-1]
-    return int(last) if last.isdigit() else 0

@@ -225,7 +225,7 @@ class Limits(_Strict):
     Unset (None) is unlimited. For the whole job (`limits`), the rates are shared among
     the transfers that can run at once; on a route (`routes[].limits`), they hold for
     each of the route's queues. The depth bound is per destination queue either way.
-    A transfer keeps to the smaller of the two (`rate_limit.transfer_limits`).
+    A transfer keeps to the smaller of the two (`planning.rate_limits.transfer_limits`).
     """
 
     messages_per_second: float | None = Field(default=None, gt=0, allow_inf_nan=False)

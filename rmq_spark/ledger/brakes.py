@@ -31,7 +31,7 @@ class HeldBack:
     """One transfer under a rate limit."""
 
     key: TransferKey | None  # None only in a file an earlier build wrote
-    limits: str  # rate_limit.describe_limits
+    limits: str  # planning.rate_limits.describe_limits
     held_seconds: float  # time the rate brake held its publishes back
     depth_held_seconds: float = 0.0  # ...and the destination depth bound
     # (source, destination) as an earlier build wrote them ("/"-joined); display only.
@@ -87,7 +87,7 @@ _WRITTEN = ("source", "destination")
 
 @dataclass(frozen=True)
 class BrakeRecord:
-    in_force: str  # rate_limit.limits_in_force: the config's limits in one line
+    in_force: str  # planning.rate_limits.limits_in_force: the config's limits in one line
     transfers: tuple[HeldBack, ...]
 
 

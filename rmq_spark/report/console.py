@@ -19,7 +19,7 @@ from rmq_spark.broker.federation_plan import Override
 from rmq_spark.config import JobConfig
 from rmq_spark.model import QueueTransfer
 from rmq_spark.planning.queue_arguments import delivers_by_priority
-from rmq_spark.transfer.rate_limit import describe_limits
+from rmq_spark.planning.rate_limits import describe_limits
 from rmq_spark.transfer.window import prefetch_for
 
 if TYPE_CHECKING:  # results only: `plan` prints with this module and runs without Spark

@@ -18,7 +18,6 @@ from typing import Any
 
 from rmq_spark.broker.colocation import preferred_uri
 from rmq_spark.broker.connection import connection_parameters
-from rmq_spark.broker.delivery_limit import ReturnGuard, attempt_number
 from rmq_spark.config import ClusterConfig, Limits, MoverConfig
 from rmq_spark.ledger import store
 from rmq_spark.ledger.resume import EarlierFiles
@@ -30,6 +29,7 @@ from rmq_spark.transfer.amqp091.pool import ConnectionPool
 from rmq_spark.transfer.lanes import run_movers
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.outcomes import outcome_row
+from rmq_spark.transfer.return_guard import ReturnGuard, attempt_number
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class ExecutorSettings:
     # How many times Spark may run a task: each attempt may return what it holds to a
     # quorum source, which counts against the source's delivery limit.
     task_attempts: int = 1
-    # route -> the rate limits each of its transfers keeps to (`rate_limit.transfer_limits`,
-    # resolved by the driver); a route not named here is unlimited.
+    # route -> the rate limits each of its transfers keeps to (resolved by the driver,
+    # `planning.rate_limits.transfer_limits`); a route not named here is unlimited.
     rate_limits: dict[str, Limits] = field(default_factory=dict)
     # An object-store ledger's options (credentials included; its repr masks them).
     ledger_store: StoreOptions | None = None

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from rmq_spark.broker.delivery_limit import ReturnGuard
 from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.errors import TransferError
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
@@ -35,6 +34,7 @@ from rmq_spark.transfer.lanes import LEDGER, run_movers
 from rmq_spark.transfer.outbound import backoff_seconds
 from rmq_spark.transfer.ports import Connector, EngineLoop, IntentSink, LedgerSink
 from rmq_spark.transfer.rate_limit import RateBrake
+from rmq_spark.transfer.return_guard import ReturnGuard
 from rmq_spark.transfer.session import Session, SessionEnd, Shared
 from rmq_spark.transfer.stages import NOTHING_YET, WindowStages
 

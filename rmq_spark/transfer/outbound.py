@@ -18,7 +18,6 @@ from functools import partial
 from hashlib import sha256
 from typing import Protocol
 
-from rmq_spark.broker.delivery_limit import ReturnGuard
 from rmq_spark.config import MoverConfig
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.transfer.byte_window import ByteWindow
@@ -34,6 +33,7 @@ from rmq_spark.transfer.ports import (
     IntentSink,
 )
 from rmq_spark.transfer.rate_limit import RateBrake
+from rmq_spark.transfer.return_guard import ReturnGuard
 from rmq_spark.transfer.window import TransferWindow
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,6 @@ from datetime import datetime
 from hashlib import sha256
 from typing import Literal
 
-from rmq_spark.broker.delivery_limit import ReturnGuard
 from rmq_spark.config import MoverConfig
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.model import Delivery, TransferKey
@@ -52,6 +51,7 @@ from rmq_spark.transfer.ports import (
     SourceLink,
 )
 from rmq_spark.transfer.rate_limit import RateBrake
+from rmq_spark.transfer.return_guard import ReturnGuard
 from rmq_spark.transfer.settlement import Settlement
 from rmq_spark.transfer.stages import WindowStages
 from rmq_spark.transfer.window import TransferWindow

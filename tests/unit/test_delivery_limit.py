@@ -8,13 +8,12 @@ import pika
 import pytest
 
 from rmq_spark.broker.delivery_limit import (
-    ReturnGuard,
-    attempt_number,
     budget_problem,
     source_delivery_limit,
     task_attempts,
 )
 from rmq_spark.transfer.amqp091 import wire
+from rmq_spark.transfer.return_guard import ReturnGuard, attempt_number
 
 
 def quorum(arguments: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from rmq_spark.config import JobConfig, Limits
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger.brakes import BrakeRecord, HeldBack, brakes_dir, read_brakes, write_brakes
 from rmq_spark.model import MoveOutcome, TransferKey
+from rmq_spark.planning.rate_limits import describe_limits, limits_in_force
 from rmq_spark.report.console import MAX_BRAKE_LINES, brake_lines
 from rmq_spark.report.html import brakes_section, render_report
-from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force
 from tests.support.fakes import KEY
 from tests.support.report_rows import message, queue_row, run_ledger
 

@@ -9,13 +9,11 @@ from collections.abc import Sequence
 import pytest
 
 from rmq_spark.config import JobConfig, Limits
+from rmq_spark.planning.rate_limits import route_rate_limits, transfer_limits, transfers_at_once
 from rmq_spark.transfer.rate_limit import (
     MIN_WAIT_SECONDS,
     RateBrake,
     TokenBucket,
-    route_rate_limits,
-    transfer_limits,
-    transfers_at_once,
 )
 
 WINDOW_SECONDS = 10.0
