@@ -73,8 +73,7 @@ class Settlement:
             source.ack(acks)
         if source.paused and self._host.may_read():
             source.resume()
-        if self._consumer.changing_prefetch:
-            self._consumer.consume_with_new_prefetch()
+        self._consumer.on_acked()
 
     def _write_confirmed_async(self) -> None:
         """Hand the rows of every confirmed delivery to the ledger lane (one write).
