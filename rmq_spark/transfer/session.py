@@ -218,8 +218,8 @@ class Session:
         return self._error is not None
 
     def may_read(self) -> bool:
-        """A paused source may be read again: the bytes held fit the byte window."""
-        return self.outbound.held_bytes() <= self._shared.window_bytes
+        """A paused source may be read again (`Outbound.may_read`, holds.py)."""
+        return self.outbound.may_read()
 
     def write_failed(self, error: BaseException) -> None:
         fatal = Ending(Stage.FATAL, fatal=error)
