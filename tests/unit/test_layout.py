@@ -34,16 +34,6 @@ def test_no_module_is_longer_than_the_limit(module: Path) -> None:
     )
 
 
-# Classes over the limit that are still to be split, each with where it would part. A
-# class leaves this list when it is split (the test below fails while it is listed
-# but no longer long), and no class joins it.
-LONG_CLASSES_TO_SPLIT = {
-    # Its topology copy and destination creation (steps 4b and 5) are a stage of
-    # their own, after every check has passed.
-    "rmq_spark/planning/preflight.py:_Preflight",
-}
-
-
 def classes(root: Path) -> list[tuple[str, int]]:
     found = []
     for module in sorted(root.rglob("*.py")):
@@ -62,16 +52,12 @@ def test_no_engine_class_is_longer_than_the_limit() -> None:
     assert not too_long, f"engine classes over {MAX_CLASS_LINES} lines: {too_long}"
 
 
-def test_no_class_in_the_package_is_longer_than_the_limit_but_those_to_split() -> None:
+def test_no_class_in_the_package_is_longer_than_the_limit() -> None:
     """Issue 28: the limit holds for every class, not only the engine's."""
     found = classes(PACKAGE)
     assert len(found) > 100, f"found only {len(found)} classes under {PACKAGE}"
-    long = {name: length for name, length in found if length > MAX_CLASS_LINES}
-    assert set(long) - LONG_CLASSES_TO_SPLIT == set(), (
-        f"classes over {MAX_CLASS_LINES} lines: {long}"
-    )
-    split = LONG_CLASSES_TO_SPLIT - set(long)
-    assert not split, f"no longer over the limit: take them off LONG_CLASSES_TO_SPLIT: {split}"
+    too_long = {name: length for name, length in found if length > MAX_CLASS_LINES}
+    assert not too_long, f"classes over {MAX_CLASS_LINES} lines: {too_long}"
 
 
 TESTS = PACKAGE.parent / "tests"
