@@ -25,7 +25,7 @@ class SettlementHost(Protocol):
     def closing(self) -> bool: ...
 
     def may_read(self) -> bool:
-        """Whether a paused source may be read again (byte window, rate brake)."""
+        """Whether a paused source may be read again: nothing holds reading (holds.py)."""
 
     def write_failed(self, error: BaseException) -> None:
         """A durable write failed: the session ends, and the transfer with it."""
