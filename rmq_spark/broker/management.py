@@ -1,9 +1,8 @@
 """A small client for the RabbitMQ management HTTP API (driver side only).
 
-Retries connection failures and 5xx answers with backoff (urllib3's Retry, through
-requests), times out every call, and turns failures into errors that name the
-cluster, its host:port and what was asked. The password is held by requests' auth,
-never logged.
+How it calls the API (retries, timeouts, the errors a failed call raises, the
+password held by requests' auth, never logged) is `management_http.py`; here are the
+reads and writes pre-flight, topology copy, federation and migrate use.
 
 `whoami` is the pre-flight probe: it retries a connect failure only once, so an
 unreachable cluster is reported within seconds instead of after the full backoff.
@@ -16,49 +15,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
 
-import requests
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
+from rmq_spark.broker import paging
+from rmq_spark.broker.management_http import _q, addressable
+from rmq_spark.broker.management_writes import ManagementWrites
+from rmq_spark.config import JobConfig
+from rmq_spark.errors import DiscoveryError
 
-from rmq_spark.broker import http_reasons, paging
-from rmq_spark.config import ClusterConfig, JobConfig
-from rmq_spark.errors import AccessRefusedError, BrokerUnreachableError, DiscoveryError
+__all__ = ["Identity", "ManagementClient", "Permissions", "addressable", "management_clients"]
 
 log = logging.getLogger(__name__)
 
-_RETRY = Retry(
-    total=4,
-    connect=4,
-    read=2,
-    status=3,
-    backoff_factor=0.3,
-    status_forcelist=(500, 502, 503, 504),
-    allowed_methods=frozenset({"GET", "PUT", "DELETE"}),
-    raise_on_status=False,
-)
-# The pre-flight probe: one retry, so a closed port or a dead host fails fast.
-_PROBE_RETRY = Retry(
-    total=1,
-    connect=1,
-    read=0,
-    status=1,
-    backoff_factor=0.3,
-    status_forcelist=(500, 502, 503, 504),
-    allowed_methods=frozenset({"GET"}),
-    raise_on_status=False,
-)
-# Connecting is quick or not at all; only the answer may take the configured timeout.
-CONNECT_TIMEOUT_SECONDS = 5.0
 QUEUE_COLUMNS = (
     "name,vhost,type,durable,auto_delete,exclusive,arguments,policy,"
     "effective_policy_definition,node,leader,"
     "messages,messages_ready,message_bytes,message_bytes_ready,consumers"
 )
-# What the management API's 401 answers mean (its "reason" field).
-_LOGIN_FAILED = "Login failed"
-_NOT_MANAGEMENT_USER = "Not management user"
 
 
 @dataclass(frozen=True)
@@ -83,23 +55,10 @@ class Permissions:
     read: str
 
 
-class ManagementClient:
-    """Management API of one cluster."""
-
-    def __init__(self, cluster_name: str, cluster: ClusterConfig, *, timeout: float) -> None:
-        self.cluster_name = cluster_name
-        self.username = cluster.username
-        self._base = cluster.management
-        self._timeout = (min(timeout, CONNECT_TIMEOUT_SECONDS), timeout)
-        self._session = _session(cluster, _RETRY)
-        self._probe = _session(cluster, _PROBE_RETRY)
-        parts = urlsplit(self._base)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.endpoint = f"{parts.hostname}:{port}"
-
-    def close(self) -> None:
-        self._session.close()
-        self._probe.close()
+class ManagementClient(ManagementWrites):
+    """Management API of one cluster: what pre-flight, topology copy, federation and
+    migrate read here, and change (`management_writes.ManagementWrites`), through the
+    calls of `management_http.ManagementHttp`."""
 
     # -- reads ----------------------------------------------------------------------
 
@@ -302,217 +261,6 @@ class ManagementClient:
         )
         return list(rows or [])
 
-    # -- writes ---------------------------------------------------------------------
-
-    def bind_queue(
-        self, vhost: str, exchange: str, queue: str, routing_key: str, arguments: dict[str, Any]
-    ) -> None:
-        """Bind the queue to the exchange; binding twice is a no-op in RabbitMQ."""
-        self._require_addressable(vhost, exchange, queue)
-        self._request(
-            "POST",
-            f"/api/bindings/{_q(vhost)}/e/{_q(exchange)}/q/{_q(queue)}",
-            what=f"bind queue {queue!r} to exchange {exchange!r} in vhost {vhost!r}",
-            json={"routing_key": routing_key, "arguments": arguments},
-        )
-
-    def unbind_queue(self, vhost: str, exchange: str, queue: str, properties_key: str) -> None:
-        """Delete one binding (named by the API's properties_key); a missing one is fine."""
-        self._require_addressable(vhost, exchange, queue)
-        self._request(
-            "DELETE",
-            f"/api/bindings/{_q(vhost)}/e/{_q(exchange)}/q/{_q(queue)}/{_q(properties_key)}",
-            what=f"unbind queue {queue!r} from exchange {exchange!r} in vhost {vhost!r}",
-            missing_ok=True,
-        )
-
-    def delete_queue(self, vhost: str, name: str, *, if_empty: bool = True) -> None:
-        """Delete a queue; refused by the broker when `if_empty` and it holds messages.
-
-        A queue that is already gone is fine.
-        """
-        self._require_addressable(vhost, name)
-        self._request(
-            "DELETE",
-            f"/api/queues/{_q(vhost)}/{_q(name)}{'?if-empty=true' if if_empty else ''}",
-            what=f"delete queue {name!r} in vhost {vhost!r}",
-            missing_ok=True,
-        )
-
-    def put_parameter(self, component: str, vhost: str, name: str, value: dict[str, Any]) -> None:
-        """Create or replace a runtime parameter.
-
-        The value is never logged: it may hold a password (a federation upstream's URI).
-        """
-        self._request(
-            "PUT",
-            f"/api/parameters/{_q(component)}/{_q(vhost)}/{_q(name)}",
-            what=f"define {component} {name!r} in vhost {vhost!r}",
-            json={"component": component, "vhost": vhost, "name": name, "value": value},
-        )
-
-    def delete_parameter(self, component: str, vhost: str, name: str) -> None:
-        """Delete a runtime parameter; one that is already gone is fine."""
-        self._request(
-            "DELETE",
-            f"/api/parameters/{_q(component)}/{_q(vhost)}/{_q(name)}",
-            what=f"delete {component} {name!r} in vhost {vhost!r}",
-            missing_ok=True,
-        )
-
-    def declare_exchange(
-        self,
-        vhost: str,
-        name: str,
-        *,
-        type: str,
-        durable: bool,
-        auto_delete: bool,
-        internal: bool,
-        arguments: dict[str, Any],
-    ) -> None:
-        self._require_addressable(vhost, name)
-        self._request(
-            "PUT",
-            f"/api/exchanges/{_q(vhost)}/{_q(name)}",
-            what=f"declare exchange {name!r} in vhost {vhost!r}",
-            json={
-                "type": type,
-                "durable": durable,
-                "auto_delete": auto_delete,
-                "internal": internal,
-                "arguments": arguments,
-            },
-        )
-
-    def put_policy(
-        self,
-        vhost: str,
-        name: str,
-        *,
-        pattern: str,
-        apply_to: str,
-        priority: int,
-        definition: dict[str, Any],
-    ) -> None:
-        """Create or replace a policy; the broker validates the definition (400 if not)."""
-        self._request(
-            "PUT",
-            f"/api/policies/{_q(vhost)}/{_q(name)}",
-            what=f"define policy {name!r} in vhost {vhost!r}",
-            json={
-                "pattern": pattern,
-                "apply-to": apply_to,
-                "priority": priority,
-                "definition": definition,
-            },
-        )
-
-    def delete_policy(self, vhost: str, name: str) -> None:
-        """Delete a policy; one that is already gone is fine."""
-        self._request(
-            "DELETE",
-            f"/api/policies/{_q(vhost)}/{_q(name)}",
-            what=f"delete policy {name!r} in vhost {vhost!r}",
-            missing_ok=True,
-        )
-
-    def declare_queue(
-        self, vhost: str, name: str, *, durable: bool, arguments: dict[str, Any]
-    ) -> None:
-        """Declare a queue (migrate's helper queues; pre-flight declares over AMQP)."""
-        self._require_addressable(vhost, name)
-        self._request(
-            "PUT",
-            f"/api/queues/{_q(vhost)}/{_q(name)}",
-            what=f"declare queue {name!r} in vhost {vhost!r}",
-            json={"durable": durable, "auto_delete": False, "arguments": arguments},
-        )
-
-    # -- plumbing -------------------------------------------------------------------
-
-    def _require_addressable(self, vhost: str, *names: str) -> None:
-        """A write naming `.` or `..` in its path would reach another resource, or none."""
-        for name in names:
-            if not addressable(name):
-                raise DiscoveryError(
-                    f"cluster {self.cluster_name} vhost {vhost!r}: the management API cannot "
-                    f"name {name!r} in a URL path (a dot segment, removed before the broker "
-                    "sees it); expected a name other than '.' or '..' here"
-                )
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        missing_ok: bool = False,
-        session: requests.Session | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        url = self._base + path
-        where = f"cluster {self.cluster_name} management API ({self.endpoint})"
-        try:
-            session = session or self._session
-            # verify per request: requests lets REQUESTS_CA_BUNDLE (set on many
-            # machines) override a session's own CA file, but not a request's.
-            response = session.request(
-                method, url, timeout=self._timeout, verify=session.verify, **kwargs
-            )
-        except requests.RequestException as exc:
-            raise BrokerUnreachableError(
-                f"{where}: cannot reach it to {what} ({http_reasons.reason(exc)})"
-            ) from exc
-        if response.status_code in (401, 403):
-            raise self._refused(where, what, response)
-        if response.status_code == 404 and missing_ok:
-            return None
-        if response.status_code >= 400:
-            raise DiscoveryError(
-                f"{where}: {what} failed: expected HTTP 2xx, got {response.status_code}: "
-                f"{response.text[:200]}"
-            )
-        if not response.content:
-            return None
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise DiscoveryError(f"{where}: {what}: expected JSON, got something else") from exc
-
-    def _refused(self, where: str, what: str, response: requests.Response) -> AccessRefusedError:
-        """401/403: the API says why in its JSON `reason`; the fix differs per reason."""
-        reason = http_reasons.json_reason(response)
-        user = f"user {self.username!r}"
-        if reason == _LOGIN_FAILED:
-            return AccessRefusedError(f"{where}: the username or password was refused ({user})")
-        if reason == _NOT_MANAGEMENT_USER:
-            return AccessRefusedError(
-                f"{where}: {user} may not use the management API; expected the tag "
-                "'management', 'monitoring' or 'administrator'"
-            )
-        return AccessRefusedError(
-            f"{where}: {user} may not {what} (HTTP {response.status_code}: {reason or 'refused'})"
-        )
-
-
-def _session(cluster: ClusterConfig, retry: Retry) -> requests.Session:
-    session = requests.Session()
-    session.auth = (cluster.username, cluster.password.get_secret_value())
-    session.mount("http://", HTTPAdapter(max_retries=retry))
-    session.mount("https://", HTTPAdapter(max_retries=retry))
-    if cluster.tls.ca_file:
-        session.verify = str(cluster.tls.ca_file)
-    elif not cluster.tls.verify:
-        session.verify = False
-    if cluster.tls.cert_file:
-        session.cert = (
-            (str(cluster.tls.cert_file), str(cluster.tls.key_file))
-            if cluster.tls.key_file
-            else str(cluster.tls.cert_file)
-        )
-    return session
-
 
 # OpenSSL's reason, as Python's ssl module words it, e.g. "self-signed certificate in
 # certificate chain" or "IP address mismatch, certificate is not valid for 'localhost'."
@@ -526,28 +274,9 @@ def _tags(whoami: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(tag) for tag in tags)
 
 
-def addressable(name: str) -> bool:
-    """Whether a name can be a management API URL path segment.
-
-    `.` and `..` are dot segments (RFC 3986): requests and the broker's HTTP server
-    remove them, so `/api/queues/%2F/.` asks for the vhost's list and
-    `/api/queues/%2F/..` for every vhost's; percent-encoding them (%2E) does not
-    help, requests decodes it back. Such names are read from the listings instead.
-
-    >>> addressable("orders"), addressable("."), addressable(".."), addressable("...")
-    (True, False, False, True)
-    """
-    return name not in (".", "..")
-
-
 def _named(rows: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
     """The row of that name in a listing; None when there is none."""
     return next((row for row in rows if row.get("name") == name), None)
-
-
-def _q(segment: str) -> str:
-    """Quote a path segment; the default vhost '/' becomes %2F as the API expects."""
-    return quote(segment, safe="")
 
 
 @contextmanager

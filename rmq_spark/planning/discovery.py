@@ -60,7 +60,7 @@ def discover(
     preflight.check_plan(selected)
     destinations = preflight.check_destinations(selected)
     preflight.check_permissions(selected, destinations)
-    preflight.check_topology(destinations)
+    preflight.creation.check_topology(destinations)
     preflight.raise_problems()
     to_create = {d.candidate.transfer for d in destinations if d.create}
     nodes = {d.candidate.transfer: hosting_node(d.existing or {}) for d in destinations}
@@ -68,9 +68,9 @@ def discover(
     if not dry_run:
         # Policies first: the broker validates them, so a refusal stops the job before
         # any queue exists. Every step skips what exists already: a re-run writes nothing.
-        preflight.declare_topology()
-        preflight.create_missing(destinations)
-        preflight.bind_topology()
+        preflight.creation.declare_topology()
+        preflight.creation.create_missing(destinations)
+        preflight.creation.bind_topology()
     transfers = [
         replace(
             c.transfer,

@@ -11,29 +11,23 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rmq_spark.broker import declare
 from rmq_spark.broker.connection import amqp_username
-from rmq_spark.broker.counts import VhostProbe, probe_vhost
 from rmq_spark.broker.delivery_limit import source_delivery_limit
 from rmq_spark.broker.management import ManagementClient, Permissions
 from rmq_spark.config import JobConfig, RouteConfig
 from rmq_spark.errors import (
-    BrokerUnreachableError,
     RmqSparkError,
 )
 from rmq_spark.model import QueueTransfer
 from rmq_spark.planning import rules
-from rmq_spark.planning.topology import CopyRequest, TopologyCopy
-from rmq_spark.planning.topology_rules import BindingSpec
+from rmq_spark.planning.creation import DestinationCreation, route_named
+from rmq_spark.planning.probes import probe_vhosts
+from rmq_spark.planning.topology import TopologyCopy
 
 log = logging.getLogger(__name__)
-
-# At most this many vhosts are probed at once over AMQP (a connection each).
-PARALLEL_PROBES = 8
 
 
 @dataclass
@@ -86,8 +80,13 @@ class _Preflight:
         self._clients = clients
         self._problems: list[RmqSparkError] = []
         self.facts = BrokerFacts()
-        self._topology = TopologyCopy(
-            clients, version_of=self._rabbitmq_version, problem=self.problem
+        # Steps 4b and 5: what the run creates, once every check has passed.
+        self.creation = DestinationCreation(
+            config,
+            TopologyCopy(clients, version_of=self._rabbitmq_version, problem=self.problem),
+            facts=self.facts,
+            problem=self.problem,
+            raise_problems=self.raise_problems,
         )
 
     # -- collecting -----------------------------------------------------------------
@@ -172,7 +171,7 @@ class _Preflight:
             by_vhost[(c.transfer.source_cluster, c.transfer.source_vhost)].append(
                 c.transfer.source_queue
             )
-        self._probe(by_vhost, role="source")
+        probe_vhosts(self._config, by_vhost, role="source", facts=self.facts, problem=self.problem)
         result = []
         for c in candidates:
             t = c.transfer
@@ -212,45 +211,6 @@ class _Preflight:
                 chosen = rules.matching_queues(route, queues)
             result.extend(_Candidate(rules.queue_transfer(route, vhost, q), q) for q in chosen)
         return result
-
-    def _probe(self, by_vhost: Mapping[tuple[str, str], Iterable[str]], *, role: str) -> None:
-        """Open each vhost over AMQP and passive-declare its queues (login, exact depth).
-
-        A passive declare per queue is a round trip (10,000 queues: ~4 s one vhost
-        after another), so vhosts are probed side by side, each on its own connection;
-        what they found is then taken in order, as if probed one by one.
-        """
-        sites = [
-            (site, sorted(set(names)))
-            for site, names in by_vhost.items()
-            if site[0] not in self.facts.unreachable
-        ]
-
-        def attempt(item: tuple[tuple[str, str], list[str]]) -> VhostProbe | RmqSparkError:
-            (cluster, vhost), wanted = item
-            try:
-                return probe_vhost(cluster, self._config.clusters[cluster], vhost, wanted)
-            except RmqSparkError as exc:
-                return exc
-
-        workers = max(1, min(PARALLEL_PROBES, len(sites)))
-        with ThreadPoolExecutor(workers, thread_name_prefix="rmq-spark-probe") as pool:
-            outcomes = list(pool.map(attempt, sites))
-        unreachable_now: set[str] = set()
-        for ((cluster, vhost), _wanted), probe in zip(sites, outcomes, strict=True):
-            if cluster in unreachable_now:
-                continue  # reported once per cluster, not once per vhost
-            if isinstance(probe, BrokerUnreachableError):
-                self.problem(probe)
-                self.facts.unreachable.add(cluster)
-                unreachable_now.add(cluster)
-                continue
-            if isinstance(probe, RmqSparkError):
-                self.problem(probe)
-                continue
-            known = self.facts.opened.setdefault((cluster, vhost), {})
-            known.update(probe.depths)
-            self.problems(rules.refused_passive_declares(cluster, vhost, probe.refused, role=role))
 
     def select(self, candidates: list[_Candidate]) -> list[_Candidate]:
         """Drop queues below their route's min_messages (exact depth where known)."""
@@ -319,7 +279,9 @@ class _Preflight:
             names = by_vhost[(t.destination_cluster, t.destination_vhost)]
             if d.existing is not None:
                 names.append(t.destination_queue)
-        self._probe(by_vhost, role="destination")
+        probe_vhosts(
+            self._config, by_vhost, role="destination", facts=self.facts, problem=self.problem
+        )
         for d in destinations:
             self._check_destination(d)
         return destinations
@@ -397,100 +359,5 @@ class _Preflight:
             self.facts.permissions[(cluster, vhost)] = found
         return self.facts.permissions[(cluster, vhost)]
 
-    # -- 4b. topology (destination.topology: copy) ----------------------------------
-
-    def check_topology(self, destinations: list[_Destination]) -> None:
-        """The exchanges, bindings and policy each copied destination needs, checked."""
-        requests = []
-        for d in destinations:
-            t = d.candidate.transfer
-            site = (t.destination_cluster, t.destination_vhost)
-            copy = self._route(t.route).destination.topology == "copy"
-            if not copy or site not in self.facts.opened:
-                continue
-            existing = d.existing or {}
-            held = self.facts.opened[site].get(t.destination_queue) or 0
-            requests.append(
-                CopyRequest(
-                    route=t.route,
-                    key=t.key,
-                    source_policy=d.candidate.source.get("policy") or None,
-                    destination_exists=d.existing is not None,
-                    messages_after=t.messages + held,
-                    bytes_after=t.message_bytes + int(existing.get("message_bytes_ready") or 0),
-                )
-            )
-        if requests:
-            self._topology.plan(requests)
-
-    def declare_topology(self) -> None:
-        """Create the copied policies and exchanges (after all checks passed)."""
-        try:
-            self._topology.declare()
-        except RmqSparkError as exc:
-            self.problem(exc)
-        self.raise_problems()
-
-    def bind_topology(self) -> None:
-        """Bind the destinations like their sources (once they exist), over AMQP."""
-
-        def bind_queues(cluster: str, vhost: str, bindings: list[BindingSpec]) -> None:
-            declare.bind_queues(
-                cluster,
-                self._config.clusters[cluster],
-                vhost,
-                [
-                    declare.QueueBinding(b.exchange, b.queue, b.routing_key, b.arguments)
-                    for b in bindings
-                ],
-            )
-
-        try:
-            self._topology.bind(bind_queues)
-        except RmqSparkError as exc:
-            self.problem(exc)
-        self.raise_problems()
-
-    # -- creating -------------------------------------------------------------------
-
-    def create_missing(self, destinations: list[_Destination]) -> None:
-        """Declare every missing destination like its source (after all checks passed).
-
-        Over AMQP, one connection per destination vhost (rmq_spark.broker.declare: the
-        management API cannot name a queue `.` or `..`). A quorum destination is
-        durable whatever its source (quorum queues are).
-        """
-        by_vhost: dict[tuple[str, str], list[declare.QueueDeclaration]] = defaultdict(list)
-        for d in destinations:
-            if d.create:
-                t = d.candidate.transfer
-                by_vhost[(t.destination_cluster, t.destination_vhost)].append(
-                    declare.QueueDeclaration(
-                        t.destination_queue,
-                        durable=rules.destination_durable(d.arguments, d.candidate.source),
-                        arguments=d.arguments,
-                    )
-                )
-        for (cluster, vhost), queues in by_vhost.items():
-            try:
-                refused = declare.declare_queues(
-                    cluster, self._config.clusters[cluster], vhost, queues
-                )
-            except RmqSparkError as exc:
-                self.problem(exc)
-                continue
-            for queue in queues:
-                if queue.name in refused:
-                    self.problem(refused[queue.name])
-                else:
-                    log.info(
-                        "cluster %s vhost %r queue %r: created (%s)",
-                        cluster,
-                        vhost,
-                        queue.name,
-                        dict(queue.arguments),
-                    )
-        self.raise_problems()
-
     def _route(self, name: str) -> RouteConfig:
-        return next(route for route in self._config.routes if route.name == name)
+        return route_named(self._config, name)

@@ -1,8 +1,9 @@
 """The source side of one session: prefetch, consuming, following the sizes, stopping.
 
-No pika: it drives a `ports.SourceLink`. It owns the consumer's state (prefetch
-granted, consuming, a prefetch change under way) and asks `drain.DrainCheck` when
-the queue is drained; the `Session` owns everything received (`ConsumerHost`).
+No pika: it drives a `ports.SourceLink`. What to send next is decided by two pure
+state machines: `prefetch.ConsumerState` (consuming, a prefetch change, the stop
+taking one over) and `drain.DrainCheck` (when the queue is drained); the `Session`
+owns everything received (`ConsumerHost`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Protocol
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.drain import DrainCheck, DrainStep
 from rmq_spark.transfer.ports import SourceLink
+from rmq_spark.transfer.prefetch import ConsumerState, ConsumerStep, Phase
 from rmq_spark.transfer.window import TransferWindow
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ class ConsumerHost(Protocol):
 
 
 class Consumer:
-    """One session's consumer on the source queue."""
+    """One session's consumer on the source queue: sends what `ConsumerState` decides."""
 
     def __init__(
         self,
@@ -55,15 +57,28 @@ class Consumer:
         self._label = label
         self._monotonic = monotonic
         self.drain = DrainCheck()
-        self._qos_ok = False
-        self._confirms_on = False
-        self.consuming = False
-        self.changing_prefetch = False  # consumer cancelled, to consume again (follow_sizes)
-        self._new_prefetch_set = False  # ...and the new prefetch is set
+        self.state = ConsumerState()
 
     @property
     def stopping(self) -> bool:
         return self.drain.stopping_since is not None
+
+    def _ending(self) -> bool:
+        """The session is closing or the source is gone: nothing more is sent."""
+        return self._host.closing or not self._source.is_open
+
+    def _send(self, step: ConsumerStep) -> None:
+        """Send the step `ConsumerState` decided."""
+        if step is ConsumerStep.CONSUME:
+            self._source.consume()
+        elif step is ConsumerStep.CANCEL:
+            self._source.cancel()
+        elif step is ConsumerStep.SET_PREFETCH:
+            self._source.set_prefetch(self._flow.granted)
+        elif step is ConsumerStep.PROVE:
+            self._drain_cancel_ok()
+        elif step is ConsumerStep.NOTHING_TO_CANCEL:
+            self.drain.nothing_to_cancel()  # never consumed (or the broker cancelled)
 
     # -- starting -------------------------------------------------------------------
 
@@ -74,50 +89,27 @@ class Consumer:
         self._source.set_prefetch(prefetch)
 
     def destination_ready(self) -> None:
-        """Publisher confirms are on."""
-        self._confirms_on = True
-        self.start()
+        """Publisher confirms are on: consume once the prefetch is set too, so every
+        delivery can be published."""
+        self._send(self.state.confirms_on(ending=self._host.closing))
 
     def on_prefetch_set(self) -> None:
         """basic.qos-ok: the first prefetch, or a change's new one."""
-        if self.changing_prefetch:
-            self._flow.qos_ok()
-            if self._prefetch_change_goes_on():
-                self._new_prefetch_set = True
-                self.consume_with_new_prefetch()
-            return
         self._flow.qos_ok()
-        self._qos_ok = True
-        self.start()
-
-    def start(self) -> None:
-        """Consume only once both sides are ready, so every delivery can be published."""
-        if not (self._qos_ok and self._confirms_on) or self._host.closing:
-            return
-        self.consuming = True
-        self._source.consume()
+        self._send(self.state.prefetch_set(idle=self._host.idle(), ending=self._ending()))
 
     # -- following the sizes --------------------------------------------------------
 
     def follow_sizes(self) -> None:
         """Give the source the prefetch the sizes received so far call for.
 
-        RabbitMQ fixes a consumer's prefetch when it consumes (basic.qos with
-        global=false applies to new consumers only, and quorum queues refuse a
-        global one), so a new prefetch means a new consumer: cancel, basic.qos,
-        consume again. What the old consumer was sent before its cancel-ok is
+        A new prefetch means a new consumer (`prefetch.ConsumerState`): cancel,
+        basic.qos, consume again. What the old consumer was sent before its cancel-ok is
         delivered and acked as usual (`DeliveryReader.keep_after_cancel`); the new
-        consumer starts once all of it is acked, because the broker would not count
-        the old consumer's unacked deliveries against the new one's prefetch. Its
-        deliveries follow the old ones, so source order is kept.
+        consumer starts once all of it is acked. Its deliveries follow the old ones, so
+        source order is kept.
         """
-        if (
-            self.changing_prefetch
-            or not self.consuming
-            or self.stopping
-            or self._host.closing
-            or not self._source.is_open
-        ):
+        if not self.state.consuming or self._ending():
             return
         prefetch = self._flow.wanted_prefetch()
         if prefetch is None:
@@ -129,44 +121,21 @@ class Consumer:
             prefetch,
             self._flow.estimate,
         )
-        self.changing_prefetch = True
-        self._new_prefetch_set = False
         self._flow.qos_sent(prefetch)
         self._window.resize(prefetch)
-        self._source.cancel()
+        self._send(self.state.change(ending=False))
 
-    def _prefetch_change_goes_on(self) -> bool:
-        """Whether the change takes its next step: not when the session is ending, nor
-        when the transfer began stopping (the stop takes over the change)."""
-        if self._host.closing or not self._source.is_open:
-            return False
-        if self.stopping:
-            self._prefetch_changed_while_stopping()
-            return False
-        return True
-
-    def consume_with_new_prefetch(self) -> None:
-        """Consume again if the prefetch change is ready and nothing old is unacked."""
-        if not (self._new_prefetch_set and self._host.idle()) or self._host.closing:
-            return
-        self.changing_prefetch = self._new_prefetch_set = False
-        self._source.consume()
-
-    def _prefetch_changed_while_stopping(self) -> None:
-        """The transfer began stopping while it had no consumer: that cancel is the
-        stop's cancel, so the drain's proof follows as after its own cancel-ok."""
-        self._flow.qos_ok()
-        self.changing_prefetch = self._new_prefetch_set = False
-        self.consuming = False
-        self._drain_cancel_ok()
+    def on_acked(self) -> None:
+        """Acks went out: a prefetch change waiting for them may consume again."""
+        if self.state.phase is Phase.WAITING:
+            self._send(self.state.acked(idle=self._host.idle(), ending=self._host.closing))
 
     # -- stopping and the drain ------------------------------------------------------
 
     def tick(self, now: float) -> None:
         """Consuming with nothing in flight: ask whether the queue is drained."""
         if (
-            self.consuming
-            and not self.changing_prefetch
+            self.state.consuming
             and self.drain.tick(now, idle=self._host.idle()) is DrainStep.ASK_DEPTH
         ):
             self._source.ask_depth()
@@ -178,25 +147,14 @@ class Consumer:
             self.stop()
 
     def stop(self) -> None:
-        """Cancel the consumer; deliveries already on the wire are still handled."""
+        """Cancel the consumer; deliveries already on the wire are still handled. A
+        prefetch change under way is taken over: its cancel or qos is the stop's."""
         self.drain.stop(self._monotonic())
-        if self.changing_prefetch:
-            if self._new_prefetch_set:  # only waiting to consume again: stop instead
-                self._prefetch_changed_while_stopping()
-            return  # else the cancel or qos under way sees the stop when it completes
-        if self.consuming and self._source.is_open:
-            self.consuming = False
-            self._source.cancel()
-        elif not self.consuming:
-            self.drain.nothing_to_cancel()  # never consumed (or the broker cancelled)
+        self._send(self.state.stop(ending=self._ending()))
 
     def on_cancel_ok(self) -> None:
         """cancel-ok: a prefetch change's, or the stop's."""
-        if self.changing_prefetch:
-            if self._prefetch_change_goes_on():
-                self._source.set_prefetch(self._flow.granted)
-            return
-        self._drain_cancel_ok()
+        self._send(self.state.cancel_ok(ending=self._ending()))
 
     def _drain_cancel_ok(self) -> None:
         """Every delivery sent before the cancel-ok has reached `on_delivery`; the
@@ -220,7 +178,7 @@ class Consumer:
             remaining + 1,
         )
         self._host.on_delivery(tag, redelivered, body, properties)
-        self.start()
+        self._send(self.state.resume(ending=self._host.closing))
 
     def on_cancelled_by_broker(self) -> None:
-        self.consuming = False
+        self.state.cancelled_by_broker()

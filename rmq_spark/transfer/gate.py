@@ -1,12 +1,13 @@
 """The publish gate: the rate brake and the depth bound between receiving and publishing.
 
 No pika. `Outbound.publish_pending` asks `admit` how many of the waiting deliveries
-may be published now; the rest wait, and while the gate holds, the session does not
-read the source (`Outbound.on_delivery` answers False; acks do not resume it). The
-gate reopens by itself, never by spinning: a timer when the rate brake's tokens
-come in (`rate_limit.RateBrake.wait_seconds`), the destination's answer to a depth
-question when the depth bound held (`depth_bound.DepthBound`), asked again every
-`depth_bound.POLL_SECONDS` while it stays above. Then it calls `on_open`.
+may be published now; the rest wait, held by `holds.Hold.RATE` or `Hold.DEPTH`
+(publishing only: the source is read on, `holds.py`). The gate reopens by itself,
+never by spinning: a timer when the rate brake's tokens come in
+(`rate_limit.RateBrake.wait_seconds`), the destination's answer to a depth question
+when the depth bound held (`depth_bound.DepthBound`), asked again every
+`depth_bound.POLL_SECONDS` while it stays above. Then it calls `on_open` with the
+hold that let go (`Outbound.release`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from rmq_spark.transfer.depth_bound import POLL_SECONDS, DepthBound
+from rmq_spark.transfer.holds import Hold, Holds
 from rmq_spark.transfer.ports import DestinationLink
 from rmq_spark.transfer.rate_limit import RateBrake
 
@@ -36,7 +38,8 @@ class PublishGate:
         timers: GateTimers,
         monotonic: Callable[[], float],
         unconfirmed: Callable[[], int],
-        on_open: Callable[[], None],
+        holds: Holds,
+        on_open: Callable[[Hold], None],
     ) -> None:
         self._brake = brake
         self._depth = depth
@@ -44,18 +47,12 @@ class PublishGate:
         self._timers = timers
         self._monotonic = monotonic
         self._unconfirmed = unconfirmed
+        self._holds = holds
         self._on_open = on_open
         self._rate_timer_set = False
         self._poll_set = False
         if depth is not None:
             depth.session_started()
-
-    @property
-    def holding(self) -> bool:
-        """Deliveries wait for the gate: the source must not be read."""
-        return (self._brake is not None and self._brake.holding) or (
-            self._depth is not None and self._depth.holding
-        )
 
     def admit(self, sizes: Sequence[int]) -> int:
         """How many of the waiting deliveries (body sizes, in order) may go now."""
@@ -63,8 +60,13 @@ class PublishGate:
         count = len(sizes)
         if self._depth is not None:
             count = self._depth.admit(count, now)
+            if count < len(sizes):
+                self._holds.hold(Hold.DEPTH)
         if self._brake is not None:
-            count = self._brake.admit(now, sizes[:count])
+            braked = self._brake.admit(now, sizes[:count])
+            if braked < count:
+                self._holds.hold(Hold.RATE)
+            count = braked
         if self._depth is not None:
             self._depth.published(count)
         if count < len(sizes):
@@ -78,7 +80,7 @@ class PublishGate:
             return
         depth.answered(ready, self._monotonic())
         if not depth.holding:
-            self._on_open()
+            self._on_open(Hold.DEPTH)
         elif not self._poll_set:
             self._poll_set = True
             self._timers.call_later(POLL_SECONDS, self._on_poll)
@@ -102,7 +104,7 @@ class PublishGate:
 
     def _on_rate_timer(self) -> None:
         self._rate_timer_set = False
-        self._on_open()
+        self._on_open(Hold.RATE)
 
     def _on_poll(self) -> None:
         self._poll_set = False

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.errors import TransferError
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
+from rmq_spark.transfer import stages
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.lanes import LEDGER, run_movers
@@ -179,9 +180,10 @@ class QueueMover:
         All zeros before the first session has begun.
         """
         session = self._session
-        if session is None or not hasattr(session, "settlement"):
+        if session is None:
             return NOTHING_YET
-        return session.stages(self._moved_before_session)
+        moved = self._moved_before_session + session.settlement.moved_messages
+        return stages.sample(session.window, session.outbound, moved)
 
     def _start_session(self) -> None:
         """A fresh session; positions continue where the last one stopped."""

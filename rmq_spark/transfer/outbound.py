@@ -24,6 +24,7 @@ from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.consumer import Consumer
 from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.gate import PublishGate
+from rmq_spark.transfer.holds import Hold, Holds
 from rmq_spark.transfer.lanes import INTENTS
 from rmq_spark.transfer.ports import (
     Connector,
@@ -126,7 +127,7 @@ class Outbound:
         self.last_intents: DurableJob | None = None  # the lane's jobs finish in order
         # Batches whose intents are being logged; published in this order when durable.
         self._outgoing: list[_Outgoing] = []
-        self._logging_intents = False
+        self.holds = Holds()  # why publishing (or reading the source) waits now
         self.peak_held_bytes = 0
         # The rate brake and the depth bound, when the transfer has either (gate.py).
         self._gate = (
@@ -137,7 +138,8 @@ class Outbound:
                 timers=host,
                 monotonic=monotonic,
                 unconfirmed=lambda: window.unconfirmed,
-                on_open=self._on_gate_open,
+                holds=self.holds,
+                on_open=self.release,
             )
             if brake is not None or depth is not None
             else None
@@ -181,10 +183,17 @@ class Outbound:
             self._flush_scheduled = True
             self._host.call_later(0, self.publish_pending)
         # Closing: the connection must read its close-ok; what arrives goes back anyway.
-        # A gate holding publishes back does not pause reading: what it holds is never
-        # acked, so the source's prefetch stops the deliveries by itself, and a pause
-        # would stop every queue sharing the connection (amqp091/pool.py).
-        return held <= self._window_bytes or self._host.closing
+        # A hold on publishing does not pause reading (holds.py).
+        if held <= self._window_bytes or self._host.closing:
+            return True
+        self.holds.hold(Hold.BYTES)
+        return False
+
+    def may_read(self) -> bool:
+        """A paused source may be read again: the bytes held fit the byte window."""
+        if self.held_bytes() > self._window_bytes:
+            return False
+        return self.holds.release(Hold.BYTES)
 
     def publish_pending(self) -> None:
         """Log the batch as intents (durable, on the intents lane), then publish
@@ -198,8 +207,8 @@ class Outbound:
         multiple ack can cover them.
         """
         self._flush_scheduled = False
-        if self._logging_intents:
-            return  # _send_logged calls again when the batch being logged is out
+        if self.holds.publishing_held:
+            return  # `release` calls again when nothing holds
         if self._gate is None:
             pending, self._pending = self._pending, []
             self._flow.observe(len(pending), self._pending_largest)
@@ -232,7 +241,7 @@ class Outbound:
             for tag, redelivered, body, property_bytes in pending
         ]
         intents = self._intents
-        self._logging_intents = True
+        self.holds.hold(Hold.INTENTS)
         self._send_when_durable(batch, lambda: intents.append(batch))
         self._consumer.follow_sizes()
 
@@ -249,12 +258,11 @@ class Outbound:
         self._pending_largest = max((len(body) for _t, _r, body, _p in self._pending), default=0)
         return taken
 
-    def _on_gate_open(self) -> None:
-        """The gate may let more go (tokens came in, the destination's depth fell):
-        publish what waits."""
-        if self._host.closing:
-            return
-        self.publish_pending()
+    def release(self, reason: Hold) -> None:
+        """A hold on publishing let go (a batch's intents are out, tokens came in, the
+        destination's depth fell): publish what waits, if nothing else holds."""
+        if self.holds.release(reason) and self._pending and not self._host.closing:
+            self.publish_pending()
 
     def _send_when_durable(
         self, deliveries: list[Delivery], log_intents: Callable[[], None]
@@ -283,10 +291,8 @@ class Outbound:
                 self._host.write_failed(error)
             return
         self._destination.publish(outgoing.deliveries)
-        if self._logging_intents and outgoing.logs_intents:
-            self._logging_intents = False
-            if self._pending:
-                self.publish_pending()
+        if outgoing.logs_intents:
+            self.release(Hold.INTENTS)
 
     def retry_or_refuse(self, delivery: Delivery) -> None:
         """A nacked publish: send it again after a backoff, or give up on it."""

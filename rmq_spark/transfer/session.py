@@ -23,6 +23,7 @@ and unconfirmed ones are written as "uncertain" rows because they may have arriv
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +54,6 @@ from rmq_spark.transfer.ports import (
 from rmq_spark.transfer.rate_limit import RateBrake
 from rmq_spark.transfer.return_guard import ReturnGuard
 from rmq_spark.transfer.settlement import Settlement
-from rmq_spark.transfer.stages import WindowStages
 from rmq_spark.transfer.window import TransferWindow
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,40 @@ class SessionEnd:
     error: str | None  # the transfer failed (outcome "failed"): why
     lost: str | None = None  # why the session was lost
     fatal: BaseException | None = None
+
+
+class Stage(enum.Enum):
+    """Where a session is in its life; the closing stages in order of gravity."""
+
+    RUNNING = 0
+    FINISHING = 1  # closing: drained, or the transfer failed
+    LOST = 2  # closing: a connection went (a new session follows)
+    FATAL = 3  # closing: access refused, or a durable write failed
+    ENDED = 4  # both links are closed and `on_end` was told
+
+
+@dataclass(frozen=True)
+class Ending:
+    """The session's end, its one field: the stage, and why when lost or fatal."""
+
+    stage: Stage
+    lost: str | None = None
+    fatal: BaseException | None = None
+
+    def graver(self, other: Ending) -> Ending:
+        """A later cause replaces an earlier one only when graver (fatal > lost >
+        finished): a session lost while it finished is lost, and fatal stays fatal."""
+        return other if other.stage.value > self.stage.value else self
+
+
+RUNNING = Ending(Stage.RUNNING)
+FINISHING = Ending(Stage.FINISHING)
+_HOW: dict[Stage, Literal["finished", "lost", "fatal"]] = {
+    Stage.RUNNING: "finished",  # both links closed by themselves, nothing said why
+    Stage.FINISHING: "finished",
+    Stage.LOST: "lost",
+    Stage.FATAL: "fatal",
+}
 
 
 @dataclass(frozen=True)
@@ -96,11 +130,8 @@ class Session:
     """One pair of links moving deliveries through one `TransferWindow`.
 
     `mover.QueueMover` makes one per pair of connections: `Session(...).start()`.
+    Everything it uses is built with it; `start` only begins its tick.
     """
-
-    # The source link calls this per delivery: it is `Outbound.on_delivery` itself, so
-    # the hot path makes no extra call (set in `start`, before any link can deliver).
-    on_delivery: Callable[[int, bool, bytes, bytes], bool]
 
     def __init__(
         self,
@@ -115,18 +146,12 @@ class Session:
         self._key = shared.key
         self._label = shared.key.label()
         self._on_end = on_end
-        self._window = TransferWindow(
+        self._window = window = TransferWindow(
             shared.flow.granted, first_position=first_position, session=number, clock=shared.clock
         )
         self._error = error  # the transfer's failure; it outlives the session
-        self._closing = False
-        self._ended = False
-        self._lost: str | None = None
-        self._fatal: BaseException | None = None
-
-    def start(self) -> None:
-        """Open both links; the consumer starts once both sides are ready."""
-        shared, window = self._shared, self._window
+        self._end = RUNNING
+        # The links open on the loop: no event reaches this session before it is built.
         self._source: SourceLink
         self._destination: DestinationLink
         self._source, self._destination = shared.connector.connect(
@@ -158,7 +183,9 @@ class Session:
             depth=shared.depth,
             monotonic=shared.monotonic,
         )
-        self.on_delivery = self.outbound.on_delivery
+        # The source link calls this per delivery: `Outbound.on_delivery` itself, so
+        # the hot path makes no extra call.
+        self.on_delivery: Callable[[int, bool, bytes, bytes], bool] = self.outbound.on_delivery
         self.settlement = Settlement(
             self,
             window=window,
@@ -167,6 +194,9 @@ class Session:
             loop=shared.loop,
             ledger=shared.ledger,
         )
+
+    def start(self) -> None:
+        """Begin the tick; the consumer starts once both links are ready."""
         self.call_later(TICK_SECONDS, self._on_tick)
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
@@ -174,45 +204,37 @@ class Session:
         and an ended one must not act (publish on its closed channel, tick on)."""
 
         def fire() -> None:
-            if not self._ended:
+            if self._end.stage is not Stage.ENDED:
                 callback()
 
         self._shared.loop.ioloop.call_later(delay, fire)
 
     @property
     def closing(self) -> bool:
-        return self._closing
+        return self._end.stage is not Stage.RUNNING
 
     @property
     def failing(self) -> bool:
         return self._error is not None
 
     def may_read(self) -> bool:
-        """A paused source may be read again: the bytes held fit the byte window."""
-        return self.outbound.held_bytes() <= self._shared.window_bytes
+        """A paused source may be read again (`Outbound.may_read`, holds.py)."""
+        return self.outbound.may_read()
 
     def write_failed(self, error: BaseException) -> None:
-        if self._fatal is None:
-            self._fatal = error
-        if not self._closing:
-            self._close()
+        fatal = Ending(Stage.FATAL, fatal=error)
+        if self.closing:
+            self._mark(fatal)  # the close under way reports it
+        else:
+            self._close(fatal)
 
     def idle(self) -> bool:
         """Nothing received that is not yet acked (published or waiting to be)."""
         return self._window.in_flight == 0 and self.outbound.empty
 
-    def stages(self, moved_before: int) -> WindowStages:
-        """Where this session's deliveries are; safe from another thread (lengths and
-        counters, each consistent on its own, so a sample may be off by a batch)."""
-        unlogged, being_logged = self.outbound.waiting()
-        # Batches being logged are already publishes to the window (seq numbers given).
-        unconfirmed = self._window.unconfirmed
-        return WindowStages(
-            logging=unlogged + being_logged,
-            destination=max(0, unconfirmed - being_logged),
-            ledger=self._window.in_flight - unconfirmed,
-            moved=moved_before + self.settlement.moved_messages,
-        )
+    @property
+    def window(self) -> TransferWindow:
+        return self._window
 
     # -- the links' events ----------------------------------------------------------
 
@@ -271,7 +293,7 @@ class Session:
     def on_channel_closed(self, side: Side, code: int, text: str) -> None:
         """The broker closed a channel: for a missing queue or no access. Not retryable
         by a new session or task attempt, so the transfer fails with the reason."""
-        if self._closing:
+        if self.closing:
             return
         if side == SOURCE and refusals.consumer_timed_out(code, text):
             # 3.10, 4.0 and 4.3.6: the source held a delivery past consumer_timeout (e.g.
@@ -288,14 +310,13 @@ class Session:
             else:
                 self._error = channel_closed_error(self._key, side, code, text)
             log.error("%s", self._error)
-        self._close()
+        self._close(FINISHING)
 
     def on_lost(self, side: Side, reason: str) -> None:
         self._connection_lost(reason)
 
     def on_refused(self, side: Side, error: RmqSparkError) -> None:
-        self._fatal = error
-        self._close()
+        self._close(Ending(Stage.FATAL, fatal=error))
 
     def on_closed(self, side: Side) -> None:
         self._end_if_closed()
@@ -304,11 +325,11 @@ class Session:
 
     def _on_tick(self) -> None:
         """Timer: flush slow confirms, check whether an idle queue is drained, or finish."""
-        if self._closing:
+        if self.closing:
             return
         self.settlement.settle()
         self.drain_step()
-        if not self._closing:
+        if not self.closing:
             self.call_later(TICK_SECONDS, self._on_tick)
 
     def drain_step(self) -> None:
@@ -319,7 +340,7 @@ class Session:
         otherwise wait for a tick twice (to ask its depth, then to close), ~50 ms of a
         small queue's life. What it may do is unchanged (`drain.DrainCheck`).
         """
-        if self._closing:
+        if self.closing:
             return
         now = self._shared.monotonic()
         if self._consumer.stopping:
@@ -338,7 +359,7 @@ class Session:
                 f"{self._label}: {window.unconfirmed} publish(es) were not "
                 f"confirmed within {STOP_CONFIRM_TIMEOUT_SECONDS:.0f}s; they stay in the source"
             )
-        self._close()
+        self._close(FINISHING)
 
     def fail(self, reason: str) -> None:
         """Stop this transfer: no new deliveries; confirmed ones are still written and acked."""
@@ -349,11 +370,14 @@ class Session:
 
     def _connection_lost(self, reason: str) -> None:
         """A connection is gone: settle what can be settled, then end the session."""
-        if self._lost is None and self._fatal is None:
-            self._lost = reason
-        self._close()
+        self._close(Ending(Stage.LOST, lost=reason))
 
-    def _close(self) -> None:
+    def _mark(self, why: Ending) -> None:
+        """Record why the session ends, unless an earlier cause is as grave."""
+        if self._end.stage is not Stage.ENDED:
+            self._end = self._end.graver(why)
+
+    def _close(self, why: Ending) -> None:
         """Close both links; what the source has not acked goes back to its queue.
 
         Confirmed deliveries are in the destination whether or not they can still be
@@ -361,8 +385,9 @@ class Session:
         first. Unconfirmed publishes may have arrived too: their rows are written
         without a confirm time, so a copy that did arrive is named.
         """
-        if not self._closing:
-            self._closing = True
+        running = self._end.stage is Stage.RUNNING
+        self._mark(why)
+        if running:
             if self.outbound.last_intents is not None:
                 self.outbound.last_intents.wait()
             self.settlement.write_confirmed_now()
@@ -380,17 +405,21 @@ class Session:
         self._end_if_closed()
 
     def _end_if_closed(self) -> None:
-        if self._ended or not (self._source.is_closed and self._destination.is_closed):
+        ending = self._end
+        if ending.stage is Stage.ENDED or not (
+            self._source.is_closed and self._destination.is_closed
+        ):
             return
-        self._ended = True
-        position = self._window.next_position
-        if self._fatal is not None:
-            end = SessionEnd("fatal", position, self._error, fatal=self._fatal)
-        elif self._lost is not None:
-            end = SessionEnd("lost", position, self._error, lost=self._lost)
-        else:
-            end = SessionEnd("finished", position, self._error)
-        self._on_end(end)
+        self._end = Ending(Stage.ENDED)
+        self._on_end(
+            SessionEnd(
+                _HOW[ending.stage],
+                self._window.next_position,
+                self._error,
+                lost=ending.lost,
+                fatal=ending.fatal,
+            )
+        )
 
 
 # -- what a failed transfer says ---------------------------------------------------------

@@ -25,7 +25,7 @@ class SettlementHost(Protocol):
     def closing(self) -> bool: ...
 
     def may_read(self) -> bool:
-        """Whether a paused source may be read again (byte window, rate brake)."""
+        """Whether a paused source may be read again: nothing holds reading (holds.py)."""
 
     def write_failed(self, error: BaseException) -> None:
         """A durable write failed: the session ends, and the transfer with it."""
@@ -74,8 +74,7 @@ class Settlement:
             source.ack(acks)
         if source.paused and self._host.may_read():
             source.resume()
-        if self._consumer.changing_prefetch:
-            self._consumer.consume_with_new_prefetch()
+        self._consumer.on_acked()
 
     def _write_confirmed_async(self) -> None:
         """Hand the rows of every confirmed delivery to the ledger lane (one write).

@@ -7,6 +7,11 @@ each stage takes (Little's law), docs/ARCHITECTURE.md "Where a transfer's time g
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rmq_spark.transfer.outbound import Outbound
+    from rmq_spark.transfer.window import TransferWindow
 
 
 @dataclass(frozen=True)
@@ -24,3 +29,17 @@ class WindowStages:
 
 
 NOTHING_YET = WindowStages(logging=0, destination=0, ledger=0, moved=0)
+
+
+def sample(window: TransferWindow, outbound: Outbound, moved: int) -> WindowStages:
+    """Where one session's deliveries are; safe from another thread (lengths and
+    counters, each consistent on its own, so a sample may be off by a batch)."""
+    unlogged, being_logged = outbound.waiting()
+    # Batches being logged are already publishes to the window (seq numbers given).
+    unconfirmed = window.unconfirmed
+    return WindowStages(
+        logging=unlogged + being_logged,
+        destination=max(0, unconfirmed - being_logged),
+        ledger=window.in_flight - unconfirmed,
+        moved=moved,
+    )

@@ -1,7 +1,8 @@
 """The package's shape, kept by a test: modules and engine classes stay small enough to read.
 
 Issue 14 set the limits: no module in the package over ~600 lines, no class in the engine
-(transfer/) over ~300. A module that grows past them is a sign a concept wants its own home.
+(transfer/) over ~300; issue 28 holds every class in the package to the same ~300. A
+module or class that grows past them is a sign a concept wants its own home.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rmq_spark"
 MAX_MODULE_LINES = 600
-MAX_ENGINE_CLASS_LINES = 300
+MAX_CLASS_LINES = 300
 
 
 def modules() -> list[Path]:
@@ -33,9 +34,9 @@ def test_no_module_is_longer_than_the_limit(module: Path) -> None:
     )
 
 
-def engine_classes() -> list[tuple[str, int]]:
+def classes(root: Path) -> list[tuple[str, int]]:
     found = []
-    for module in sorted((PACKAGE / "transfer").rglob("*.py")):
+    for module in sorted(root.rglob("*.py")):
         tree = ast.parse(module.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
@@ -45,10 +46,18 @@ def engine_classes() -> list[tuple[str, int]]:
 
 
 def test_no_engine_class_is_longer_than_the_limit() -> None:
-    classes = engine_classes()
-    assert classes, "no classes found under rmq_spark/transfer"
-    too_long = {name: length for name, length in classes if length > MAX_ENGINE_CLASS_LINES}
-    assert not too_long, f"engine classes over {MAX_ENGINE_CLASS_LINES} lines: {too_long}"
+    engine = classes(PACKAGE / "transfer")
+    assert engine, "no classes found under rmq_spark/transfer"
+    too_long = {name: length for name, length in engine if length > MAX_CLASS_LINES}
+    assert not too_long, f"engine classes over {MAX_CLASS_LINES} lines: {too_long}"
+
+
+def test_no_class_in_the_package_is_longer_than_the_limit() -> None:
+    """Issue 28: the limit holds for every class, not only the engine's."""
+    found = classes(PACKAGE)
+    assert len(found) > 100, f"found only {len(found)} classes under {PACKAGE}"
+    too_long = {name: length for name, length in found if length > MAX_CLASS_LINES}
+    assert not too_long, f"classes over {MAX_CLASS_LINES} lines: {too_long}"
 
 
 TESTS = PACKAGE.parent / "tests"

@@ -10,7 +10,7 @@ import pytest
 from rmq_spark.broker.counts import VhostProbe
 from rmq_spark.config import ClusterConfig, parse_config
 from rmq_spark.errors import AccessRefusedError, BrokerUnreachableError
-from rmq_spark.planning import preflight
+from rmq_spark.planning import probes
 from rmq_spark.planning.preflight import _Preflight
 from tests.support.builders import TWO_CLUSTER_CONFIG
 
@@ -28,10 +28,12 @@ def test_probes_run_at_once_and_are_reported_in_plan_order(
             raise AccessRefusedError("cluster main vhost 'refused': access refused")
         return VhostProbe({name: 7 for name in queues}, {})
 
-    monkeypatch.setattr(preflight, "probe_vhost", probe)
-    checks = _Preflight(parse_config(TWO_CLUSTER_CONFIG, {"P": "p"}), {})
+    monkeypatch.setattr(probes, "probe_vhost", probe)
+    config = parse_config(TWO_CLUSTER_CONFIG, {"P": "p"})
+    checks = _Preflight(config, {})
 
-    checks._probe(
+    probes.probe_vhosts(
+        config,
         {
             ("dr", "a"): ["q1"],
             ("main", "refused"): ["q2"],
@@ -39,6 +41,8 @@ def test_probes_run_at_once_and_are_reported_in_plan_order(
             ("main", "b"): ["q3", "q3"],
         },
         role="source",
+        facts=checks.facts,
+        problem=checks.problem,
     )
 
     assert [str(problem) for problem in checks._problems] == [

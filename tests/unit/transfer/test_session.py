@@ -6,7 +6,7 @@ from __future__ import annotations
 from rmq_spark.config import MoverConfig
 from rmq_spark.model import DeliveryState, MoveOutcome
 from rmq_spark.transfer.drain import IDLE_DEPTH_CHECK_SECONDS
-from rmq_spark.transfer.session import TICK_SECONDS
+from rmq_spark.transfer.session import FINISHING, TICK_SECONDS, Ending, Stage
 from tests.support.fakes import NO_PROPERTIES, MoverRig, mover_rig
 
 
@@ -231,3 +231,15 @@ def test_positions_withdrawn_by_a_lost_session_are_numbered_again_without_a_gap(
     rig.lanes.finish("ledger")
     positions = sorted(row.position for row in rig.ledger.rows)
     assert positions == list(range(6))  # contiguous: every position has a row
+
+
+def test_a_graver_cause_replaces_an_earlier_one_while_the_session_closes() -> None:
+    reset, refused = "connection reset", OSError("disk full")
+    lost = FINISHING.graver(Ending(Stage.LOST, lost=reset))
+    assert lost == Ending(Stage.LOST, lost=reset)  # finishing, then a connection went
+    assert lost.graver(Ending(Stage.LOST, lost="later")) is lost  # the first reason stays
+    fatal = lost.graver(Ending(Stage.FATAL, fatal=refused))
+    assert fatal.stage is Stage.FATAL
+    assert fatal.fatal is refused
+    assert fatal.graver(Ending(Stage.LOST, lost=reset)) is fatal
+    assert fatal.graver(FINISHING) is fatal
