@@ -22,9 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from rmq_spark.selection import Message, Selection
+from rmq_spark.model import Delivery
+
+if TYPE_CHECKING:  # imported when a batch is decided: a plain move never loads DuckDB
+    from rmq_spark.selection import Message, Selection
 
 DecisionKind = Literal["moved", "kept"]
 MOVED: DecisionKind = "moved"
@@ -77,7 +80,7 @@ class BatchDecider(Protocol):
 class SelectDecider:
     """A route's `select`: TRUE moves the message, FALSE or NULL keeps it in the source.
 
-    >>> from rmq_spark.selection import Selection
+    >>> from rmq_spark.selection import Message, Selection
     >>> decider = SelectDecider(Selection.compile("body_size > 1", where="routes[0]"))
     >>> [d.kind for d in decider.decide([Message("", "", False, b"\\x00\\x00", b"ab")])]
     ['moved']
@@ -106,6 +109,7 @@ def batch_messages(pending: Sequence[tuple[int, bool, bytes, bytes]]) -> list[Me
     The exchange and routing key are not read off the wire (`UNREAD_COLUMNS`): they are
     empty here, and a route's expression may not name them.
     """
+    from rmq_spark.selection import Message
     return [
         Message("", "", redelivered, properties, body)
         for _tag, redelivered, body, properties in pending
@@ -115,3 +119,16 @@ def batch_messages(pending: Sequence[tuple[int, bool, bytes, bytes]]) -> list[Me
 def unread_columns(selection: Selection) -> list[str]:
     """The columns `selection` reads that a route's engine cannot give it."""
     return sorted(UNREAD_COLUMNS.intersection(selection.columns))
+
+
+def apply_decisions(batch: Sequence[Delivery], decisions: Sequence[Decision]) -> None:
+    """Note on each delivery of a batch what its decision says beyond moved or kept
+    (`TransferWindow.on_publish` has put it on its link): why it was kept, where a
+    re-routed one goes, the property bytes a header policy rewrote."""
+    for delivery, decision in zip(batch, decisions, strict=True):
+        delivery.reason = decision.reason
+        if decision.routing_key is not None:
+            delivery.publish_exchange = decision.exchange
+            delivery.publish_routing_key = decision.routing_key
+        if decision.properties is not None:
+            delivery.properties = decision.properties
