@@ -208,6 +208,9 @@ class MoveOutcome:
     sessions: int
     # A selective move's messages published back to their source (not in `messages`).
     kept: int = 0
+    # Fences a selective move acked at its source (its own, and stale ones of earlier
+    # runs): removed from the source by the mover, never ledgered (transfer/selective.py).
+    fences: int = 0
     # Most body bytes held at once (received, not yet acked at the source): the byte
     # window's bound is window.bytes plus one message (byte_window.py).
     peak_held_bytes: int = 0

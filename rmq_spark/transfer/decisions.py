@@ -33,11 +33,6 @@ DecisionKind = Literal["moved", "kept"]
 MOVED: DecisionKind = "moved"
 KEPT: DecisionKind = "kept"
 
-# Columns a route's selection cannot read: the engine's source reader keeps only a
-# delivery's tag, redelivered flag, property bytes and body (amqp091/inbound.py), not the
-# exchange and routing key it was delivered with.
-UNREAD_COLUMNS = frozenset({"exchange", "routing_key"})
-
 NOT_SELECTED = "not selected"
 
 
@@ -106,19 +101,15 @@ class SelectDecider:
 def batch_messages(pending: Sequence[tuple[int, bool, bytes, bytes]]) -> list[Message]:
     """The selection's view of a batch of deliveries (tag, redelivered, body, properties).
 
-    The exchange and routing key are not read off the wire (`UNREAD_COLUMNS`): they are
-    empty here, and a route's expression may not name them.
+    The exchange and routing key are not read off the wire: they are empty here, and a
+    route's expression may not name them (`selection.columns.ROUTE_UNREAD`).
     """
     from rmq_spark.selection import Message
+
     return [
         Message("", "", redelivered, properties, body)
         for _tag, redelivered, body, properties in pending
     ]
-
-
-def unread_columns(selection: Selection) -> list[str]:
-    """The columns `selection` reads that a route's engine cannot give it."""
-    return sorted(UNREAD_COLUMNS.intersection(selection.columns))
 
 
 def apply_decisions(batch: Sequence[Delivery], decisions: Sequence[Decision]) -> None:

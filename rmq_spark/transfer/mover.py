@@ -262,6 +262,11 @@ class QueueMover:
             seconds=seconds,
             sessions=self._sessions,
             kept=self._kept_messages,
+            fences=(
+                0
+                if self._fence is None or not self._fence.reached
+                else 1 + self._fence.stale_dropped
+            ),
             peak_held_bytes=self._peak_held_bytes,
             rate_limits=self._rate_limits,
             rate_held_seconds=(
