@@ -162,7 +162,15 @@ def queue_mover(
         rate_limits=settings.rate_limits.get(str(row.get("route") or "")),
         decider=route_decider(settings, str(row.get("route") or "")),
         fence_id=fence_id(settings.run_id, key),
+        examine_limit=examine_limit(row, settings.window_messages),
     )
+
+
+def examine_limit(row: dict[str, object], window_messages: int) -> int | None:
+    """A selective move's safety net (`selective.FenceState.examine_limit`): twice the
+    planned depth and two windows; None when the plan row has no depth."""
+    depth = row.get("messages")
+    return 2 * depth + 2 * window_messages if isinstance(depth, int) else None
 
 
 def route_decider(settings: ExecutorSettings, route: str) -> BatchDecider | None:

@@ -93,6 +93,7 @@ class QueueMover:
         rate_limits: Limits | None = None,
         decider: BatchDecider | None = None,
         fence_id: str | None = None,
+        examine_limit: int | None = None,
     ) -> None:
         self._key = key
         self._connector = connector
@@ -121,7 +122,11 @@ class QueueMover:
         self._peak_held_bytes = 0
         # A selective move (a route's select): a decider per batch, a fence in the source.
         self._decider = decider
-        self._fence = None if decider is None else FenceState(fence_id or key.file_prefix)
+        self._fence = (
+            None
+            if decider is None
+            else FenceState(fence_id or key.file_prefix, examine_limit=examine_limit)
+        )
         self._kept_messages = 0
 
     @property

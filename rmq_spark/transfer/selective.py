@@ -76,6 +76,11 @@ class FenceState:
     published: bool = False  # its publish was confirmed (by this task attempt)
     reached: bool = False  # consumed and acked: the selective move is done
     stale_dropped: int = 0  # fences of earlier runs met and dropped
+    # A safety net, not the bound: if another consumer takes the fence, kept messages
+    # would come round again and again. Past this many examined, the transfer fails
+    # (nothing lost: the rest stays in the source). None: no limit.
+    examine_limit: int | None = None
+    examined: int = 0
 
 
 class SelectiveHost(Protocol):
@@ -186,6 +191,16 @@ class Selective:
         if self.fence_tag is not None:
             return True
         message_id = self._message_id_of(properties)
+        fence = self.fence
+        fence.examined += 1
+        if fence.examine_limit is not None and fence.examined > fence.examine_limit:
+            if fence.examined == fence.examine_limit + 1:
+                self._host.fail(
+                    f"examined {fence.examine_limit} messages without meeting the move's "
+                    f"fence ({fence.message_id}): did another consumer take it? The rest "
+                    f"stays in the source"
+                )
+            return True  # never acked: it goes back with the channel
         if message_id is not None and message_id.startswith(FENCE_PREFIX):
             if message_id == self.fence.message_id:
                 self.fence_tag = tag

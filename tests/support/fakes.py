@@ -394,6 +394,7 @@ def mover_rig(
     limits: MoverConfig | None = None,
     rate_limits: Limits | None = None,
     decider: BatchDecider | None = None,
+    examine_limit: int | None = None,
 ) -> MoverRig:
     clock = FakeClock()
     timers = ManualTimers(clock)
@@ -413,6 +414,7 @@ def mover_rig(
         rate_limits=rate_limits,
         decider=decider,
         fence_id=None if decider is None else "rmq-spark-fence:run-1:orders",
+        examine_limit=examine_limit,
     )
     if decider is not None:  # the fence is told by its message-id
         connector.message_id_of = lambda block: read_properties(block).values.get("message_id")

@@ -14,8 +14,13 @@ from tests.support.fakes import FakeDestinationLink, MoverRig, mover_rig
 FENCE = "rmq-spark-fence:run-1:orders"  # what mover_rig names its fence
 
 
-def selective_rig(expression: str = "body_text IN ('a', 'c')") -> MoverRig:
-    return mover_rig(decider=SelectDecider(Selection.compile(expression, where="routes[0]")))
+def selective_rig(
+    expression: str = "body_text IN ('a', 'c')", *, examine_limit: int | None = None
+) -> MoverRig:
+    return mover_rig(
+        decider=SelectDecider(Selection.compile(expression, where="routes[0]")),
+        examine_limit=examine_limit,
+    )
 
 
 def kept_link(rig: MoverRig) -> FakeDestinationLink:
@@ -150,3 +155,23 @@ def test_a_plain_move_opens_no_kept_link_and_publishes_no_fence() -> None:
     rig.receive(b"a")
     assert rig.connector.kept_links == []
     assert rig.destination.published == [b"a"]
+
+
+def test_a_fence_taken_by_another_consumer_fails_the_move_instead_of_looping() -> None:
+    rig = selective_rig(examine_limit=3)
+    open_with_fence(rig)
+    rig.receive(b"b", b"d", b"b")  # kept ones come round again: the fence never comes
+    rig.receive(b"d", first_tag=4)  # one past the limit: not examined
+    assert kept_link(rig).published == [FENCE_BODY, b"b", b"d", b"b"]
+    assert rig.source.cancels == 1  # the transfer stops taking messages
+    kept_link(rig).events.on_confirm(4, multiple=True, ack=True)
+    rig.source.events.on_cancel_ok()
+    rig.timers.advance(TICK_SECONDS)
+    write_rows(rig)
+    rig.timers.advance(TICK_SECONDS)
+    outcome = end(rig)
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert "another consumer" in outcome.error
+    assert 4 not in rig.source.acked_tags  # it stays in the source
+    assert rig.source.acked_tags == [1, 2, 3]
