@@ -187,10 +187,10 @@ class Delivery:
     # What a decider (transfer/decisions.py) made of it: "moved" to the destination, or
     # "kept" (published back to the tail of its source queue, on the source's kept link).
     decision: str = "moved"
-    reason: str | None = None  # why it was kept (for the report)
-    # Where it is published when not the link's own queue (a redrive's origin queue).
-    publish_exchange: str = ""
-    publish_routing_key: str | None = None
+    # The decider's `transfer.decisions.Decision` when it says more than moved or kept
+    # (why it was kept, a redrive's origin queue, rewritten properties); None otherwise.
+    # One field, not four: every delivery of a plain move builds it.
+    detail: Any = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -113,13 +113,14 @@ def batch_messages(pending: Sequence[tuple[int, bool, bytes, bytes]]) -> list[Me
 
 
 def apply_decisions(batch: Sequence[Delivery], decisions: Sequence[Decision]) -> None:
-    """Note on each delivery of a batch what its decision says beyond moved or kept
+    """Note on each delivery of a batch its decision when it says more than moved or kept
     (`TransferWindow.on_publish` has put it on its link): why it was kept, where a
-    re-routed one goes, the property bytes a header policy rewrote."""
+    re-routed one goes (`Delivery.detail`); the property bytes a header policy rewrote
+    replace the received ones for the publish (the ledger keeps the received ones'
+    digest)."""
     for delivery, decision in zip(batch, decisions, strict=True):
-        delivery.reason = decision.reason
-        if decision.routing_key is not None:
-            delivery.publish_exchange = decision.exchange
-            delivery.publish_routing_key = decision.routing_key
+        if decision is MOVE:
+            continue
+        delivery.detail = decision
         if decision.properties is not None:
             delivery.properties = decision.properties

@@ -136,9 +136,15 @@ class TransferWindow:
         """
         if self._by_tag and tag <= next(reversed(self._by_tag)):
             raise ValueError(f"delivery tag {tag} is not above the last one seen")
+        lanes = self._unconfirmed
+        if kept:
+            seq = lanes.take_seq(kept=True)
+        else:  # inline: a plain move's hot path
+            seq = lanes.next_seq
+            lanes.next_seq = seq + 1
         delivery = Delivery(
             tag=tag,
-            seq=self._unconfirmed.take_seq(kept),
+            seq=seq,
             position=self._next_position,
             redelivered=redelivered,
             body_size=body_size,
@@ -149,11 +155,14 @@ class TransferWindow:
             session=self._session,
             body=body,
             properties=properties,
-            decision="kept" if kept else "moved",
         )
         self._next_position += 1
         self._by_tag[tag] = delivery
-        self._unconfirmed.add(delivery)
+        if kept:
+            delivery.decision = "kept"
+            lanes.kept[seq] = delivery
+        else:
+            lanes.destination[seq] = delivery
         self.in_flight_bytes += body_size
         return delivery
 

@@ -78,7 +78,7 @@ def test_selected_go_to_the_destination_the_rest_back_to_the_source_in_order() -
         (3, "kept"),
         (4, "kept"),
     ]
-    assert {row.reason for row in rows if row.decision == "kept"} == {NOT_SELECTED}
+    assert {row.detail.reason for row in rows if row.decision == "kept"} == {NOT_SELECTED}
 
     reach_fence(rig, 6)
     rig.source.deliver(7, b"b")  # a kept message, past the fence: not examined
