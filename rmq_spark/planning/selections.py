@@ -10,8 +10,6 @@ position in the expression. The executors compile the same text again for their 
 from __future__ import annotations
 
 from rmq_spark.config import JobConfig
-from rmq_spark.selection import Selection, SelectionError
-from rmq_spark.selection.columns import ROUTE_UNREAD
 
 
 def route_selections(config: JobConfig) -> dict[str, str]:
@@ -20,6 +18,11 @@ def route_selections(config: JobConfig) -> dict[str, str]:
     Raises SelectionError for the first route whose expression cannot be used.
     """
     checked: dict[str, str] = {}
+    if all(route.select is None for route in config.routes):
+        return checked  # sqlglot and DuckDB are imported only for a run that selects
+    from rmq_spark.selection import Selection, SelectionError
+    from rmq_spark.selection.columns import ROUTE_UNREAD
+
     for index, route in enumerate(config.routes):
         if route.select is None:
             continue
