@@ -189,6 +189,13 @@ class Delivery:
     properties: bytes | None = field(default=None, repr=False)
     # Its properties set `priority` (a RabbitMQ 4.x quorum destination delivers by it).
     priority: bool = False
+    # What a decider (transfer/decisions.py) made of it: "moved" to the destination, or
+    # "kept" (published back to the tail of its source queue, on the source's kept link).
+    decision: str = "moved"
+    # The decider's `transfer.decisions.Decision` when it says more than moved or kept
+    # (why it was kept, a redrive's origin queue, rewritten properties); None otherwise.
+    # One field, not four: every delivery of a plain move builds it.
+    detail: Any = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,11 @@ class MoveOutcome:
     next_position: int
     seconds: float
     sessions: int
+    # A selective move's messages published back to their source (not in `messages`).
+    kept: int = 0
+    # Fences a selective move acked at its source (its own, and stale ones of earlier
+    # runs): removed from the source by the mover, never ledgered (transfer/selective.py).
+    fences: int = 0
     # Most body bytes held at once (received, not yet acked at the source): the byte
     # window's bound is window.bytes plus one message (byte_window.py).
     peak_held_bytes: int = 0

@@ -41,11 +41,13 @@ from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_groups
 from rmq_spark.planning.queue_arguments import delivers_by_priority
 from rmq_spark.planning.rate_limits import describe_limits, limits_in_force, route_rate_limits
+from rmq_spark.planning.selections import route_selections
 from rmq_spark.progress import ProgressReporter, depth_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
 from rmq_spark.transfer.outcomes import OUTCOME_SCHEMA, outcome_of
 from rmq_spark.verify import (
     DESTINATION_SHARED,
+    FENCES,
     SOURCE_REMOVED,
     Verification,
     verify_ledger_run,
@@ -383,6 +385,7 @@ def move(
         task_attempts=spark_task_attempts(spark),
         node_uris=nodes or {},
         rate_limits=rate_limits or {},
+        selections=route_selections(config),
     )
     task = partial(move_partition, groups=plan, settings=settings)
     return [outcome_of(row) for row in run_tasks(spark, len(plan), task, OUTCOME_SCHEMA)]
@@ -455,6 +458,7 @@ def counters_rows(
                 DESTINATION_SHARED: transfer.route in shared_routes,
                 SOURCE_REMOVED: (removed or {}).get(key),
                 "reordered_by_priority": reordered_by_priority(transfer, outcome, versions or {}),
+                FENCES: outcome.fences if outcome is not None else 0,
             }
         )
     return rows

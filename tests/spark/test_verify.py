@@ -26,6 +26,7 @@ from rmq_spark.verify import (
     DESTINATION_SHARED,
     ENGINE_DRIVER,
     ENGINE_SPARK,
+    FENCES,
     SOURCE_REMOVED,
     SUMMARY_COLUMNS,
     QueueVerdict,
@@ -65,6 +66,7 @@ COUNTER_SCHEMA = T.StructType(
         T.StructField("status", T.StringType(), False),
         T.StructField("error", T.StringType(), True),
         T.StructField(SOURCE_REMOVED, T.LongType(), True),
+        T.StructField(FENCES, T.LongType(), True),
     ]
 )
 
@@ -96,6 +98,7 @@ def message(
     publish_seq: int | None = None,
     attempts: int = 1,
     session: int = 0,
+    decision: str | None = None,
 ) -> dict[str, Any]:
     return {
         **key(queue),
@@ -111,6 +114,7 @@ def message(
         "confirmed_at": T0 + dt.timedelta(seconds=position, milliseconds=5) if confirmed else None,
         "task_attempt": "1.0.0",
         "session": session,
+        "decision": decision,
     }
 
 
@@ -122,6 +126,7 @@ def counter(
     status: str = "moved",
     error: str | None = None,
     removed: int | None = None,
+    fences: int | None = None,
 ) -> dict[str, Any]:
     return {
         **key(queue),
@@ -132,6 +137,7 @@ def counter(
         "status": status,
         "error": error,
         SOURCE_REMOVED: removed,
+        FENCES: fences,
     }
 
 
@@ -205,6 +211,16 @@ def passing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         message("retried", 0, BODY_A, publish_seq=3, attempts=2),
         message("retried", 1, BODY_B, publish_seq=2),
         message("retried", 2, BODY_C, publish_seq=4),
+        # A selective move: 0 and 3 moved (the destination link's seqs 1, 2), the rest kept
+        # (published back to the source on the kept link: its own seqs 1..4).
+        *(
+            message("selective", p, decision="moved", publish_seq=seq)
+            for p, seq in ((0, 1), (3, 2))
+        ),
+        *(
+            message("selective", p, decision="kept", publish_seq=seq)
+            for p, seq in ((1, 1), (2, 2), (4, 3), (5, 4))
+        ),
         # A live source: 4 moved while 2 arrived (the depth fell by 2 only).
         *(message(queue, p) for queue in ("live-counted", "live-unproven") for p in range(4)),
     ]
@@ -217,6 +233,9 @@ def passing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         counter("uncertain-arrived", source=(2, 0), destination=(0, 3)),
         counter("uncertain-vanished", source=(2, 0), destination=(0, 2)),
         counter("retried", source=(3, 0), destination=(0, 3)),
+        # The kept 4 are back in the source: it fell by the 2 moved; its consumer counters
+        # saw the 2 moved, the 4 kept and the fence acked.
+        counter("selective", source=(6, 4), destination=(0, 2), removed=7, fences=1),
     ]
     return messages, counters
 
@@ -294,11 +313,25 @@ def test_reordering_by_a_nack_retry_is_not_an_order_failure(passing_run: Verific
     assert retried.passed
 
 
+def test_kept_rows_are_back_in_the_source_neither_lost_nor_at_the_destination(
+    passing_run: Verification,
+) -> None:
+    selective = verdict(passing_run, "selective")
+    assert (selective.distinct_messages, selective.kept_messages) == (2, 4)
+    assert (selective.source_drop, selective.destination_rise) == (2, 2)
+    assert (selective.lost, selective.unexpected, selective.duplicates) == (0, 0, 0)
+    assert selective.source_witness == "counters"  # moved + kept + the fence
+    assert selective.order_kept  # each link's seqs grow with position
+    assert selective.bytes == 2 * 10
+    assert selective.passed
+
+
 def test_passing_run_is_verified_with_totals(passing_run: Verification) -> None:
     assert passing_run.verified
     assert passing_run.failed_expectations == ()
-    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (20, 2, 0)
-    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30 + 2 * 4 * 10
+    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (22, 2, 0)
+    assert passing_run.kept == 4
+    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30 + 2 * 4 * 10 + 2 * 10
     assert passing_run.unexpected == 0
 
 

@@ -1,0 +1,168 @@
+"""A selective move's rate against the same move without `select` (issue 26's 0.8x).
+
+``python -m bench.selective --messages 100000`` starts two local nodes (dr, main) and,
+for each case in turn, seeds a fresh vhost's queue with ``messages`` small persistent
+messages (a ``tenant`` header: every third one "acme"), then moves it with
+`rmq_spark.transfer.executor.move_queue` (what an executor task runs: ledger and intent
+log on, fsynced):
+
+- **plain**: no `select`, every message moves to the destination;
+- **select**: ``headers['tenant'] = 'acme'``: a third move, the rest are published back
+  to the source's tail (on the source node), each with a ledger row, and the move ends
+  at its fence.
+
+The rate is messages examined per second of the mover (`MoveOutcome.seconds`): every
+message of the queue in both cases. It checks each case (the destination holds what
+moved, the source what was kept, nothing else), prints one JSON line, writes it to
+``--output`` and exits 1 if a check fails. Run it under the shared lock: it starts brokers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pika
+from pydantic import SecretStr
+
+from rmq_spark.config import ClusterConfig
+from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
+from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
+from rmq_spark.ledger import tables
+from rmq_spark.transfer.executor import ExecutorSettings, move_queue
+
+SELECT = "headers['tenant'] = 'acme'"
+QUEUE = "orders"
+ROUTE = "bench"
+
+
+def seed(dr: LocalNode, main: LocalNode, vhost: str, messages: int, size: int) -> None:
+    for node in (dr, main):
+        node.add_vhost(vhost)
+    source, destination = dr.connect(vhost), main.connect(vhost)
+    try:
+        publish = source.channel()
+        publish.confirm_delivery()
+        publish.queue_declare(QUEUE, durable=True)
+        destination.channel().queue_declare(QUEUE, durable=True)
+        pad = b"x" * max(0, size - 6)
+        for index in range(messages):
+            tenant = "acme" if index % 3 == 0 else "other"
+            publish.basic_publish(
+                "",
+                QUEUE,
+                b"%06d" % index + pad,
+                pika.BasicProperties(delivery_mode=2, headers={"tenant": tenant}),
+            )
+    finally:
+        source.close()
+        destination.close()
+
+
+def depth(node: LocalNode, vhost: str) -> int:
+    connection = node.connect(vhost)
+    try:
+        return int(connection.channel().queue_declare(QUEUE, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def cluster(node: LocalNode) -> ClusterConfig:
+    return ClusterConfig(
+        amqp=[node.amqp_uri],
+        management=node.management_url,
+        username=node.username,
+        password=SecretStr(node.password),
+    )
+
+
+def move(
+    dr: LocalNode, main: LocalNode, ledger: Path, vhost: str, *, select: str | None, window: int
+) -> dict[str, Any]:
+    settings = ExecutorSettings(
+        run_id=f"selective-{vhost}",
+        ledger_path=str(ledger),
+        clusters={"dr": cluster(dr), "main": cluster(main)},
+        window_messages=window,
+        window_bytes=64 << 20,
+        selections={ROUTE: select} if select is not None else {},
+    )
+    row: dict[str, object] = {
+        "source_cluster": "dr",
+        "source_vhost": vhost,
+        "source_queue": QUEUE,
+        "destination_cluster": "main",
+        "destination_vhost": vhost,
+        "destination_queue": QUEUE,
+        "route": ROUTE,
+    }
+    started = time.perf_counter()
+    outcome = move_queue(row, settings, "local")
+    return {
+        "status": outcome.status,
+        "moved": outcome.messages,
+        "kept": outcome.kept,
+        "mover_seconds": round(outcome.seconds, 3),
+        "wall_seconds": round(time.perf_counter() - started, 3),
+        "in_destination": depth(main, vhost),
+        "in_source": depth(dr, vhost),
+    }
+
+
+def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    dr, main = start_nodes(["dr", "main"], base / "nodes", version=args.version or HOST_VERSION)
+    try:
+        ledger = base / "ledger"
+        tables.ensure_tables(str(ledger))
+        cases: dict[str, dict[str, Any]] = {}
+        for name, select in (("plain", None), ("select", SELECT)):
+            vhost = f"bench-{name}"
+            seed(dr, main, vhost, args.messages, args.size)
+            case = move(dr, main, ledger, vhost, select=select, window=args.window)
+            case["rate"] = round(args.messages / case["mover_seconds"], 1)
+            cases[name] = case
+        selected = len(range(0, args.messages, 3))
+        plain, chosen = cases["plain"], cases["select"]
+        ok = (
+            plain["status"] == chosen["status"] == "moved"
+            and plain["moved"] == plain["in_destination"] == args.messages
+            and plain["in_source"] == 0
+            and chosen["moved"] == chosen["in_destination"] == selected
+            and chosen["kept"] == chosen["in_source"] == args.messages - selected
+        )
+        return {
+            "messages": args.messages,
+            "size": args.size,
+            "window": args.window,
+            "rabbitmq": args.version or "host",
+            "cases": cases,
+            "select_over_plain": round(chosen["rate"] / plain["rate"], 3),
+            "ok": ok,
+        }
+    finally:
+        stop_nodes([dr, main])
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--size", type=int, default=100, help="body bytes")
+    parser.add_argument("--window", type=int, default=5000, help="window.messages")
+    parser.add_argument("--version", default=None, help="RabbitMQ version (default: host's)")
+    parser.add_argument("--output", help="also write the figures here (bench/results/...)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="rmq-spark-selective-") as base:
+        result = run(args, Path(base))
+    print(json.dumps(result))
+    if args.output:
+        Path(args.output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
