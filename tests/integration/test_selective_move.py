@@ -156,6 +156,9 @@ def test_a_selective_move_interrupted_by_a_destination_restart_loses_nothing(
     brokers = brokers_of_version
     vhost = fresh_vhost(brokers, "selective-restart")
     publish(brokers, vhost, INTERRUPTED_MESSAGES)
+    # The destination exists before the run, so the watcher can count it from the start.
+    watcher = brokers.main.connect(vhost)
+    watcher.channel().queue_declare(QUEUE, durable=True)
     # ~10 s of moving: the restart lands mid-move, not after it.
     config = selective_config(
         tmp_path, brokers, vhost, messages_per_second=3_000, reconnect_attempts=30
@@ -165,7 +168,6 @@ def test_a_selective_move_interrupted_by_a_destination_restart_loses_nothing(
         target=lambda: runs.update(first=run_transfer(spark, config, run_id="restart"))
     )
     job.start()
-    watcher = brokers.main.connect(vhost)
     try:
         wait_until(
             lambda: (
