@@ -277,6 +277,7 @@ def write_results(
         "totals": {
             "queues": len(verification.queues),
             "messages": verification.messages,
+            "kept": verification.kept,
             "bytes": verification.bytes,
             "lost": verification.lost,
             "duplicates": verification.duplicates,

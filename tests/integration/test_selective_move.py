@@ -74,7 +74,14 @@ def read_all(brokers: Brokers, node: str, vhost: str) -> list[tuple[int, dict[st
     return found
 
 
-def selective_config(tmp_path: Path, brokers: Brokers, vhost: str, **mover: Any) -> JobConfig:
+def selective_config(
+    tmp_path: Path,
+    brokers: Brokers,
+    vhost: str,
+    *,
+    messages_per_second: float | None = None,
+    **mover: Any,
+) -> JobConfig:
     path = write_config(
         tmp_path / "job.yaml",
         brokers,
@@ -84,6 +91,8 @@ def selective_config(tmp_path: Path, brokers: Brokers, vhost: str, **mover: Any)
     )
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     raw["routes"][0]["select"] = SELECT
+    if messages_per_second is not None:  # slow enough for the fault to land mid-move
+        raw["routes"][0]["limits"] = {"messages_per_second": messages_per_second}
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return load_config(path)
 
@@ -147,13 +156,18 @@ def test_a_selective_move_interrupted_by_a_destination_restart_loses_nothing(
     brokers = brokers_of_version
     vhost = fresh_vhost(brokers, "selective-restart")
     publish(brokers, vhost, INTERRUPTED_MESSAGES)
-    config = selective_config(tmp_path, brokers, vhost, reconnect_attempts=30)
+    # The destination exists before the run, so the watcher can count it from the start.
+    watcher = brokers.main.connect(vhost)
+    watcher.channel().queue_declare(QUEUE, durable=True)
+    # ~10 s of moving: the restart lands mid-move, not after it.
+    config = selective_config(
+        tmp_path, brokers, vhost, messages_per_second=3_000, reconnect_attempts=30
+    )
     runs: dict[str, RunResult] = {}
     job = threading.Thread(
         target=lambda: runs.update(first=run_transfer(spark, config, run_id="restart"))
     )
     job.start()
-    watcher = brokers.main.connect(vhost)
     try:
         wait_until(
             lambda: (

@@ -339,7 +339,7 @@ def test_results_json_and_data_docs_are_written(passing_run: Verification) -> No
     document = json.loads(Path(passing_run.results_path).read_text(encoding="utf-8"))
     assert document["run_id"] == RUN_ID
     assert document["verified"] is True
-    assert document["totals"]["messages"] == 20
+    assert (document["totals"]["messages"], document["totals"]["kept"]) == (22, 4)
     assert [q["source_queue"] for q in document["queues"]] == [
         "clean",
         "dup",
@@ -347,6 +347,7 @@ def test_results_json_and_data_docs_are_written(passing_run: Verification) -> No
         "live-counted",
         "live-unproven",
         "retried",
+        "selective",
         "uncertain-arrived",
         "uncertain-vanished",
     ]
