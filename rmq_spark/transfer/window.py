@@ -90,9 +90,7 @@ class TransferWindow:
         session: int = 0,
         clock: Callable[[], datetime],
     ) -> None:
-        if window_messages < 1:
-            raise ValueError(f"window_messages must be >= 1, got {window_messages}")
-        self._flush_at = max(1, window_messages // FLUSH_FRACTION)
+        self.resize(window_messages)  # checks it, and sets when rows are flushed
         self._clock = clock
         self._by_tag: OrderedDict[int, Delivery] = OrderedDict()
         self._unconfirmed = ConfirmLanes()  # per link: the destination's, the kept one's
@@ -369,7 +367,6 @@ class TransferWindow:
     def _refuse(self, delivery: Delivery, reason: str) -> None:
         self._ever_blocked = True
         delivery.state = DeliveryState.REFUSED
-
         delivery.refusal = reason
         delivery.body = delivery.properties = None
 
