@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rmq_spark.devtools import s3_server
+from rmq_spark.devtools import azurite_server, s3_server
 from rmq_spark.devtools.local_brokers import (
     LocalCluster,
     LocalNode,
@@ -125,3 +125,14 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3_server.S3Server]
         yield server
     finally:
         s3_server.stop(server)
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[azurite_server.AzuriteServer]:
+    """Azure Blob Storage's emulator (Azurite, `devtools.azurite_server`) on a free port,
+    with an account of its own, its random key and one container; started once."""
+    server = azurite_server.start(tmp_path_factory.mktemp("azurite"))
+    try:
+        yield server
+    finally:
+        azurite_server.stop(server)

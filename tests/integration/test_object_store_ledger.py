@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pyarrow import fs as pafs
 
 from rmq_spark.devtools.s3_server import REGION, S3Server
 from rmq_spark.errors import LedgerError
@@ -37,10 +36,10 @@ from tests.support.brokers import (
     seed,
     spark_submit,
     submit_as_scheduled,
-    write_config,
 )
 from tests.support.builders import delivery
 from tests.support.faults import expected_fingerprints, wait_until
+from tests.support.object_store import objects_under, write_store_config
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
 KEY_ENV, SECRET_ENV = "TEST_LEDGER_S3_KEY_ID", "TEST_LEDGER_S3_SECRET"
@@ -80,17 +79,6 @@ def options(server: S3Server, secret: str) -> store.StoreOptions:
         region=REGION,
         access_key_id=server.access_key_id,
         secret_access_key=secret,
-    )
-
-
-def objects_under(uri: str) -> list[str]:
-    root = StorePath(uri)
-    selector_root = root.fs_path
-    infos = root.fs.get_file_info(
-        pafs.FileSelector(selector_root, recursive=True, allow_not_found=True)
-    )
-    return sorted(
-        info.path[len(selector_root) + 1 :] for info in infos if info.type == pafs.FileType.File
     )
 
 
@@ -143,11 +131,7 @@ def test_wrong_credentials_are_refused_naming_the_store(s3_keys: S3Server) -> No
 def write_s3_config(
     tmp_path: Path, brokers: Brokers, vhost: str, server: S3Server, ledger: str
 ) -> Path:
-    path = write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "x")
-    config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    config["ledger"] = ledger_block(server, ledger)
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
+    return write_store_config(tmp_path, brokers, vhost, ledger_block(server, ledger))
 
 
 def test_the_job_moves_verifies_and_reports_with_the_ledger_on_s3(
