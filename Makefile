@@ -86,9 +86,12 @@ $(INSTALLED): pyproject.toml requirements.lock
 	touch $@
 
 # RABBITMQ=4.0 or RABBITMQ=4.3 runs the demo on nodes from a Debian root (built when missing).
+# LEDGER=s3 or LEDGER=azure puts the ledger on a local S3 server (moto) or Azure Blob
+# emulator (Azurite) started for the demo (docs/OBJECT_STORE_LEDGER.md).
 RABBITMQ ?= 3.10
+LEDGER ?= local
 demo: setup
-	$(BIN)/rmq-spark demo --rabbitmq $(RABBITMQ)
+	$(BIN)/rmq-spark demo --rabbitmq $(RABBITMQ) --ledger $(LEDGER)
 
 # lint-imports checks the package layout's rules ([tool.importlinter] in pyproject.toml).
 lint: setup

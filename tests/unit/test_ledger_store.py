@@ -148,3 +148,10 @@ def test_azure_ledger_options_that_do_not_fit_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=expected):
         LedgerConfig.model_validate({"path": path, "storage_options": options})
+
+
+def test_the_demo_command_offers_the_ledgers_the_demo_can_start() -> None:
+    from rmq_spark.demo_command import DEMO_LEDGERS
+    from rmq_spark.devtools.demo_store import LEDGERS
+
+    assert DEMO_LEDGERS == LEDGERS
