@@ -136,3 +136,23 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[azurite_server
         yield server
     finally:
         azurite_server.stop(server)
+
+
+S3_KEY_ID_ENV, S3_SECRET_ENV = "TEST_LEDGER_S3_KEY_ID", "TEST_LEDGER_S3_SECRET"
+
+
+@pytest.fixture
+def s3_ledger(s3: s3_server.S3Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """A ledger block on a fresh prefix of the S3 server's bucket, its keys in the
+    variables the block names."""
+    monkeypatch.setenv(S3_KEY_ID_ENV, s3.access_key_id)
+    monkeypatch.setenv(S3_SECRET_ENV, s3.secret_access_key)
+    return {
+        "path": f"s3://{s3.bucket}/ledger-{secrets.token_hex(4)}",
+        "storage_options": {
+            "endpoint": s3.endpoint,
+            "region": s3_server.REGION,
+            "access_key_id_env": S3_KEY_ID_ENV,
+            "secret_access_key_env": S3_SECRET_ENV,
+        },
+    }
