@@ -15,8 +15,10 @@ import os
 import re
 import secrets
 import signal
+import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
 
@@ -39,6 +41,7 @@ from tests.support.brokers import (
 )
 from tests.support.builders import delivery
 from tests.support.faults import expected_fingerprints, wait_until
+from tests.support.notebooks import NOTEBOOK, run_notebook
 from tests.support.object_store import objects_under, write_store_config
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
@@ -166,6 +169,24 @@ def test_the_job_moves_verifies_and_reports_with_the_ledger_on_s3(
     assert not [o for o in on_store if o.startswith(("intents/", "rows/", "_preflight/"))]
     # The secret never reached the output.
     assert s3_keys.secret_access_key not in completed.stdout + completed.stderr
+    # The analysts' notebook reads the same objects (pyarrow, polars, DuckDB), given only
+    # the job's config: its storage options and the variables holding the keys.
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    text = run_notebook(
+        notebook,
+        tmp_path,
+        Path(sys.executable),
+        {
+            **os.environ,
+            "RMQ_SPARK_CONFIG": str(config),
+            "RMQ_SPARK_MESSAGE_ID": f"{vhost}/orders/7",
+        },
+    )
+    assert f"ledger {ledger_uri}, run s3-1, Spark off" in text
+    assert "run s3-1: 2 queues, 500 messages" in text
+    assert "0 of 500 rows share their checksums" in text
+    assert f"message_id '{vhost}/orders/7': 1 row(s) in 1 run(s)" in text
+    assert "run s3-1 is the ledger's first run" in text
 
 
 # (bucket or None for the server's, secret or None for the right one, what the error says)
