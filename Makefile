@@ -40,6 +40,12 @@ system:
 	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patchelf binutils; \
 	fi
+	@# npm: Azurite, the Azure Blob emulator the az:// ledger tests use (rmq_spark/devtools/azurite_server.py).
+	@if ! command -v npm >/dev/null; then \
+	  echo "installing npm"; \
+	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; \
+	fi
 	@if ! command -v mmdebstrap >/dev/null; then \
 	  echo "installing mmdebstrap (builds the Debian roots that hold RabbitMQ 4.x)"; \
 	  [ -f $(APT_UPDATED) ] || { apt-get update -qq && touch $(APT_UPDATED); }; \
@@ -55,11 +61,15 @@ system:
 # RabbitMQ 4.0 (Debian trixie) and 4.3 (Debian forky) in Debian roots under
 # ~/.cache/rmq-spark/roots, built only when missing (~20 s each); never on the host.
 # Beside them the stand-in Spark worker's root (Java 17, no Python; ~1 min, once) and
-# the relocatable Python of the executor archive (~10 s, once per Debian python3.11).
+# the relocatable Python of the executor archive (~10 s, once per Debian python3.11), and
+# the object-store ledger's test servers: Azurite from devtools/azurite/package-lock.json
+# (npm ci, ~30 s once) and moto's venv from requirements-s3-server.lock (~40 s once).
 roots: setup
 	$(BIN)/python -m rmq_spark.devtools.rabbitmq_roots build
 	$(BIN)/python -m rmq_spark.devtools.worker_root
 	$(BIN)/python -m rmq_spark.devtools.executor_env python
+	$(BIN)/python -m rmq_spark.devtools.azurite_server
+	$(BIN)/python -c 'from rmq_spark.devtools import s3_server; s3_server.server_venv()'
 
 # The rmq-spark image (docker/Dockerfile) with podman, FROM a Debian root mmdebstrap makes
 # (no registry needed): localhost/rmq-spark:VERSION. ~3.5 min the first time; rebuilt only
@@ -76,9 +86,12 @@ $(INSTALLED): pyproject.toml requirements.lock
 	touch $@
 
 # RABBITMQ=4.0 or RABBITMQ=4.3 runs the demo on nodes from a Debian root (built when missing).
+# LEDGER=s3 or LEDGER=azure puts the ledger on a local S3 server (moto) or Azure Blob
+# emulator (Azurite) started for the demo (docs/OBJECT_STORE_LEDGER.md).
 RABBITMQ ?= 3.10
+LEDGER ?= local
 demo: setup
-	$(BIN)/rmq-spark demo --rabbitmq $(RABBITMQ)
+	$(BIN)/rmq-spark demo --rabbitmq $(RABBITMQ) --ledger $(LEDGER)
 
 # lint-imports checks the package layout's rules ([tool.importlinter] in pyproject.toml).
 lint: setup

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from rmq_spark import __version__
 from rmq_spark.compat import check_pika
 from rmq_spark.config import JobConfig, json_schema, load_config, validate_run_id
+from rmq_spark.demo_command import add_demo_arguments, run_demo_command
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.logs import mask_known_secrets, mask_secrets_in_logs, setup_logging
 from rmq_spark.run_id import resolve_run_id
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("rmq_spark")
-# Local brokers and the demo: in a source checkout only, not in the wheel (pyproject.toml)
-# or the package zip spark-submit.sh ships to executors.
-DEV_HARNESS = "rmq_spark.devtools"
 
 EXIT_VERIFIED, EXIT_UNVERIFIED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -539,52 +537,6 @@ def run_config_schema_command(args: argparse.Namespace) -> int:
     """Print the config file's JSON Schema (docs/reference/config.schema.json is a copy)."""
     print(json.dumps(json_schema(), indent=2))
     return EXIT_VERIFIED
-
-
-def _is_dev_harness_missing(exc: ModuleNotFoundError) -> bool:
-    """Whether the import failed because rmq_spark.devtools is absent (an installed wheel)."""
-    return (exc.name or "").startswith(DEV_HARNESS)
-
-
-def add_demo_arguments(demo: argparse.ArgumentParser) -> None:
-    demo.add_argument("--messages-per-queue", type=int, default=3000)
-    demo.add_argument("--base-dir", default=".demo")
-    demo.add_argument("--keep-brokers", action="store_true", help="leave the demo nodes running")
-    try:
-        from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
-    except ModuleNotFoundError as exc:
-        if not _is_dev_harness_missing(exc):
-            raise
-        # Every other command must still parse; run_demo_command says what is missing.
-        demo.add_argument("--rabbitmq", help="RabbitMQ version of the demo nodes")
-        return
-    demo.add_argument(
-        "--rabbitmq",
-        default=HOST_VERSION,
-        choices=list(VERSIONS),
-        help=f"RabbitMQ version of the demo nodes: {HOST_VERSION} is the host's Debian "
-        "package, the others run from Debian roots built on first use (~20 s each)",
-    )
-
-
-def run_demo_command(args: argparse.Namespace) -> int:
-    try:
-        from rmq_spark.devtools.demo import run_demo
-    except ModuleNotFoundError as exc:
-        if not _is_dev_harness_missing(exc):
-            raise
-        raise RmqSparkError(
-            "rmq-spark demo runs from a source checkout (`make demo` in a clone of the "
-            f"repository): the dev harness ({DEV_HARNESS}) is not in the installed package"
-        ) from exc
-
-    setup_logging()
-    return run_demo(
-        base_dir=args.base_dir,
-        messages_per_queue=args.messages_per_queue,
-        keep_brokers=args.keep_brokers,
-        rabbitmq=args.rabbitmq,
-    )
 
 
 def script_main() -> None:

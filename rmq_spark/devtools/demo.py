@@ -24,6 +24,7 @@ from typing import BinaryIO, TextIO
 
 import pika
 
+from rmq_spark.devtools.demo_store import DemoStore, demo_store
 from rmq_spark.devtools.local_brokers import LocalNode, save_nodes, start_nodes, stop_nodes
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
 from rmq_spark.errors import RmqSparkError
@@ -161,15 +162,36 @@ def demo_environment(dr: LocalNode, main: LocalNode, ledger: Path) -> dict[str, 
 
 
 def run_demo(
-    *, base_dir: str, messages_per_queue: int, keep_brokers: bool, rabbitmq: str = HOST_VERSION
+    *,
+    base_dir: str,
+    messages_per_queue: int,
+    keep_brokers: bool,
+    rabbitmq: str = HOST_VERSION,
+    ledger: str = "local",
 ) -> int:
     """Start a DR and a main node, fill DR, spark-submit the job, return its exit code.
 
-    ``rabbitmq``: the nodes' version (see ``local_brokers.start_nodes``).
+    ``rabbitmq``: the nodes' version (see ``local_brokers.start_nodes``). ``ledger``:
+    ``local`` (a directory under ``base_dir``), or ``s3``/``azure``: the ledger on a
+    local object-store server started for the demo (``demo_store``), every table read
+    back from it before the server stops.
     """
     if not SPARK_SUBMIT.exists():
         raise RmqSparkError(f"the demo runs from a checkout; {SPARK_SUBMIT} is missing")
     base = Path(base_dir).resolve()
+    if ledger == "local":
+        return _run_demo_on(base, messages_per_queue, keep_brokers, rabbitmq, None)
+    with demo_store(ledger, base) as on_store:
+        return _run_demo_on(base, messages_per_queue, keep_brokers, rabbitmq, on_store)
+
+
+def _run_demo_on(
+    base: Path,
+    messages_per_queue: int,
+    keep_brokers: bool,
+    rabbitmq: str,
+    on_store: DemoStore | None,
+) -> int:
     ledger = base / "ledger"
     nodes = start_nodes(
         ["dr", "main"], base / "brokers", password=secrets.token_urlsafe(16), version=rabbitmq
@@ -189,9 +211,17 @@ def run_demo(
             **demo_environment(dr, main, ledger),
             **terminal_environment(sys.stdout, os.environ),
         }
-        command = [str(SPARK_SUBMIT), "--config", str(DEMO_CONFIG)]
+        config = DEMO_CONFIG
+        if on_store is not None:
+            config = on_store.config(DEMO_CONFIG, base / "demo-object-store.yaml")
+            env.update(on_store.secrets)
+        command = [str(SPARK_SUBMIT), "--config", str(config)]
         log.info("demo: %s", " ".join(command))
         exit_code, result = _run_holding_result(command, env)
+        if on_store is not None and exit_code == 0:
+            rows = on_store.table_rows()
+            counts = ", ".join(f"{name} {count}" for name, count in rows.items())
+            print(f"ledger tables on {on_store.uri} (rows): {counts}", flush=True)
     finally:
         if keep_brokers:
             log.info(

@@ -1,13 +1,15 @@
 """Where the ledger's files live: a directory every node mounts, or an object store.
 
 A ledger path is either a local path (a POSIX directory the driver and every executor
-see) or an `s3://bucket/prefix` URI (AWS S3 or an S3-compatible server). For a URI the
-ledger code works on `StorePath`s: the few pathlib operations it uses (join, name, list
-one directory by pattern, read, write whole, remove, size) over pyarrow's S3 file
-system, which executors already import. On an object store there is no append and no
-fsync: a file is written whole by one PUT (a multipart upload completed on close), and
-the PUT having returned is the durability point; there is no rename either, and none
-is needed, since an object is complete or absent.
+see) or a URI: `s3://bucket/prefix` (AWS S3 or an S3-compatible server), or Azure Blob
+Storage/ADLS Gen2 as `az://container/prefix` or
+`abfss://container@account.dfs.core.windows.net/prefix`. For a URI the ledger code works
+on `StorePath`s: the few pathlib operations it uses (join, name, list one directory by
+pattern, read, write whole, remove, size) over pyarrow's S3 or Azure file system, which
+executors already import (pyarrow's wheels are built with both). On an object store
+there is no append and no fsync: a file is written whole by one PUT (a multipart upload
+completed on close), and the PUT having returned is the durability point; there is no
+rename either, and none is needed, since an object is complete or absent.
 
 Credentials: the platform's provider chain (environment, instance or workload
 identity) unless `ledger.storage_options` names them; secrets there are read from
@@ -33,13 +35,13 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from rmq_spark.config import LedgerConfig
-from rmq_spark.config.ledger import LEDGER_OBJECT_STORES, LEDGER_SECRETS
+from rmq_spark.config.ledger import AZURE_STORES, LEDGER_OBJECT_STORES, LEDGER_SECRETS
 
 # The schemes and secret option names are the config's (`config/ledger.py`): one list.
 OBJECT_STORE_SCHEMES = LEDGER_OBJECT_STORES
 # Option names of `ledger.storage_options` (values) and their secret counterparts
 # (`*_env`: the variable holding the value).
-PLAIN_OPTIONS = ("endpoint", "region")
+PLAIN_OPTIONS = ("endpoint", "region", "account_name")
 SECRET_OPTIONS = LEDGER_SECRETS
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 
@@ -59,18 +61,27 @@ class StoreOptions:
 
     endpoint: str | None = None
     region: str | None = None
+    account_name: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = None
     session_token: str | None = None
+    account_key: str | None = None
 
     def __repr__(self) -> str:  # the secrets stay out of logs and tracebacks
-        return f"StoreOptions(endpoint={self.endpoint!r}, region={self.region!r}, secrets=***)"
+        account = f", account_name={self.account_name!r}" if self.account_name else ""
+        return (
+            f"StoreOptions(endpoint={self.endpoint!r}, region={self.region!r}{account}, "
+            "secrets=***)"
+        )
 
     @classmethod
     def of(cls, values: Mapping[str, str | None]) -> StoreOptions:
         return cls(**{key: values.get(key) for key in (*PLAIN_OPTIONS, *SECRET_OPTIONS)})
 
-    def filesystem(self) -> pafs.S3FileSystem:
+    def filesystem(self, scheme: str = "s3") -> pafs.FileSystem:
+        """pyarrow's file system for this store (`scheme`: s3, az or abfss)."""
+        if scheme in AZURE_STORES:
+            return self._azure_filesystem()
         kwargs: dict[str, Any] = {}
         if self.endpoint:
             parts = urlsplit(self.endpoint)
@@ -85,8 +96,19 @@ class StoreOptions:
         # No retries beyond the default: a failed PUT fails the flush (and so the ack).
         return pafs.S3FileSystem(**kwargs)
 
-    def delta(self) -> dict[str, str]:
-        """delta-rs' storage options (object_store's AWS keys)."""
+    def _azure_filesystem(self) -> pafs.FileSystem:
+        kwargs: dict[str, Any] = {"account_name": self.account_name}
+        if self.endpoint:
+            kwargs.update(azure_authorities(self.endpoint, self.account_name or ""))
+        if self.account_key:
+            kwargs["account_key"] = self.account_key
+        # Without a key, pyarrow's default Azure credential chain.
+        return pafs.AzureFileSystem(**kwargs)
+
+    def delta(self, scheme: str = "s3") -> dict[str, str]:
+        """delta-rs' storage options (object_store's AWS or Azure keys)."""
+        if scheme in AZURE_STORES:
+            return self._azure_delta()
         options: dict[str, str] = {}
         if self.endpoint:
             options["AWS_ENDPOINT_URL"] = self.endpoint
@@ -100,6 +122,38 @@ class StoreOptions:
             if self.session_token:
                 options["AWS_SESSION_TOKEN"] = self.session_token
         return options
+
+    def _azure_delta(self) -> dict[str, str]:
+        options = {"azure_storage_account_name": self.account_name or ""}
+        if self.endpoint:
+            options["azure_storage_endpoint"] = self.endpoint.rstrip("/")
+            if self.endpoint.startswith("http://"):
+                options["azure_allow_http"] = "true"
+        if self.account_key:
+            options["azure_storage_account_key"] = self.account_key
+        return options
+
+
+def azure_authorities(endpoint: str, account: str) -> dict[str, str]:
+    """pyarrow's blob/dfs authorities and scheme for an Azure endpoint: path style
+    (`http://host:port/ACCOUNT`, an emulator) or `https://ACCOUNT.blob.<suffix>`."""
+    parts = urlsplit(endpoint)
+    if parts.path.strip("/"):
+        blob = dfs = parts.netloc  # path style: pyarrow appends /ACCOUNT itself
+    elif parts.netloc.startswith(f"{account}."):
+        blob = parts.netloc[len(account) :]  # ".blob.core.windows.net": a host suffix
+        dfs = blob.replace(".blob.", ".dfs.", 1)
+    else:
+        raise ValueError(
+            f"ledger.storage_options.endpoint {endpoint!r}: expected "
+            f"http(s)://host[:port]/{account} (an emulator) or https://{account}.blob.<domain>"
+        )
+    return {
+        "blob_storage_authority": blob,
+        "dfs_storage_authority": dfs,
+        "blob_storage_scheme": parts.scheme,
+        "dfs_storage_scheme": parts.scheme,
+    }
 
 
 _OPTIONS: dict[str, StoreOptions] = {}
@@ -127,12 +181,21 @@ def filesystem_of(uri: str) -> pafs.FileSystem:
     key = _bucket_key(uri)
     found = _FILESYSTEMS.get(key)
     if found is None:
-        found = _FILESYSTEMS[key] = options_of(uri).filesystem()
+        found = _FILESYSTEMS[key] = options_of(uri).filesystem(scheme_of(uri) or "s3")
     return found
 
 
 def delta_options(uri: str) -> dict[str, str]:
-    return options_of(uri).delta()
+    return options_of(uri).delta(scheme_of(uri) or "s3")
+
+
+def fs_path_of(uri: str) -> str:
+    """A URI's path on pyarrow's file system: `bucket/key`, or `container/key` for
+    `abfss://container@account.dfs.core.windows.net/key` and `az://container/key`."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() == "abfss" and parts.username:
+        return f"{parts.username}{parts.path}"
+    return f"{parts.netloc}{parts.path}"
 
 
 class FileStat(NamedTuple):
@@ -146,9 +209,7 @@ class StorePath:
 
     def __init__(self, uri: str) -> None:
         self.uri = uri.rstrip("/")
-        parts = urlsplit(self.uri)
-        self.fs_path = f"{parts.netloc}{parts.path}"  # bucket/key, as pyarrow names it
-        self._scheme = parts.scheme
+        self.fs_path = fs_path_of(self.uri)  # bucket/key, as pyarrow names it
 
     @property
     def fs(self) -> pafs.FileSystem:
@@ -278,8 +339,16 @@ def describe_store(uri: str) -> str:
     """The store and its endpoint, for errors (never a credential)."""
     options = options_of(uri)
     endpoint = options.endpoint or "the provider's default endpoint"
-    credentials = "keys from ledger.storage_options" if options.access_key_id else "default chain"
-    return f"{scheme_of(uri)} at {endpoint}, bucket {urlsplit(uri).netloc}, {credentials}"
+    keyed = options.access_key_id or options.account_key
+    credentials = "keys from ledger.storage_options" if keyed else "default chain"
+    scheme = scheme_of(uri)
+    if scheme in AZURE_STORES:
+        container = fs_path_of(uri).split("/", 1)[0]
+        return (
+            f"{scheme} at {endpoint}, account {options.account_name}, "
+            f"container {container}, {credentials}"
+        )
+    return f"{scheme} at {endpoint}, bucket {urlsplit(uri).netloc}, {credentials}"
 
 
 def use_ledger(ledger: LedgerConfig) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rmq_spark.devtools import s3_server
+from rmq_spark.devtools import azurite_server, s3_server
 from rmq_spark.devtools.local_brokers import (
     LocalCluster,
     LocalNode,
@@ -125,3 +125,34 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3_server.S3Server]
         yield server
     finally:
         s3_server.stop(server)
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[azurite_server.AzuriteServer]:
+    """Azure Blob Storage's emulator (Azurite, `devtools.azurite_server`) on a free port,
+    with an account of its own, its random key and one container; started once."""
+    server = azurite_server.start(tmp_path_factory.mktemp("azurite"))
+    try:
+        yield server
+    finally:
+        azurite_server.stop(server)
+
+
+S3_KEY_ID_ENV, S3_SECRET_ENV = "TEST_LEDGER_S3_KEY_ID", "TEST_LEDGER_S3_SECRET"
+
+
+@pytest.fixture
+def s3_ledger(s3: s3_server.S3Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """A ledger block on a fresh prefix of the S3 server's bucket, its keys in the
+    variables the block names."""
+    monkeypatch.setenv(S3_KEY_ID_ENV, s3.access_key_id)
+    monkeypatch.setenv(S3_SECRET_ENV, s3.secret_access_key)
+    return {
+        "path": f"s3://{s3.bucket}/ledger-{secrets.token_hex(4)}",
+        "storage_options": {
+            "endpoint": s3.endpoint,
+            "region": s3_server.REGION,
+            "access_key_id_env": S3_KEY_ID_ENV,
+            "secret_access_key_env": S3_SECRET_ENV,
+        },
+    }

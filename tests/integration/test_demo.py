@@ -58,3 +58,40 @@ def test_demo_shows_bars_moves_verifies_and_ends_with_report_and_result(tmp_path
     assert "\x1b[1A" in completed.stdout
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", completed.stdout)
     assert re.search(r"^total +━+ 1000/1000 ", plain, re.MULTILINE), plain[-3000:]
+
+
+def test_demo_with_an_s3_ledger_verifies_with_every_table_on_the_store(tmp_path: Path) -> None:
+    """`make demo LEDGER=s3`: the local S3 server is started for the demo and every
+    ledger table is read back from it before it stops."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rmq_spark.cli",
+            "demo",
+            "--messages-per-queue",
+            "20",
+            "--base-dir",
+            str(tmp_path / "demo"),
+            "--ledger",
+            "s3",
+        ],
+        cwd=REPO,
+        env={**job_environment(), TERMINAL_ENV: "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    *_, report_line, tables_line, last_line = completed.stdout.rstrip("\n").splitlines()
+    result = json.loads(last_line.removeprefix(RESULT_PREFIX))
+    assert (result["messages"], result["lost"], result["verified"]) == (20 * 20, 0, True)
+    assert report_line == f"report: {result['report']}"
+    assert result["report"].startswith("s3://rmq-spark-demo/ledger/reports/")
+    assert tables_line == (
+        "ledger tables on s3://rmq-spark-demo/ledger (rows): "
+        "runs 1, queues 20, messages 400, plans 20"
+    )
+    assert not (tmp_path / "demo" / "ledger").exists()  # nothing on local disk

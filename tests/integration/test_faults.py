@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
-import subprocess
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pika
 import pytest
@@ -30,7 +27,6 @@ from pyspark.sql import SparkSession
 
 from rmq_spark.devtools.rabbitmq_roots import VERSIONS
 from rmq_spark.errors import TransferError
-from rmq_spark.ledger import tables
 from rmq_spark.pipeline import run_transfer
 from tests.support.brokers import (
     Brokers,
@@ -40,79 +36,24 @@ from tests.support.brokers import (
     fresh_vhost,
     seed,
 )
+from tests.support.fault_scenarios import (
+    MESSAGES,
+    WINDOW,
+    assert_nothing_lost,
+    close_connections_mid_window,
+    finished,
+    kill_a_worker_mid_job,
+    start_transfer,
+)
 from tests.support.faults import (
-    Accounting,
     Transfer,
     account,
     expected_fingerprints,
     fault_config,
     key_ordered_fingerprints,
     mover_connections,
-    seed_key_ordered,
     wait_until,
 )
-
-MESSAGES = 30_000
-# The SIGKILL test runs the whole job: enough messages that the transfer (about 10k
-# msg/s here) is still running when the test has found the worker and a tenth arrived.
-SIGKILL_MESSAGES = 150_000
-WINDOW = 500
-
-
-def assert_nothing_lost(result: Accounting, *, lost_sessions: int, window: int = WINDOW) -> None:
-    assert result.lost == Counter(), f"{sum(result.lost.values())} message(s) lost"
-    assert result.unexplained == Counter(), "destination copies without a ledger row"
-    named = (result.confirmed_rows - result.expected) + result.uncertain_rows
-    assert result.destination_extra - named == Counter(), "a duplicate is not named"
-    assert sum(result.destination_extra.values()) <= window * lost_sessions
-
-
-def start(
-    brokers: Brokers,
-    tmp_path: Path,
-    name: str,
-    *,
-    count: int = MESSAGES,
-    window: int = WINDOW,
-    **mover: Any,
-) -> Transfer:
-    vhost = fresh_vhost(brokers, f"fault-{name}")
-    seed_key_ordered(brokers.dr, vhost, "orders", count)
-    declare(brokers.main, vhost, "orders")  # discovery would; these tests drive the mover alone
-    config = fault_config(tmp_path, brokers, vhost, **mover)
-    return Transfer(brokers, config, name, vhost, "orders", "orders", count, window).start()
-
-
-def finished(transfer: Transfer) -> Accounting:
-    transfer.join()
-    assert transfer.error is None, f"mover raised {transfer.error!r}"
-    assert transfer.outcome is not None
-    assert transfer.outcome.status == "moved", transfer.outcome.error
-    result = account(
-        transfer, key_ordered_fingerprints(transfer.vhost, "orders", transfer.messages)
-    )
-    assert result.left_in_source == Counter(), "the source was not drained"
-    return result
-
-
-# -- lost connections ------------------------------------------------------------------------
-
-
-def close_connections_mid_window(brokers: Brokers, tmp_path: Path, sides: tuple[str, ...]) -> None:
-    """Close every connection of the transfer's vhost on `sides` ("dr", "main") while
-    the mover holds a window in flight: it reconnects, nothing is lost, every duplicate
-    is named."""
-    transfer = start(brokers, tmp_path, f"drop-{'-'.join(sides)}")
-    wait_until(lambda: transfer.moved_at_least(MESSAGES // 10), "a tenth to arrive")
-
-    for label in sides:
-        node = brokers.dr if label == "dr" else brokers.main
-        node.rabbitmqctl("close_all_connections", "-p", transfer.vhost, "rmq-spark fault test")
-
-    result = finished(transfer)
-    assert transfer.outcome is not None
-    assert transfer.outcome.sessions >= 2
-    assert_nothing_lost(result, lost_sessions=transfer.outcome.sessions - 1)
 
 
 # The version parametrization stands alone (not combined with another argument), so
@@ -136,7 +77,7 @@ def restart_mid_run(brokers: Brokers, tmp_path: Path, label: str) -> None:
     """Restart one node's RabbitMQ application (stop_app, start_app) while the mover
     holds a window in flight: it reconnects, and nothing is lost."""
     node = brokers.main if label == "main" else brokers.dr
-    transfer = start(brokers, tmp_path, f"restart-{label}", reconnect_attempts=30)
+    transfer = start_transfer(brokers, tmp_path, f"restart-{label}", reconnect_attempts=30)
     wait_until(lambda: transfer.moved_at_least(MESSAGES // 10), "a tenth to arrive")
 
     node.rabbitmqctl("stop_app")
@@ -177,7 +118,7 @@ def test_memory_alarm_blocks_publishing_then_the_transfer_resumes(
 ) -> None:
     brokers.main.rabbitmqctl("set_vm_memory_high_watermark", "0")
     try:
-        transfer = start(brokers, tmp_path, "alarm")
+        transfer = start_transfer(brokers, tmp_path, "alarm")
         wait_until(lambda: publisher_blocked(brokers, "alarm"), "the publisher to be blocked")
         assert depth(brokers.main, transfer.vhost, "orders") == 0
     finally:
@@ -194,7 +135,7 @@ def test_blocked_longer_than_the_timeout_gives_up_without_loss(
 ) -> None:
     brokers.main.rabbitmqctl("set_vm_memory_high_watermark", "0")
     try:
-        transfer = start(
+        transfer = start_transfer(
             brokers, tmp_path, "blocked-timeout", blocked_timeout_seconds=1.0, reconnect_attempts=1
         )
         transfer.join()
@@ -253,7 +194,7 @@ def test_nacked_messages_are_retried_until_the_destination_takes_them(
 def test_destination_queue_deleted_mid_run_stops_with_returns_and_keeps_the_rest(
     brokers: Brokers, password_env: str, tmp_path: Path
 ) -> None:
-    transfer = start(brokers, tmp_path, "deleted")
+    transfer = start_transfer(brokers, tmp_path, "deleted")
     wait_until(lambda: transfer.moved_at_least(MESSAGES // 10), "a tenth to arrive")
     connection = brokers.main.connect(transfer.vhost)
     connection.channel().queue_delete("orders")
@@ -351,61 +292,11 @@ def test_messages_published_during_the_drain_are_moved_or_stay(
 # -- Spark: a killed executor worker, and per-queue isolation ----------------------------------
 
 
-def worker_pid_of(brokers: Brokers, run_id: str) -> int:
-    """The pid of the Python worker holding the run's consumer connection."""
-    (connection,) = mover_connections(brokers.dr, "consumer", run_id)
-    port = connection["peer_port"]
-    output = subprocess.run(
-        ["ss", "-Htnp", f"sport = :{port}"], capture_output=True, text=True, check=True
-    ).stdout
-    pid = output.split("pid=", 1)[1].split(",", 1)[0]
-    return int(pid)
-
-
 @pytest.mark.parametrize("brokers_of_version", VERSIONS, indirect=True)
 def test_killed_executor_worker_is_retried_by_spark_without_loss(
     brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
 ) -> None:
-    brokers = brokers_of_version
-    vhost = fresh_vhost(brokers, "fault-sigkill")
-    seed(brokers.dr, vhost, "orders", SIGKILL_MESSAGES)
-    declare(brokers.main, vhost, "orders")
-    config = fault_config(tmp_path, brokers, vhost, window=WINDOW)
-    outcome: dict[str, object] = {}
-
-    def job() -> None:
-        try:
-            outcome["result"] = run_transfer(spark, config, run_id="sigkill")
-        except BaseException as exc:  # handed to the test thread
-            outcome["error"] = exc
-
-    runner = threading.Thread(target=job, daemon=True)
-    runner.start()
-    # The worker is found first (the management API lists a connection within a few
-    # seconds), then killed once a tenth has arrived, so it dies mid-transfer.
-    wait_until(lambda: bool(mover_connections(brokers.dr, "consumer", "sigkill")), "the consumer")
-    worker = worker_pid_of(brokers, "sigkill")
-    wait_until(
-        lambda: depth(brokers.main, vhost, "orders") >= SIGKILL_MESSAGES // 10, "a tenth to arrive"
-    )
-    os.kill(worker, signal.SIGKILL)
-    runner.join(300)
-
-    assert "error" not in outcome, outcome.get("error")
-    result = outcome["result"]
-    verification = result.verification  # type: ignore[attr-defined]
-    assert verification.verified, verification.failed_expectations
-    assert (verification.lost, verification.unexpected) == (0, 0)
-    assert verification.messages == SIGKILL_MESSAGES
-    assert verification.duplicates <= WINDOW * 2  # a window per failed attempt
-    rows = tables.read_arrow(config.ledger.path, "messages", run_id="sigkill").to_pylist()
-    first_attempt = min(row["task_attempt"] for row in rows)
-    retried = [row for row in rows if row["task_attempt"] != first_attempt]
-    assert retried, "Spark did not run the task again"
-    # The killed attempt left deliveries unacked; the retry moved them again. Whether
-    # a copy had already arrived (a named duplicate) or not depends on where the kill
-    # landed: published and confirmed, or still waiting for its intent to be durable.
-    assert any(row["redelivered"] for row in retried)
+    kill_a_worker_mid_job(brokers_of_version, tmp_path, spark)
 
 
 def test_one_refusing_destination_fails_alone(

@@ -15,11 +15,12 @@ import os
 import re
 import secrets
 import signal
+import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
-from pyarrow import fs as pafs
 
 from rmq_spark.devtools.s3_server import REGION, S3Server
 from rmq_spark.errors import LedgerError
@@ -38,10 +39,11 @@ from tests.support.brokers import (
     seed,
     spark_submit,
     submit_as_scheduled,
-    write_config,
 )
 from tests.support.builders import delivery
 from tests.support.faults import expected_fingerprints, wait_until
+from tests.support.notebooks import NOTEBOOK, run_notebook
+from tests.support.object_store import objects_under, write_store_config
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
 KEY_ENV, SECRET_ENV = "TEST_LEDGER_S3_KEY_ID", "TEST_LEDGER_S3_SECRET"
@@ -81,17 +83,6 @@ def options(server: S3Server, secret: str) -> store.StoreOptions:
         region=REGION,
         access_key_id=server.access_key_id,
         secret_access_key=secret,
-    )
-
-
-def objects_under(uri: str) -> list[str]:
-    root = StorePath(uri)
-    selector_root = root.fs_path
-    infos = root.fs.get_file_info(
-        pafs.FileSelector(selector_root, recursive=True, allow_not_found=True)
-    )
-    return sorted(
-        info.path[len(selector_root) + 1 :] for info in infos if info.type == pafs.FileType.File
     )
 
 
@@ -144,11 +135,7 @@ def test_wrong_credentials_are_refused_naming_the_store(s3_keys: S3Server) -> No
 def write_s3_config(
     tmp_path: Path, brokers: Brokers, vhost: str, server: S3Server, ledger: str
 ) -> Path:
-    path = write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "x")
-    config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    config["ledger"] = ledger_block(server, ledger)
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
+    return write_store_config(tmp_path, brokers, vhost, ledger_block(server, ledger))
 
 
 def test_the_job_moves_verifies_and_reports_with_the_ledger_on_s3(
@@ -183,6 +170,24 @@ def test_the_job_moves_verifies_and_reports_with_the_ledger_on_s3(
     assert not [o for o in on_store if o.startswith(("intents/", "rows/", "_preflight/"))]
     # The secret never reached the output.
     assert s3_keys.secret_access_key not in completed.stdout + completed.stderr
+    # The analysts' notebook reads the same objects (pyarrow, polars, DuckDB), given only
+    # the job's config: its storage options and the variables holding the keys.
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    text = run_notebook(
+        notebook,
+        tmp_path,
+        Path(sys.executable),
+        {
+            **os.environ,
+            "RMQ_SPARK_CONFIG": str(config),
+            "RMQ_SPARK_MESSAGE_ID": f"{vhost}/orders/7",
+        },
+    )
+    assert f"ledger {ledger_uri}, run s3-1, Spark off" in text
+    assert "run s3-1: 2 queues, 500 messages" in text
+    assert "0 of 500 rows share their checksums" in text
+    assert f"message_id '{vhost}/orders/7': 1 row(s) in 1 run(s)" in text
+    assert "run s3-1 is the ledger's first run" in text
 
 
 # (bucket or None for the server's, secret or None for the right one, what the error says)

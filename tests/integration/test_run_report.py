@@ -17,10 +17,6 @@ from urllib.parse import unquote
 
 import nbformat
 import pytest
-from ipykernel.kernelspec import write_kernel_spec
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import KernelManager
-from nbclient import NotebookClient
 from pyspark.sql import SparkSession
 
 from rmq_spark.cli import main
@@ -28,17 +24,15 @@ from rmq_spark.config import load_config
 from rmq_spark.pipeline import run_transfer
 from rmq_spark.report.html import build_report
 from tests.support.brokers import PASSWORD_ENV, Brokers, fresh_vhost, seed, write_config
+from tests.support.notebooks import NOTEBOOK, run_notebook
 from tests.support.wheel_env import WheelEnv
 
 REPO = Path(__file__).resolve().parents[2]
-NOTEBOOK = REPO / "notebooks" / "ledger_inspection.ipynb"
 RUN_ID = "report-1"
 EARLIER_RUN_ID = "report-0"
 EARLIER_MESSAGES = 100
 QUEUES = ("invoices", "payments")
 MESSAGES_PER_QUEUE = 500
-KERNEL_NAME = "rmq-spark-test"
-CELL_TIMEOUT_SECONDS = 120
 # A src or href to another host: absolute (scheme://) or protocol-relative (//host).
 EXTERNAL_LINK = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:[a-z][a-z0-9+.-]*:)?//""", re.I)
 
@@ -154,32 +148,23 @@ def test_notebook_runs_headless_from_the_installed_wheel(
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     # Where the kernel's rmq_spark came from, printed after the notebook's own cells.
     notebook.cells.append(nbformat.v4.new_code_cell("import rmq_spark\nprint(rmq_spark.__file__)"))
-    client = NotebookClient(
+    # Any cell error raises CellExecutionError, which fails the test; `tmp_path` is
+    # outside the checkout.
+    text = run_notebook(
         notebook,
-        km=interpreters_kernel(tmp_path, wheel_env.python),
-        timeout=CELL_TIMEOUT_SECONDS,
-        resources={"metadata": {"path": str(tmp_path)}},  # outside the checkout
-    )
-
-    # Any cell error raises CellExecutionError, which fails the test.
-    client.execute(
-        env=wheel_env.environment(
+        tmp_path,
+        wheel_env.python,
+        wheel_env.environment(
             {
                 "RMQ_SPARK_LEDGER": str(ledger),
                 "RMQ_SPARK_RUN_ID": RUN_ID,
                 "RMQ_SPARK_MESSAGE_ID": f"run-report/{QUEUES[0]}/7",
             }
-        )
+        ),
     )
 
     (imported,) = notebook.cells[-1].outputs
     assert imported["text"].startswith(str(wheel_env.root / "lib"))
-    text = "\n".join(
-        output.get("text", "") + output.get("data", {}).get("text/plain", "")
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for output in cell.outputs
-    )
     assert f"ledger {ledger}, run {RUN_ID}, Spark off" in text
     assert f"run {RUN_ID}: 2 queues, 1,000 messages" in text
     for queue in QUEUES:
@@ -221,21 +206,6 @@ def test_notebook_spark_cell_queries_the_ledger(
         # source_vhost | source_queue | ledger_rows | uncertain_rows | redelivered_rows
         row = rf"\|run-report\s*\|{queue}\s*\|{MESSAGES_PER_QUEUE}\s*\|0\s*\|0\s*\|"
         assert re.search(row, shown), shown
-
-
-def interpreters_kernel(directory: Path, python: Path) -> KernelManager:
-    """A kernel manager starting ipykernel with `python`, whatever other `python3`
-    kernelspecs are installed on the machine."""
-    kernels = directory / "kernels"
-    argv = [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    write_kernel_spec(
-        str(kernels / KERNEL_NAME), overrides={"display_name": KERNEL_NAME, "argv": argv}
-    )
-    specs = KernelSpecManager(kernel_dirs=[str(kernels)])
-    manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
-    assert manager.kernel_spec is not None
-    assert manager.kernel_spec.argv[0] == str(python)
-    return manager
 
 
 LEDGER_DOC = REPO / "docs" / "LEDGER.md"

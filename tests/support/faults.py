@@ -18,11 +18,12 @@ from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
+import yaml
 
 from rmq_spark.config import JobConfig, MoverConfig, load_config
 from rmq_spark.devtools.demo import DemoMessage, demo_messages, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
-from rmq_spark.ledger import tables
+from rmq_spark.ledger import store, tables
 from rmq_spark.model import MoveOutcome
 from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 from tests.support.brokers import (
@@ -149,6 +150,7 @@ class Transfer:
     _thread: threading.Thread | None = field(default=None, repr=False)
 
     def start(self) -> Transfer:
+        store.use_ledger(self.config.ledger)  # an object store's options, in this process
         tables.ensure_tables(self.config.ledger.path)
         settings = ExecutorSettings(
             run_id=self.run_id,
@@ -194,24 +196,34 @@ class Transfer:
 
 
 def fault_config(
-    tmp_path: Path, brokers: Brokers, vhost: str, *, window: int | None = None, **mover: Any
+    tmp_path: Path,
+    brokers: Brokers,
+    vhost: str,
+    *,
+    window: int | None = None,
+    ledger: dict[str, object] | None = None,
+    **mover: Any,
 ) -> JobConfig:
     """A config whose retries are quick, so a fault test waits seconds, not minutes.
 
-    `window` (messages) for tests that run the whole job and bound duplicates by it.
+    `window` (messages) for tests that run the whole job and bound duplicates by it;
+    `ledger`, a ledger block (an object store) in place of a directory under tmp_path.
     """
     limits = {"backoff_seconds": 0.2, "max_backoff_seconds": 2.0, **mover}
     extra: dict[str, Any] = {"window": {"messages": window}} if window is not None else {}
-    return load_config(
-        write_config(
-            tmp_path / "job.yaml",
-            brokers,
-            vhosts=[vhost],
-            ledger=tmp_path / "ledger",
-            mover=MoverConfig(**limits).model_dump(),
-            **extra,
-        )
+    path = write_config(
+        tmp_path / "job.yaml",
+        brokers,
+        vhosts=[vhost],
+        ledger=tmp_path / "ledger",
+        mover=MoverConfig(**limits).model_dump(),
+        **extra,
     )
+    if ledger is not None:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        config["ledger"] = ledger
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return load_config(path)
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ BAD_CONFIGS = [
     BadConfig(
         "ledger.path that is a URI of an unsupported store",
         _replace("path: /tmp/rmq-spark-bad-config-ledger", "path: gs://bucket/ledger"),
-        ("ledger.path", "'gs://bucket/ledger' is a URI (gs:)", "only s3://"),
+        ("ledger.path", "'gs://bucket/ledger' is a URI (gs:)", "not gs:// or hdfs:// yet"),
     ),
     BadConfig(
         "ledger secret written in the file",

@@ -145,14 +145,12 @@ def test_no_problem_raises_nothing() -> None:
     raise_problems([])
 
 
-@pytest.mark.parametrize(
-    "path", ["abfss://c@acct.dfs.core.windows.net/l", "dbfs:/ledger", "gs://b", "hdfs://nn/l"]
-)
+@pytest.mark.parametrize("path", ["dbfs:/ledger", "gs://b", "hdfs://nn/l"])
 def test_a_uri_ledger_path_is_refused_with_what_is_supported(path: str) -> None:
     with pytest.raises(ValueError, match="is a URI") as raised:
         LedgerConfig(path=path)
     assert "a path of a directory they all mount" in str(raised.value)
-    assert "only s3://" in str(raised.value)
+    assert "s3:// (and S3-compatible servers), az:// and abfss://" in str(raised.value)
     if path.startswith("dbfs"):
         assert "/dbfs/..." in str(raised.value)
 
@@ -163,6 +161,12 @@ def test_a_uri_ledger_path_is_refused_with_what_is_supported(path: str) -> None:
 def test_an_s3_ledger_path_is_accepted(path: str, expected: str) -> None:
     assert LedgerConfig(path=path).path == expected
     assert LedgerConfig(path=path).on_object_store
+
+
+def test_an_abfss_ledger_path_is_accepted_with_its_account() -> None:
+    ledger = LedgerConfig(path="abfss://c@acct.dfs.core.windows.net/l/")
+    assert (ledger.path, ledger.store_scheme) == ("abfss://c@acct.dfs.core.windows.net/l", "abfss")
+    assert ledger.store_values()["account_name"] == "acct"
 
 
 @pytest.mark.parametrize("path", ["s3:///no-bucket", "s3://key:secret@bucket/l"])
