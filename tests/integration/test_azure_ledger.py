@@ -18,8 +18,9 @@ import pytest
 from rmq_spark.devtools.azurite_server import AzuriteServer
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import store, tables
+from rmq_spark.ledger.resume import EarlierFiles
 from rmq_spark.ledger.store import StorePath
-from rmq_spark.ledger.writer import EarlierFiles, IntentLog, MessageLedgerWriter
+from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import TransferKey
 from tests.support.brokers import (
     Brokers,
