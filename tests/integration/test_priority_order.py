@@ -1,8 +1,8 @@
 """A quorum queue on RabbitMQ 4.x delivers by the `priority` property, with no queue
 argument: the run says how many moved messages set it, per transfer into one.
 
-One 4.3 pair (the session's `brokers_of_version`): the same six messages, three with a
-priority and three without, move into a quorum queue and into a classic one. Only the
+A 4.0 and a 4.3 pair (the session's `brokers_of_version`): the same six messages,
+three with a priority and three without, move into a quorum queue and into a classic one. Only the
 quorum destination reorders them, and only it is named, with the count, in the queues
 table, on the console and in the HTML report.
 """
@@ -59,11 +59,12 @@ def priorities_in_order(node: LocalNode, vhost: str, queue: str) -> list[int | N
         connection.close()
 
 
-@pytest.mark.parametrize("brokers_of_version", ["4.3"], indirect=True)
+@pytest.mark.parametrize("brokers_of_version", ["4.0", "4.3"], indirect=True)
 @pytest.mark.usefixtures("version_password_env")
 def test_the_run_counts_the_messages_a_quorum_destination_on_4_x_reorders_by_priority(
-    brokers_of_version: Brokers, tmp_path: Path, spark: SparkSession
+    brokers_of_version: Brokers, tmp_path: Path, spark: SparkSession, request: pytest.FixtureRequest
 ) -> None:
+    version = request.node.callspec.params["brokers_of_version"]
     source, destination = brokers_of_version.dr, brokers_of_version.main
     vhost = fresh_vhost(brokers_of_version, "priority-order")
     for queue in ("into-quorum", "into-classic"):
@@ -109,14 +110,14 @@ def test_the_run_counts_the_messages_a_quorum_destination_on_4_x_reorders_by_pri
     text = " ".join(console.getvalue().split())
     assert (
         f"priority order: {WITH_PRIORITY} of {len(PRIORITIES)} moved messages set a priority; "
-        f"the quorum queue main/{vhost}/into-quorum (RabbitMQ 4.3."
+        f"the quorum queue main/{vhost}/into-quorum (RabbitMQ {version}."
     ) in text
     assert "into-classic (RabbitMQ" not in text
     page = render_report(load_run(str(ledger), "priority-order"), None, report_dir=tmp_path)
     section = page.split("<h2>Priority order</h2>", 1)[1].split("</section>", 1)[0]
     assert f'into-quorum</td><td class="num">{WITH_PRIORITY}</td>' in section
     assert "into-classic" not in section
-    # What the count warns of: the quorum queue delivers 9 first; the classic one keeps
-    # the source's order.
+    # What the count warns of: the quorum queue delivers 9 first (4.3: in priority order;
+    # 4.0: 5 and above first); the classic one keeps the source's order.
     assert priorities_in_order(destination, vhost, "into-quorum")[0] == 9
     assert priorities_in_order(destination, vhost, "into-classic") == list(PRIORITIES)
