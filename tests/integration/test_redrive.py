@@ -1,0 +1,165 @@
+"""`rmq-spark redrive` against a DLQ the broker filled itself (tests/support/dead_letters.py).
+
+On 3.10 and 4.3: what x-death says on each (the origin is the newest entry, also after a
+second death), the dry run's counts by origin and reason with the DLQ left as it was, and
+the bad input refused with exit 2 and nothing moved.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rmq_spark.cli import main
+from rmq_spark.devtools.demo import wait_for_depth
+from rmq_spark.devtools.local_brokers import LocalNode
+from rmq_spark.redrive.headers import HeaderAction, HeaderPolicy, rewrite
+from rmq_spark.redrive.origin import death_entries, origin
+from rmq_spark.selection.fields import read_properties
+from rmq_spark.transfer.amqp091 import wire
+from tests.support.brokers import Brokers, depth, fresh_vhost, seed, write_config
+from tests.support.dead_letters import (
+    EXPIRING,
+    ORIGINS,
+    make_dead_letters,
+    read_queue,
+)
+
+pytestmark = pytest.mark.parametrize("brokers_of_version", ["3.10", "4.3"], indirect=True)
+
+PER_QUEUE = 6
+DLQ = "shop.dlq"
+WHERE = "last_death.reason = 'rejected' AND headers['tenant'] = 'acme'"
+
+
+def _message_id(properties: bytes) -> str | None:
+    value = read_properties(properties).values.get("message_id")
+    return None if value is None else str(value)
+
+
+def test_the_origin_is_the_newest_x_death_entry_also_after_a_second_death(
+    brokers_of_version: Brokers,
+) -> None:
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-origin")
+    published = make_dead_letters(node, vhost, DLQ, per_queue=2)
+    first = read_queue(node, vhost, DLQ)
+    assert [_message_id(p) for p, _ in first] == [m.message_id for m in published]
+    for (properties, _), sent in zip(first, published, strict=True):
+        found = origin(read_properties(properties), DLQ)
+        read = None if found is None else (found.queue, found.reason)
+        assert read == ((sent.origin, sent.reason) if sent.origin else None)
+
+    # A client sends the first rejected message on to the TTL queue, x-death and all (as a
+    # retry would); it expires there and dies a second time.
+    properties, body = first[0]
+    wire.install()
+    connection = node.connect(vhost)
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        retried = read_properties(properties)
+        assert retried.values["message_id"] == "orders-0"
+        channel.basic_publish(
+            "",
+            EXPIRING,
+            body,
+            properties=wire.ForwardedProperties(_with_expiration(properties, "20")),
+        )
+    finally:
+        connection.close()
+    [(again, _)] = _wait_for(node, vhost, DLQ, 1)
+    entries = death_entries(read_properties(again))
+    assert [(e.queue, e.reason) for e in entries] == [
+        (EXPIRING, "expired"),
+        ("orders", "rejected"),
+    ]
+    found = origin(read_properties(again), DLQ)
+    assert found is not None
+    assert found.queue == EXPIRING
+
+
+def _with_expiration(block: bytes, expiration: str) -> bytes:
+    restored = rewrite(block, HeaderPolicy(HeaderAction.KEEP, restore_expiration=True), expiration)
+    assert restored is not None
+    return restored
+
+
+def _wait_for(node: LocalNode, vhost: str, queue: str, count: int) -> list[tuple[bytes, bytes]]:
+    connection = node.connect(vhost)
+    try:
+        wait_for_depth(connection.channel(), queue, count)
+    finally:
+        connection.close()
+    return read_queue(node, vhost, queue)
+
+
+def test_dry_run_counts_by_origin_and_reason_and_leaves_the_dlq_as_it_was(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-dry-run")
+    published = make_dead_letters(node, vhost, DLQ, per_queue=PER_QUEUE)
+    config = write_config(
+        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+
+    code = main(
+        [
+            "redrive",
+            "--config",
+            str(config),
+            "--queue",
+            f"dr:{vhost}:{DLQ}",
+            "--where",
+            WHERE,
+            "--dry-run",
+        ]
+    )
+
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = [line.split() for line in out.splitlines()[2:]]
+    half = PER_QUEUE // 2
+    assert lines == [
+        ["moved", "orders", "rejected", str(half)],
+        ["moved", "payments", "rejected", str(half)],
+        # The stray has no x-death, so no last_death: the expression is NULL for it.
+        ["kept", DLQ, "not", "selected", str(PER_QUEUE + 2 * half + 1)],
+    ]
+    after = read_queue(node, vhost, DLQ)
+    assert [_message_id(p) for p, _ in after] == [m.message_id for m in published]
+    assert [body for _, body in after] == [m.body for m in published]
+    for origin_queue in ORIGINS:
+        assert depth(node, vhost, origin_queue) == 0
+
+
+def test_bad_input_is_one_error_exit_2_and_nothing_moves(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-bad-input")
+    seed(node, vhost, "plain", 5)
+    config = write_config(
+        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+    cases = [
+        (["--queue", f"dr:{vhost}:missing.dlq"], "has no queue 'missing.dlq'"),
+        (["--queue", f"dr:{vhost}:plain"], "none of its 5 messages has an x-death"),
+        (["--queue", f"dr:{vhost}:plain", "--where", "headers['a'] = = 'b'"], "position 16"),
+        (["--queue", f"dr:{vhost}:plain", "--where", "tenant = 'a'"], "unknown column 'tenant'"),
+    ]
+    for arguments, problem in cases:
+        code = main(["redrive", "--config", str(config), *arguments])
+        err = capsys.readouterr().err
+        assert code == 2, arguments
+        assert problem in err
+        assert len(err.strip().splitlines()) == 1
+    assert depth(node, vhost, "plain") == 5
