@@ -184,6 +184,13 @@ class Delivery:
     # without going back to the source. Bounded by the window like the delivery itself.
     body: bytes | None = field(default=None, repr=False)
     properties: bytes | None = field(default=None, repr=False)
+    # What a decider (transfer/decisions.py) made of it: "moved" to the destination, or
+    # "kept" (published back to the tail of its source queue, on the source's kept link).
+    decision: str = "moved"
+    reason: str | None = None  # why it was kept (for the report)
+    # Where it is published when not the link's own queue (a redrive's origin queue).
+    publish_exchange: str = ""
+    publish_routing_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +206,11 @@ class MoveOutcome:
     next_position: int
     seconds: float
     sessions: int
+    # A selective move's messages published back to their source (not in `messages`).
+    kept: int = 0
+    # Fences a selective move acked at its source (its own, and stale ones of earlier
+    # runs): removed from the source by the mover, never ledgered (transfer/selective.py).
+    fences: int = 0
     # Most body bytes held at once (received, not yet acked at the source): the byte
     # window's bound is window.bytes plus one message (byte_window.py).
     peak_held_bytes: int = 0

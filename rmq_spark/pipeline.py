@@ -39,12 +39,14 @@ from rmq_spark.partition_tasks import run_tasks
 from rmq_spark.planning.discovery import discover, measure_depths
 from rmq_spark.planning.executor_preflight import check_executors
 from rmq_spark.planning.plan import assign_partitions, plan_groups
+from rmq_spark.planning.selections import route_selections
 from rmq_spark.progress import ProgressReporter, depth_sampler
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
 from rmq_spark.transfer.outcomes import OUTCOME_SCHEMA, outcome_of
 from rmq_spark.transfer.rate_limit import describe_limits, limits_in_force, route_rate_limits
 from rmq_spark.verify import (
     DESTINATION_SHARED,
+    FENCES,
     SOURCE_REMOVED,
     Verification,
     verify_ledger_run,
@@ -372,6 +374,7 @@ def move(
         task_attempts=spark_task_attempts(spark),
         node_uris=nodes or {},
         rate_limits=rate_limits or {},
+        selections=route_selections(config),
     )
     task = partial(move_partition, groups=plan, settings=settings)
     return [outcome_of(row) for row in run_tasks(spark, len(plan), task, OUTCOME_SCHEMA)]
@@ -445,6 +448,7 @@ def counters_rows(
                 "destination_depth_after": after[transfer][1],
                 DESTINATION_SHARED: transfer.route in shared_routes,
                 SOURCE_REMOVED: (removed or {}).get(key),
+                FENCES: outcome.fences if outcome is not None else 0,
             }
         )
     return rows

@@ -270,6 +270,12 @@ class RouteConfig(_Strict):
     limits: Limits = Limits()
     """A rate for each queue of the route; a queue keeps to the smaller of this and its
     share of the job's limits."""
+    select: str | None = None
+    """Move only the messages this Spark SQL boolean expression selects (a WHERE clause
+    without the keyword, over the message columns of docs/selection.md, e.g.
+    `headers['tenant'] = 'acme'`); the others are published back to the tail of their
+    source queue, in their order, each with a ledger row saying "kept". Exactly the
+    messages present when the move starts are examined. Unset: every message moves."""
 
 
 class WindowConfig(_Strict):

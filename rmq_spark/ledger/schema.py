@@ -97,6 +97,14 @@ MESSAGES: tuple[Column, ...] = (
         _INT64,
         "Connection session within the task attempt: 0, then +1 after each reconnect.",
     ),
+    _c(
+        "decision",
+        _STRING,
+        "moved (published to the destination) | kept (a selective move published it back "
+        "to the tail of its source queue; its publish_seq numbers that link's confirms). "
+        "Null in rows written before the column existed: moved.",
+        nullable=True,
+    ),
 )
 
 QUEUES: tuple[Column, ...] = (

@@ -121,6 +121,7 @@ _PER_ROW_ATTRIBUTES = {
     "consumed_at": "consumed_at",
     "confirmed_at": "confirmed_at",
     "session": "session",
+    "decision": "decision",
 }
 _PER_ROW_COLUMNS = tuple(_PER_ROW_ATTRIBUTES)
 _per_row_fields = operator.attrgetter(*_PER_ROW_ATTRIBUTES.values())

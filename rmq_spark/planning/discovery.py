@@ -37,6 +37,7 @@ from rmq_spark.config import JobConfig
 from rmq_spark.model import QueueTransfer
 from rmq_spark.planning.preflight import _Preflight
 from rmq_spark.planning.rules import hosting_node
+from rmq_spark.planning.selections import route_selections
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def discover(
     anything is created or moved. With `dry_run`, missing destinations are not created:
     their transfers come back with `destination_created` set and a destination depth of 0.
     """
+    route_selections(config)  # a bad select is a config error: before any broker call
     preflight = _Preflight(config, clients)
     preflight.check_clusters()
     candidates = preflight.source_candidates()

@@ -38,6 +38,8 @@ def result_summary(result: RunResult, ledger_path: str) -> dict[str, Any]:
         "queues": len(result.transfers),
         "failed_queues": sum(1 for o in result.outcomes if o.status != "moved"),
         "messages": verification.messages,
+        # A selective move's messages published back to their source (routes[].select).
+        "kept": verification.kept,
         "bytes": verification.bytes,
         "lost": verification.lost,
         "duplicates": verification.duplicates,
@@ -100,6 +102,13 @@ def print_queue_table(
     if len(shown) < len(queues):
         Console(file=file, width=160).print(
             f"... and {len(queues) - len(shown)} more queues, all verified (the report lists them)"
+        )
+    if result.verification.kept:
+        Console(file=file, width=160).print(
+            f"decisions: moved {result.verification.messages:,}, kept in the source "
+            f"{result.verification.kept:,}",
+            markup=False,
+            highlight=False,
         )
     for line in brake_lines(result):
         Console(file=file, width=160).print(line, markup=False, highlight=False)

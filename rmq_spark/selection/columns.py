@@ -47,6 +47,12 @@ DEATH = pa.struct(
 DEATH_FIELDS = tuple(DEATH.field(i).name for i in range(DEATH.num_fields))
 
 
+# Columns a route's select cannot read: the mover's source reader keeps a delivery's
+# tag, redelivered flag, property bytes and body (transfer/amqp091/inbound.py), not the
+# exchange and routing key it was delivered with.
+ROUTE_UNREAD = frozenset({"exchange", "routing_key"})
+
+
 @dataclass(frozen=True)
 class Message:
     """What the selection sees of one delivery: its routing, its property block, its body."""

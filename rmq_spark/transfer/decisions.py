@@ -22,18 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from rmq_spark.selection import Message, Selection
+from rmq_spark.model import Delivery
+
+if TYPE_CHECKING:  # imported when a batch is decided: a plain move never loads DuckDB
+    from rmq_spark.selection import Message, Selection
 
 DecisionKind = Literal["moved", "kept"]
 MOVED: DecisionKind = "moved"
 KEPT: DecisionKind = "kept"
-
-# Columns a route's selection cannot read: the engine's source reader keeps only a
-# delivery's tag, redelivered flag, property bytes and body (amqp091/inbound.py), not the
-# exchange and routing key it was delivered with.
-UNREAD_COLUMNS = frozenset({"exchange", "routing_key"})
 
 NOT_SELECTED = "not selected"
 
@@ -77,7 +75,7 @@ class BatchDecider(Protocol):
 class SelectDecider:
     """A route's `select`: TRUE moves the message, FALSE or NULL keeps it in the source.
 
-    >>> from rmq_spark.selection import Selection
+    >>> from rmq_spark.selection import Message, Selection
     >>> decider = SelectDecider(Selection.compile("body_size > 1", where="routes[0]"))
     >>> [d.kind for d in decider.decide([Message("", "", False, b"\\x00\\x00", b"ab")])]
     ['moved']
@@ -103,15 +101,25 @@ class SelectDecider:
 def batch_messages(pending: Sequence[tuple[int, bool, bytes, bytes]]) -> list[Message]:
     """The selection's view of a batch of deliveries (tag, redelivered, body, properties).
 
-    The exchange and routing key are not read off the wire (`UNREAD_COLUMNS`): they are
-    empty here, and a route's expression may not name them.
+    The exchange and routing key are not read off the wire: they are empty here, and a
+    route's expression may not name them (`selection.columns.ROUTE_UNREAD`).
     """
+    from rmq_spark.selection import Message
+
     return [
         Message("", "", redelivered, properties, body)
         for _tag, redelivered, body, properties in pending
     ]
 
 
-def unread_columns(selection: Selection) -> list[str]:
-    """The columns `selection` reads that a route's engine cannot give it."""
-    return sorted(UNREAD_COLUMNS.intersection(selection.columns))
+def apply_decisions(batch: Sequence[Delivery], decisions: Sequence[Decision]) -> None:
+    """Note on each delivery of a batch what its decision says beyond moved or kept
+    (`TransferWindow.on_publish` has put it on its link): why it was kept, where a
+    re-routed one goes, the property bytes a header policy rewrote."""
+    for delivery, decision in zip(batch, decisions, strict=True):
+        delivery.reason = decision.reason
+        if decision.routing_key is not None:
+            delivery.publish_exchange = decision.exchange
+            delivery.publish_routing_key = decision.routing_key
+        if decision.properties is not None:
+            delivery.properties = decision.properties

@@ -26,9 +26,11 @@ from rmq_spark.ledger.writer import EarlierFiles, IntentLog, MessageLedgerWriter
 from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
 from rmq_spark.transfer.amqp091.pool import ConnectionPool
+from rmq_spark.transfer.decisions import BatchDecider, SelectDecider
 from rmq_spark.transfer.lanes import run_movers
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.outcomes import outcome_row
+from rmq_spark.transfer.selective import fence_id
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class ExecutorSettings:
     rate_limits: dict[str, Limits] = field(default_factory=dict)
     # An object-store ledger's options (credentials included; its repr masks them).
     ledger_store: StoreOptions | None = None
+    # route -> its `select` expression, checked by the driver (planning/selections.py);
+    # a route not named here moves every message.
+    selections: dict[str, str] = field(default_factory=dict)
 
 
 def move_partition(
@@ -155,7 +160,22 @@ def queue_mover(
         limits=settings.mover,
         delivery_guard=guard,
         rate_limits=settings.rate_limits.get(str(row.get("route") or "")),
+        decider=route_decider(settings, str(row.get("route") or "")),
+        fence_id=fence_id(settings.run_id, key),
     )
+
+
+def route_decider(settings: ExecutorSettings, route: str) -> BatchDecider | None:
+    """A route's `select` as the engine's decider; None (a plain move) without one.
+
+    Imported here, so a plain move's task never loads sqlglot and DuckDB.
+    """
+    expression = settings.selections.get(route)
+    if expression is None:
+        return None
+    from rmq_spark.selection import Selection
+
+    return SelectDecider(Selection.compile(expression, where=f"route {route}"))
 
 
 def _endpoint(

@@ -30,11 +30,14 @@ from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.errors import TransferError
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
 from rmq_spark.transfer.byte_window import ByteWindow
+from rmq_spark.transfer.decisions import BatchDecider
 from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.lanes import LEDGER, run_movers
 from rmq_spark.transfer.outbound import backoff_seconds
 from rmq_spark.transfer.ports import Connector, EngineLoop, IntentSink, LedgerSink
 from rmq_spark.transfer.rate_limit import RateBrake
+from rmq_spark.transfer.selective import FenceState
+from rmq_spark.transfer.selective_session import SelectiveSession
 from rmq_spark.transfer.session import Session, SessionEnd, Shared
 from rmq_spark.transfer.stages import NOTHING_YET, WindowStages
 
@@ -88,6 +91,8 @@ class QueueMover:
         monotonic: Callable[[], float] = time.monotonic,
         delivery_guard: ReturnGuard | None = None,
         rate_limits: Limits | None = None,
+        decider: BatchDecider | None = None,
+        fence_id: str | None = None,
     ) -> None:
         self._key = key
         self._connector = connector
@@ -114,6 +119,10 @@ class QueueMover:
         self._moved_messages = 0
         self._moved_bytes = 0
         self._peak_held_bytes = 0
+        # A selective move (a route's select): a decider per batch, a fence in the source.
+        self._decider = decider
+        self._fence = None if decider is None else FenceState(fence_id or key.file_prefix)
+        self._kept_messages = 0
 
     @property
     def prefetch(self) -> int:
@@ -161,6 +170,8 @@ class QueueMover:
             monotonic=self._monotonic,
             brake=self._brake,
             depth=self._depth,
+            decider=self._decider,
+            fence=self._fence,
         )
         log.info(
             "moving %s (window %d messages, %d bytes)",
@@ -184,7 +195,8 @@ class QueueMover:
 
     def _start_session(self) -> None:
         """A fresh session; positions continue where the last one stopped."""
-        session = Session(
+        kind = Session if self._decider is None else SelectiveSession
+        session = kind(
             self._sessions,
             self._shared,
             first_position=self._next_position,
@@ -203,6 +215,7 @@ class QueueMover:
         self._next_position = end.next_position
         self._error = end.error
         self._moved_messages += session.settlement.moved_messages
+        self._kept_messages += session.settlement.kept_messages
         self._moved_bytes += session.settlement.moved_bytes
         self._peak_held_bytes = max(self._peak_held_bytes, session.outbound.peak_held_bytes)
         if end.how == "fatal":
@@ -248,6 +261,12 @@ class QueueMover:
             next_position=self._next_position,
             seconds=seconds,
             sessions=self._sessions,
+            kept=self._kept_messages,
+            fences=(
+                0
+                if self._fence is None or not self._fence.reached
+                else 1 + self._fence.stale_dropped
+            ),
             peak_held_bytes=self._peak_held_bytes,
             rate_limits=self._rate_limits,
             rate_held_seconds=(
@@ -264,6 +283,8 @@ class QueueMover:
         A mover that returns an outcome has a row for every publish that may have
         arrived, so its intents are spent; one that dies keeps them for the retry.
         """
+        if self._decider is not None:
+            self._decider.close()
         if isinstance(result, BaseException):
             self._intents.close(finished=False)
             self._on_finished(result)

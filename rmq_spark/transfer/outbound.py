@@ -12,10 +12,11 @@ so it cannot have arrived, and it goes back to the source.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import partial
 from hashlib import sha256
+from itertools import repeat
 from typing import Protocol
 
 from rmq_spark.broker.delivery_limit import ReturnGuard
@@ -23,6 +24,7 @@ from rmq_spark.config import MoverConfig
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.decisions import Decision, apply_decisions
 from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.gate import PublishGate
 from rmq_spark.transfer.lanes import INTENTS
@@ -119,6 +121,10 @@ class Outbound:
         self._digest_properties = connector.digest_properties
         # Deliveries received but not yet logged and published (one loop iteration's worth).
         self._pending: list[tuple[int, bool, bytes, bytes]] = []
+        # A selective move's (selective_session.py): decide a batch, publish on two links.
+        self.decide: Callable[[Sequence[tuple[int, bool, bytes, bytes]]], list[Decision]] | None
+        self.decide = None
+        self.publish_batch: Callable[[Sequence[Delivery]], None] = destination.publish
         self._pending_bytes = 0
         self._pending_largest = 0
         self._flush_scheduled = False
@@ -214,6 +220,8 @@ class Outbound:
         consumed_at = self._clock()  # one reading per batch: they arrived together
         digest_properties = self._digest_properties
         message_id_of = self._message_id_of
+        decisions = None if self.decide is None else self.decide(pending)
+        kept_flags = repeat(False) if decisions is None else [d.kept for d in decisions]
         batch = [
             on_publish(
                 tag,
@@ -225,9 +233,14 @@ class Outbound:
                 body=body,
                 properties=property_bytes,
                 consumed_at=consumed_at,
+                kept=kept,
             )
-            for tag, redelivered, body, property_bytes in pending
+            for (tag, redelivered, body, property_bytes), kept in zip(
+                pending, kept_flags, strict=False
+            )
         ]
+        if decisions is not None:
+            apply_decisions(batch, decisions)
         intents = self._intents
         self._logging_intents = True
         self._send_when_durable(batch, lambda: intents.append(batch))
@@ -279,7 +292,7 @@ class Outbound:
             if error is not None:
                 self._host.write_failed(error)
             return
-        self._destination.publish(outgoing.deliveries)
+        self.publish_batch(outgoing.deliveries)
         if self._logging_intents and outgoing.logs_intents:
             self._logging_intents = False
             if self._pending:

@@ -221,5 +221,9 @@ class Connector(Protocol):
         self, events: SessionEvents, ioloop: EventLoop, label: str
     ) -> tuple[SourceLink, DestinationLink]: ...
 
+    def connect_kept(self, events: SessionEvents, ioloop: EventLoop, label: str) -> DestinationLink:
+        """A selective move's kept link (selective.py): publishes, with confirms, to the
+        SOURCE queue through the default exchange, on the source cluster."""
+
     def event_loop(self) -> EventLoop:
         """A new I/O loop the links can run on (`QueueMover.run`)."""

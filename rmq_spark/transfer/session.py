@@ -37,6 +37,7 @@ from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.transfer import refusals
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.decisions import BatchDecider
 from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.drain import STOP_CONFIRM_TIMEOUT_SECONDS, DrainStep
 from rmq_spark.transfer.outbound import Outbound
@@ -52,6 +53,7 @@ from rmq_spark.transfer.ports import (
     SourceLink,
 )
 from rmq_spark.transfer.rate_limit import RateBrake
+from rmq_spark.transfer.selective import FenceState
 from rmq_spark.transfer.settlement import Settlement
 from rmq_spark.transfer.stages import WindowStages
 from rmq_spark.transfer.window import TransferWindow
@@ -90,6 +92,9 @@ class Shared:
     monotonic: Callable[[], float]
     brake: RateBrake | None = None  # the rate limits (rate_limit.py); outlives a session
     depth: DepthBound | None = None  # the destination depth bound (depth_bound.py); likewise
+    # A selective move's decider and fence (selective.py); None: a plain move.
+    decider: BatchDecider | None = None
+    fence: FenceState | None = None
 
 
 class Session:

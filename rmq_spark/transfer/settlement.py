@@ -57,6 +57,8 @@ class Settlement:
         self._last_write: DurableJob | None = None  # the lane's jobs finish in order
         self.moved_messages = 0
         self.moved_bytes = 0
+        self.kept_messages = 0  # a selective move's rows of messages kept in the source
+        self.counts_kept = False  # set by a selective session: only then are rows split
 
     def settle(self) -> None:
         """Start writing ledger rows for confirmed deliveries; ack what is already durable."""
@@ -107,6 +109,10 @@ class Settlement:
             self._host.drain_step()
 
     def _count_moved(self, rows: list[Delivery]) -> None:
+        if self.counts_kept:
+            kept = [row for row in rows if row.decision == "kept"]
+            self.kept_messages += len(kept)
+            rows = [row for row in rows if row.decision != "kept"]
         self.moved_messages += len(rows)
         self.moved_bytes += sum(row.body_size for row in rows)
 

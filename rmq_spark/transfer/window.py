@@ -19,6 +19,12 @@ newest positions, so the next session numbers from the first of them
 (`next_position`). A nacked delivery waiting for its republish was sent at least
 once, so it ends as an uncertain row like any publish without a confirm.
 
+A transfer with a decider (`decisions.py`) publishes on two links: moved deliveries to
+the destination, kept ones back to the tail of their source queue. Each link numbers its
+own confirms, so each has its own sequence numbers and its own unconfirmed deliveries
+(a lane); positions, states and acks are one for both, so the source is acked past a
+position only when every delivery before it is durable, whichever link confirmed it.
+
 The source is acked with `multiple=True` up to the highest delivery tag below
 which every delivery is DURABLE. A REFUSED or NACKED delivery stops that prefix: a
 multiple ack past it would ack it too. Deliveries after one are acked one by one
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from rmq_spark.model import Delivery, DeliveryState
+from rmq_spark.transfer.confirm_lanes import ConfirmLanes, earliest_published
 
 # Flush the ledger when this share of the window is confirmed but not yet durable
 # (or nothing else is unconfirmed, or the oldest waited MAX_FLUSH_DELAY_SECONDS):
@@ -88,9 +95,8 @@ class TransferWindow:
         self._flush_at = max(1, window_messages // FLUSH_FRACTION)
         self._clock = clock
         self._by_tag: OrderedDict[int, Delivery] = OrderedDict()
-        self._unconfirmed: OrderedDict[int, Delivery] = OrderedDict()
+        self._unconfirmed = ConfirmLanes()  # per link: the destination's, the kept one's
         self._unwritten: list[Delivery] = []
-        self._next_seq = 1
         self._next_position = first_position
         # Positions of first publishes withdrawn unsent: the next session gives them again.
         self._released: set[int] = set()
@@ -121,8 +127,10 @@ class TransferWindow:
         body: bytes | None = None,
         properties: bytes | None = None,
         consumed_at: datetime | None = None,
+        kept: bool = False,
     ) -> Delivery:
-        """Called for a delivery about to be published: gives it a position and a seq.
+        """Called for a delivery about to be published: gives it a position and a seq
+        (of the kept link when `kept`: published back to its source queue).
 
         `consumed_at` defaults to the clock's reading now.
         """
@@ -130,7 +138,7 @@ class TransferWindow:
             raise ValueError(f"delivery tag {tag} is not above the last one seen")
         delivery = Delivery(
             tag=tag,
-            seq=self._next_seq,
+            seq=self._unconfirmed.take_seq(kept),
             position=self._next_position,
             redelivered=redelivered,
             body_size=body_size,
@@ -141,19 +149,20 @@ class TransferWindow:
             session=self._session,
             body=body,
             properties=properties,
+            decision="kept" if kept else "moved",
         )
-        self._next_seq += 1
         self._next_position += 1
         self._by_tag[tag] = delivery
-        self._unconfirmed[delivery.seq] = delivery
+        self._unconfirmed.add(delivery)
         self.in_flight_bytes += body_size
         return delivery
 
-    def on_confirm(self, seq: int, *, multiple: bool) -> list[Delivery]:
-        """A basic.ack from the destination. Returns the deliveries it confirmed."""
+    def on_confirm(self, seq: int, *, multiple: bool, kept: bool = False) -> list[Delivery]:
+        """A basic.ack from the destination (from the kept link when `kept`). Returns
+        the deliveries it confirmed."""
         confirmed = []
         now = self._clock()
-        for delivery in self._settle(seq, multiple):
+        for delivery in self._unconfirmed.settle(seq, multiple, kept):
             if delivery.state is DeliveryState.REFUSED:
                 continue  # returned before its ack: routed nowhere, so not confirmed
             delivery.state = DeliveryState.CONFIRMED
@@ -163,13 +172,14 @@ class TransferWindow:
             confirmed.append(delivery)
         return confirmed
 
-    def on_nack(self, seq: int, *, multiple: bool) -> list[Delivery]:
-        """A basic.nack from the destination. Returns the deliveries it nacked.
+    def on_nack(self, seq: int, *, multiple: bool, kept: bool = False) -> list[Delivery]:
+        """A basic.nack from the destination (the kept link when `kept`). Returns the
+        deliveries it nacked.
 
         They wait as NACKED until the mover either republishes or refuses them.
         """
         nacked = []
-        for delivery in self._settle(seq, multiple):
+        for delivery in self._unconfirmed.settle(seq, multiple, kept):
             if delivery.state is not DeliveryState.REFUSED:
                 delivery.state = DeliveryState.NACKED
                 self._ever_blocked = True
@@ -182,10 +192,9 @@ class TransferWindow:
         if delivery.state is not DeliveryState.NACKED:
             raise ValueError(f"delivery tag {delivery.tag} is {delivery.state.value}, not nacked")
         delivery.state = DeliveryState.PUBLISHED
-        delivery.seq = self._next_seq
+        delivery.seq = self._unconfirmed.take_seq(delivery.decision == "kept")
         delivery.attempts += 1
-        self._next_seq += 1
-        self._unconfirmed[delivery.seq] = delivery
+        self._unconfirmed.add(delivery)
 
     def refuse(self, delivery: Delivery, reason: str) -> None:
         """Give up on a nacked delivery: it is never acked and goes back to the source."""
@@ -203,7 +212,7 @@ class TransferWindow:
         for delivery in deliveries:
             if delivery.state is not DeliveryState.PUBLISHED:
                 continue
-            self._unconfirmed.pop(delivery.seq, None)
+            self._unconfirmed.of(delivery).pop(delivery.seq, None)
             if delivery.attempts > 1:
                 delivery.state = DeliveryState.NACKED
                 continue
@@ -217,8 +226,7 @@ class TransferWindow:
         confirm time, so a copy that did arrive is named in the ledger when the source
         redelivers it.
         """
-        uncertain = list(self._unconfirmed.values())
-        self._unconfirmed.clear()
+        uncertain = self._unconfirmed.take_all()
         # Nacked ones still waiting for their republish were sent and never confirmed
         # either (a nack is no proof of absence: another queue on the route may hold a
         # copy); without a row their positions would be a gap.
@@ -233,29 +241,29 @@ class TransferWindow:
         """The destination closed its channel over a message of `body_size` bytes (too
         large for it): the earliest unconfirmed publish of that size never arrived, so
         it is REFUSED, not uncertain. Returns it, or None if none matches."""
-        for delivery in self._unconfirmed.values():
-            if delivery.state is DeliveryState.PUBLISHED and delivery.body_size == body_size:
-                self._unconfirmed.pop(delivery.seq)
-                self._refuse(delivery, reason)
-                return delivery
-        return None
+        lane = self._unconfirmed.destination
+        delivery = earliest_published(lane, lambda d: d.body_size == body_size)
+        if delivery is not None:
+            lane.pop(delivery.seq)
+            self._refuse(delivery, reason)
+        return delivery
 
-    def on_return(self, body_sha256: str, properties_sha256: str, reason: str) -> Delivery | None:
-        """A basic.return (mandatory publish routed nowhere).
+    def on_return(
+        self, body_sha256: str, properties_sha256: str, reason: str, *, kept: bool = False
+    ) -> Delivery | None:
+        """A basic.return (mandatory publish routed nowhere; on the kept link when `kept`).
 
         RabbitMQ sends the return before the confirm of the same message, and returns
         come in publish order, so the returned message is the earliest unconfirmed
         delivery with the same content. Returns None if none matches.
         """
-        for delivery in self._unconfirmed.values():
-            if (
-                delivery.state is DeliveryState.PUBLISHED
-                and delivery.body_sha256 == body_sha256
-                and delivery.properties_sha256 == properties_sha256
-            ):
-                self._refuse(delivery, reason)
-                return delivery
-        return None
+        delivery = earliest_published(
+            self._unconfirmed.lane(kept),
+            lambda d: d.body_sha256 == body_sha256 and d.properties_sha256 == properties_sha256,
+        )
+        if delivery is not None:
+            self._refuse(delivery, reason)
+        return delivery
 
     # -- what to do next ------------------------------------------------------------
 
@@ -263,7 +271,7 @@ class TransferWindow:
         """Whether the confirmed-but-unwritten deliveries should be written now."""
         if not self._unwritten:
             return False
-        if draining or len(self._unwritten) >= self._flush_at or not self._unconfirmed:
+        if draining or len(self._unwritten) >= self._flush_at or not self.unconfirmed:
             return True
         waited = self._clock() - self._unwritten[0].confirmed_at  # type: ignore[operator]
         return waited.total_seconds() >= MAX_FLUSH_DELAY_SECONDS
@@ -322,7 +330,7 @@ class TransferWindow:
 
     @property
     def unconfirmed(self) -> int:
-        """Publishes still waiting for the destination's confirm."""
+        """Publishes still waiting for their confirm (the destination's or the kept link's)."""
         return len(self._unconfirmed)
 
     @property
@@ -346,15 +354,6 @@ class TransferWindow:
         return position
 
     # -- internals ------------------------------------------------------------------
-
-    def _settle(self, seq: int, multiple: bool) -> list[Delivery]:
-        if multiple:
-            settled = []
-            while self._unconfirmed and next(iter(self._unconfirmed)) <= seq:
-                settled.append(self._unconfirmed.popitem(last=False)[1])
-            return settled
-        delivery = self._unconfirmed.pop(seq, None)
-        return [] if delivery is None else [delivery]
 
     def _refuse(self, delivery: Delivery, reason: str) -> None:
         self._ever_blocked = True

@@ -41,10 +41,12 @@ from rmq_spark.ledger import tables
 from rmq_spark.ledger.schema import QUEUES, spark_schema
 from rmq_spark.verify.columns import (
     COUNTER_COLUMNS,
+    DECISION,
     DEPTH_COLUMNS,
     DESTINATION_SHARED,
     ENGINE_DRIVER,
     ENGINE_SPARK,
+    FENCES,
     LOCAL_MAX_ROWS,
     MESSAGE_CHECK_COLUMNS,
     MESSAGE_COLUMNS,
@@ -80,10 +82,12 @@ from rmq_spark.verify.verdicts import (
 __all__ = [
     "COUNTER_COLUMNS",
     "DATA_DOCS_DIR",
+    "DECISION",
     "DEPTH_COLUMNS",
     "DESTINATION_SHARED",
     "ENGINE_DRIVER",
     "ENGINE_SPARK",
+    "FENCES",
     "LOCAL_MAX_ROWS",
     "MESSAGE_CHECK_COLUMNS",
     "MESSAGE_COLUMNS",
@@ -131,6 +135,8 @@ def verify_ledger_run(
     rows = dataset.count_rows()
     if rows <= local_max_rows:
         columns = list(dict.fromkeys([*SUMMARY_INPUT_COLUMNS, *MESSAGE_CHECK_COLUMNS]))
+        if DECISION in dataset.schema.names:
+            columns.append(DECISION)
         messages = tables.read_arrow(ledger_path, "messages", run_id=run_id, columns=columns)
         return verify_run_arrow(run_id, messages, counters, out_dir)
     log.info("run %s: %d ledger rows, verified in Spark", run_id, rows)
@@ -138,6 +144,7 @@ def verify_ledger_run(
         spark_schema(tuple(c for c in QUEUES if c.name in COUNTER_COLUMNS))
         .add(DESTINATION_SHARED, T.BooleanType(), nullable=False)
         .add(SOURCE_REMOVED, T.LongType(), nullable=True)
+        .add(FENCES, T.LongType(), nullable=True)
     )
     return verify_run(
         run_id,
@@ -148,6 +155,7 @@ def verify_ledger_run(
                     **{name: row[name] for name in COUNTER_COLUMNS},
                     DESTINATION_SHARED: bool(row.get(DESTINATION_SHARED, False)),
                     SOURCE_REMOVED: row.get(SOURCE_REMOVED),
+                    FENCES: row.get(FENCES),
                 }
                 for row in counters
             ],
@@ -265,6 +273,7 @@ def _verification(
         run_id=run_id,
         queues=verdicts,
         messages=sum(v.distinct_messages for v in verdicts),
+        kept=sum(v.kept_messages for v in verdicts),
         bytes=sum(v.bytes for v in verdicts),
         lost=sum(v.lost for v in verdicts),
         duplicates=sum(v.duplicates for v in verdicts),

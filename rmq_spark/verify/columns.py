@@ -26,6 +26,12 @@ DESTINATION_SHARED = "destination_shared"
 # broker's counters (`broker/removals.py`); null when they cannot tell. It proves what
 # left a source others keep publishing to, where the depth drop cannot.
 SOURCE_REMOVED = "source_removed"
+# Optional counter: the fences a selective move acked at its source (transfer/selective.py),
+# which the consumer counters see as removals without a ledger row.
+FENCES = "fences"
+# Ledger rows of messages a selective move kept (published back to their source); null
+# (rows written before the column existed) is "moved".
+KEPT = "kept"
 # What proves what left the source (`source_witness`): the consumer counters, the
 # depth drop (nothing was moved beyond it), or nothing (more was moved than the depth
 # fell, with no counters: messages arrived meanwhile, and whether another consumer took
@@ -54,6 +60,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "uncertain_rows",
     "duplicates",
     "distinct_messages",
+    "kept_messages",
     "bytes",
     "source_drop",
     "destination_rise",
@@ -99,6 +106,8 @@ SUMMARY_INPUT_COLUMNS: tuple[str, ...] = (
     "task_attempt",
     "session",
 )
+# Read too where the ledger has it (rows written before it existed are "moved").
+DECISION = "decision"
 # Runs with at most this many ledger rows are verified on the driver (pyarrow + GE on
 # pandas, roughly 150 bytes of driver memory per row); larger ones in Spark.
 LOCAL_MAX_ROWS = 1_000_000

@@ -16,8 +16,11 @@ from rmq_spark.model import TransferKey
 from rmq_spark.verify.columns import (
     CONFIRMED_BEFORE_CONSUMED,
     COUNTER_COLUMNS,
+    DECISION,
     DEPTH_COLUMNS,
     DESTINATION_SHARED,
+    FENCES,
+    KEPT,
     NULL_BODY_SHA256,
     NULL_PROPERTIES_SHA256,
     PROBLEM_COUNTS,
@@ -56,6 +59,12 @@ def summarize_arrow(
             )
     key = list(TRANSFER_KEY)
     confirmed = _flags(pc.is_valid(messages["confirmed_at"]))
+    # A selective move's kept rows (published back to the source); null is "moved".
+    kept = (
+        _flags(pc.equal(messages[DECISION], KEPT))
+        if DECISION in messages.column_names
+        else np.zeros(messages.num_rows, dtype=bool)
+    )
     redelivered = _flags(messages["redelivered"])
     # One small integer per transfer: sorting on it is much cheaper than on seven strings.
     # (A null key part joins as NUL: key columns are not nullable in the ledger anyway.)
@@ -86,11 +95,12 @@ def summarize_arrow(
                 "_transfer": transfer,
                 "task_attempt": messages["task_attempt"],
                 "session": messages["session"],
+                "_kept": pa.array(kept),  # each link numbers its own publishes
                 "position": messages["position"],
                 "publish_seq": messages["publish_seq"],
             }
         ),
-        ["_transfer", "task_attempt", "session"],
+        ["_transfer", "task_attempt", "session", "_kept"],
         "position",
         "publish_seq",
     )
@@ -104,11 +114,14 @@ def summarize_arrow(
             "_row": as_count(np.ones(messages.num_rows, dtype=bool)),
             "_confirmed": as_count(confirmed),
             "_duplicate": as_count(duplicate),
+            "_kept": as_count(kept),
+            "_kept_confirmed": as_count(kept & confirmed),
+            "_kept_distinct": as_count(kept & confirmed & ~duplicate),
             "_redelivered": as_count(redelivered),
             "_retried": as_count(_flags(pc.greater(messages["publish_attempts"], 1))),
             "_reordered": as_count(out_of_order),
             "_bytes": pc.if_else(
-                pa.array(confirmed & ~duplicate),
+                pa.array(confirmed & ~duplicate & ~kept),
                 messages["body_size"],
                 pa.scalar(None, pa.int64()),
             ),
@@ -125,6 +138,9 @@ def summarize_arrow(
             ("_row", "sum"),
             ("_confirmed", "sum"),
             ("_duplicate", "sum"),
+            ("_kept", "sum"),
+            ("_kept_confirmed", "sum"),
+            ("_kept_distinct", "sum"),
             ("_redelivered", "sum"),
             ("_retried", "sum"),
             ("_reordered", "sum"),
@@ -236,14 +252,22 @@ def _summary_row(
     confirmed_rows = count("_confirmed_sum")
     confirmed_duplicates = count("_duplicate_sum")
     uncertain_rows = ledger_rows - confirmed_rows
-    distinct_messages = confirmed_rows - confirmed_duplicates
+    # A selective move's kept rows went back to the source, not to the destination: the
+    # destination's figures count the moved rows only, and what left the source (acked)
+    # is the moved, the kept and the fences.
+    kept_messages = count("_kept_distinct_sum")
+    moved_rows = ledger_rows - count("_kept_sum")
+    moved_confirmed = confirmed_rows - count("_kept_confirmed_sum")
+    moved_uncertain = moved_rows - moved_confirmed
+    distinct_messages = confirmed_rows - confirmed_duplicates - kept_messages
+    acked = distinct_messages + kept_messages + int(counters.get(FENCES) or 0)
     source_drop = minus(counters.get("source_depth_before"), counters.get("source_depth_after"))
     destination_rise = minus(
         counters.get("destination_depth_after"), counters.get("destination_depth_before")
     )
     # Spark's greatest() and least() skip nulls, so an unknown rise explains nothing.
-    arrived = max(minus(destination_rise, confirmed_rows) or 0, 0)
-    uncertain_arrived = min(arrived, uncertain_rows)
+    arrived = max(minus(destination_rise, moved_confirmed) or 0, 0)
+    uncertain_arrived = min(arrived, moved_uncertain)
     redelivered_rows = count("_redelivered_sum")
     retried_rows = count("_retried_sum")
     reordered = count("_reordered_sum")
@@ -258,11 +282,7 @@ def _summary_row(
     # What left the source: the consumer counters when they saw at least what was
     # moved (above it, another consumer took messages), else the depth drop.
     removed = counters.get(SOURCE_REMOVED)
-    taken = (
-        removed - distinct_messages
-        if removed is not None and removed >= distinct_messages
-        else None
-    )
+    taken = removed - acked if removed is not None and removed >= acked else None
     counted = taken is not None
     if counted:
         witness = WITNESS_COUNTERS
@@ -272,7 +292,7 @@ def _summary_row(
         witness = WITNESS_NONE
     status = counters.get("status")
     shared = bool(counters.get(DESTINATION_SHARED) or False)
-    above_ledger = max(minus(destination_rise, ledger_rows) or 0, 0)
+    above_ledger = max(minus(destination_rise, moved_rows) or 0, 0)
     row: dict[str, Any] = {name: value for name, value in zip(TRANSFER_KEY, key, strict=True)}
     row |= {
         "status": status if status is not None else STATUS_UNPLANNED,
@@ -283,6 +303,7 @@ def _summary_row(
         "uncertain_rows": uncertain_rows,
         "duplicates": confirmed_duplicates + uncertain_arrived,
         "distinct_messages": distinct_messages,
+        "kept_messages": kept_messages,
         "bytes": count("_bytes_sum"),
         "source_drop": source_drop,
         "destination_rise": destination_rise,
@@ -293,7 +314,7 @@ def _summary_row(
         "unexpected": 0 if shared else above_ledger,
         DESTINATION_SHARED: shared,
         "live_arrivals": above_ledger if shared else 0,
-        "missing_at_destination": max(minus(confirmed_rows, destination_rise) or 0, 0),
+        "missing_at_destination": max(minus(moved_confirmed, destination_rise) or 0, 0),
         "redelivered_rows": redelivered_rows,
         "retried_rows": retried_rows,
         "reordered": reordered,

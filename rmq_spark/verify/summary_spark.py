@@ -16,8 +16,11 @@ from rmq_spark.model import TransferKey
 from rmq_spark.verify.columns import (
     CONFIRMED_BEFORE_CONSUMED,
     COUNTER_COLUMNS,
+    DECISION,
     DEPTH_COLUMNS,
     DESTINATION_SHARED,
+    FENCES,
+    KEPT,
     MESSAGE_COLUMNS,
     NULL_BODY_SHA256,
     NULL_PROPERTIES_SHA256,
@@ -40,7 +43,7 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     not in `counters` appear with status "unplanned" and null depths. Columns are
     SUMMARY_COLUMNS, rows ordered by TRANSFER_KEY.
     """
-    _require_columns("messages", messages, MESSAGE_COLUMNS)
+    _require_columns("messages", messages, [c for c in MESSAGE_COLUMNS if c != DECISION])
     _require_columns("counters", counters, COUNTER_COLUMNS)
     key = list(TRANSFER_KEY)
 
@@ -50,6 +53,12 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     # never have arrived; the destination's rise says how many of those did.
     # publish_seq only breaks ties so the choice of "first" is deterministic.
     confirmed = F.col("confirmed_at").isNotNull()
+    # A selective move's kept rows (published back to the source); null is "moved".
+    kept = (
+        F.coalesce(F.col(DECISION) == F.lit(KEPT), F.lit(False))
+        if DECISION in messages.columns
+        else F.lit(False)
+    )
     same_message = Window.partitionBy(
         *key, "body_sha256", "properties_sha256", confirmed.alias("_confirmed")
     ).orderBy("position", "publish_seq")
@@ -60,10 +69,13 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     )
     # With one consumer and no redelivery or retry, publish order is source order: within
     # one session of one task attempt, publish_seq must grow with position.
-    same_session = Window.partitionBy(*key, "task_attempt", "session").orderBy("position")
+    # Each link numbers its own publishes: kept rows are compared with kept rows.
+    same_session = Window.partitionBy(*key, "task_attempt", "session", kept).orderBy("position")
     out_of_order = F.col("publish_seq") < F.lag("publish_seq").over(same_session)
-    flagged = messages.withColumn("_duplicate", is_duplicate).withColumn(
-        "_out_of_order", F.coalesce(out_of_order, F.lit(False))
+    flagged = (
+        messages.withColumn("_duplicate", is_duplicate)
+        .withColumn("_out_of_order", F.coalesce(out_of_order, F.lit(False)))
+        .withColumn("_kept", kept)
     )
 
     def count_where(condition: Any) -> Any:
@@ -73,10 +85,15 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("ledger_rows"),
         count_where(confirmed).alias("confirmed_rows"),
         count_where(F.col("_duplicate")).alias("confirmed_duplicates"),
+        count_where(F.col("_kept")).alias("kept_rows"),
+        count_where(F.col("_kept") & confirmed).alias("kept_confirmed"),
+        count_where(F.col("_kept") & confirmed & ~F.col("_duplicate")).alias("kept_distinct"),
         count_where(F.coalesce(F.col("redelivered"), F.lit(False))).alias("redelivered_rows"),
         count_where(F.col("publish_attempts") > 1).alias("retried_rows"),
         count_where(F.col("_out_of_order")).alias("reordered"),
-        F.sum(F.when(confirmed & ~F.col("_duplicate"), F.col("body_size"))).alias("bytes"),
+        F.sum(F.when(confirmed & ~F.col("_duplicate") & ~F.col("_kept"), F.col("body_size"))).alias(
+            "bytes"
+        ),
         F.min("position").alias("min_position"),
         F.max("position").alias("max_position"),
         F.countDistinct("position").alias("distinct_positions"),
@@ -94,8 +111,16 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         if SOURCE_REMOVED in counters.columns
         else F.lit(None).cast(T.LongType())
     )
+    fences_counter = (
+        F.coalesce(F.col(FENCES).cast(T.LongType()), F.lit(0).cast(T.LongType()))
+        if FENCES in counters.columns
+        else F.lit(0).cast(T.LongType())
+    )
     planned = counters.select(
-        *COUNTER_COLUMNS, shared.alias(DESTINATION_SHARED), removed_counter.alias(SOURCE_REMOVED)
+        *COUNTER_COLUMNS,
+        shared.alias(DESTINATION_SHARED),
+        removed_counter.alias(SOURCE_REMOVED),
+        fences_counter.alias(FENCES),
     )
     # Full outer: a planned transfer with no rows must still be checked, and a row of an
     # unplanned transfer must not vanish from the verification.
@@ -106,12 +131,24 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     ledger_rows = F.coalesce(F.col("ledger_rows"), zero)
     confirmed_rows = F.coalesce(F.col("confirmed_rows"), zero)
     uncertain_rows = ledger_rows - confirmed_rows
-    distinct_messages = confirmed_rows - F.coalesce(F.col("confirmed_duplicates"), zero)
+    # A selective move's kept rows went back to the source, not to the destination: the
+    # destination's figures count the moved rows only, and what left the source (acked)
+    # is the moved, the kept and the fences.
+    kept_messages = F.coalesce(F.col("kept_distinct"), zero)
+    moved_rows = ledger_rows - F.coalesce(F.col("kept_rows"), zero)
+    moved_confirmed = confirmed_rows - F.coalesce(F.col("kept_confirmed"), zero)
+    moved_uncertain = moved_rows - moved_confirmed
+    distinct_messages = (
+        confirmed_rows - F.coalesce(F.col("confirmed_duplicates"), zero) - kept_messages
+    )
+    acked = distinct_messages + kept_messages + F.coalesce(F.col(FENCES), zero)
     source_drop = F.col("source_depth_before") - F.col("source_depth_after")
     destination_rise = F.col("destination_depth_after") - F.col("destination_depth_before")
     # Of the uncertain publishes, this many reached the destination (clamped to what the
     # rows can explain; the rest shows as unexpected or missing).
-    uncertain_arrived = F.least(F.greatest(destination_rise - confirmed_rows, zero), uncertain_rows)
+    uncertain_arrived = F.least(
+        F.greatest(destination_rise - moved_confirmed, zero), moved_uncertain
+    )
     duplicates = F.coalesce(F.col("confirmed_duplicates"), zero) + F.coalesce(
         uncertain_arrived, zero
     )
@@ -121,8 +158,8 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     # What left the source: the consumer counters when they saw at least what was
     # moved (above it, another consumer took messages), else the depth drop.
     removed = F.col(SOURCE_REMOVED)
-    counted = removed.isNotNull() & (removed >= distinct_messages)
-    taken = F.when(counted, removed - distinct_messages)
+    counted = removed.isNotNull() & (removed >= acked)
+    taken = F.when(counted, removed - acked)
     witness = (
         F.when(counted, F.lit(WITNESS_COUNTERS))
         .when(source_drop >= distinct_messages, F.lit(WITNESS_DEPTH))
@@ -141,6 +178,7 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         uncertain_rows.alias("uncertain_rows"),
         duplicates.alias("duplicates"),
         distinct_messages.alias("distinct_messages"),
+        kept_messages.alias("kept_messages"),
         F.coalesce(F.col("bytes"), zero).alias("bytes"),
         source_drop.alias("source_drop"),
         destination_rise.alias("destination_rise"),
@@ -151,13 +189,13 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         taken.alias("taken_by_others"),
         witness.alias("source_witness"),
         F.when(is_shared, zero)
-        .otherwise(F.greatest(destination_rise - ledger_rows, zero))
+        .otherwise(F.greatest(destination_rise - moved_rows, zero))
         .alias("unexpected"),
         is_shared.alias(DESTINATION_SHARED),
-        F.when(is_shared, F.greatest(destination_rise - ledger_rows, zero))
+        F.when(is_shared, F.greatest(destination_rise - moved_rows, zero))
         .otherwise(zero)
         .alias("live_arrivals"),
-        F.greatest(confirmed_rows - destination_rise, zero).alias("missing_at_destination"),
+        F.greatest(moved_confirmed - destination_rise, zero).alias("missing_at_destination"),
         F.coalesce(F.col("redelivered_rows"), zero).alias("redelivered_rows"),
         F.coalesce(F.col("retried_rows"), zero).alias("retried_rows"),
         F.coalesce(F.col("reordered"), zero).alias("reordered"),

@@ -64,6 +64,8 @@ class QueueVerdict:
     # What proves what left the source: "counters" (its consumer counters), "depth" (its
     # depth drop), "none" (more moved than its depth fell, and no counters to say why).
     source_witness: str = WITNESS_DEPTH
+    # A selective move's messages published back to their source (routes[].select).
+    kept_messages: int = 0
 
     @property
     def key(self) -> TransferKey:
@@ -92,6 +94,7 @@ class Verification:
     data_docs_path: str | None  # index.html
     engine: str = ENGINE_SPARK  # where the summary and GE ran: spark, or driver (pyarrow/pandas)
     live_arrivals: int = 0  # other publishers' messages in shared destinations
+    kept: int = 0  # a selective move's messages published back to their source
     # Queues whose source received messages during the run with no counters to prove
     # that no other consumer took some (`source_witness` "none"); they still pass.
     sources_unproven: int = 0
@@ -138,6 +141,7 @@ def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:
         passed=passed,
         live_arrivals=row["live_arrivals"] or 0,
         source_witness=row["source_witness"],
+        kept_messages=row.get("kept_messages") or 0,
     )
 
 

@@ -18,6 +18,8 @@ from datetime import UTC, datetime, timedelta
 
 from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
+from rmq_spark.selection.fields import read_properties
+from rmq_spark.transfer.decisions import BatchDecider
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.ports import DESTINATION, SOURCE, SessionEvents, Side
 from rmq_spark.transfer.window import Ack
@@ -215,8 +217,15 @@ class FakeSourceLink(_FakeLink):
     def get_one(self) -> None:
         self.gets += 1
 
-    def deliver(self, tag: int, body: bytes, *, redelivered: bool = False) -> bool:
-        go_on = self.events.on_delivery(tag, redelivered, body, NO_PROPERTIES)
+    def deliver(
+        self,
+        tag: int,
+        body: bytes,
+        *,
+        redelivered: bool = False,
+        properties: bytes = NO_PROPERTIES,
+    ) -> bool:
+        go_on = self.events.on_delivery(tag, redelivered, body, properties)
         if not go_on:
             self.paused = True
         return go_on
@@ -238,6 +247,7 @@ class FakeDestinationLink(_FakeLink):
     def __init__(self, events: SessionEvents, timers: ManualTimers) -> None:
         super().__init__(events, timers)
         self.batches: list[list[bytes]] = []
+        self.sent: list[Delivery] = []  # every publish, in order (property bytes included)
         self.depth_asks = 0
 
     def open(self) -> None:
@@ -247,6 +257,7 @@ class FakeDestinationLink(_FakeLink):
     def publish(self, deliveries: Sequence[Delivery]) -> None:
         assert self.is_open, "published on a closed channel"
         self.batches.append([d.body for d in deliveries if d.body is not None])
+        self.sent.extend(deliveries)
 
     def ask_depth(self) -> None:
         self.depth_asks += 1
@@ -274,6 +285,7 @@ class FakeConnector:
         self._timers = timers
         self.connections = FakeConnections()
         self.links: list[tuple[FakeSourceLink, FakeDestinationLink]] = []
+        self.kept_links: list[FakeDestinationLink] = []  # a selective move's, per session
         self.message_id_of: Callable[[bytes], str | None] = lambda _properties: None
         self.delivery_count_of: Callable[[bytes], int] = lambda _properties: 0
         self.digest_properties: Callable[[bytes], str] = lambda block: hashlib.sha256(
@@ -286,6 +298,13 @@ class FakeConnector:
         pair = (FakeSourceLink(events, self._timers), FakeDestinationLink(events, self._timers))
         self.links.append(pair)
         return pair
+
+    def connect_kept(
+        self, events: SessionEvents, ioloop: object, label: str
+    ) -> FakeDestinationLink:
+        link = FakeDestinationLink(events, self._timers)
+        self.kept_links.append(link)
+        return link
 
     def event_loop(self) -> ManualTimers:
         return self._timers
@@ -374,6 +393,7 @@ def mover_rig(
     window_bytes: int = 1 << 30,  # 8 messages of 128 MiB: the prefetch starts at 8
     limits: MoverConfig | None = None,
     rate_limits: Limits | None = None,
+    decider: BatchDecider | None = None,
 ) -> MoverRig:
     clock = FakeClock()
     timers = ManualTimers(clock)
@@ -391,7 +411,11 @@ def mover_rig(
         clock=clock.utc,
         monotonic=clock.monotonic,
         rate_limits=rate_limits,
+        decider=decider,
+        fence_id=None if decider is None else "rmq-spark-fence:run-1:orders",
     )
+    if decider is not None:  # the fence is told by its message-id
+        connector.message_id_of = lambda block: read_properties(block).values.get("message_id")
     rig = MoverRig(clock, timers, lanes, connector, ledger, intents, mover)
     mover.start(lanes, rig.results.append)
     return rig

@@ -42,6 +42,7 @@ def delivery(position: int, *, confirmed: bool = True) -> Delivery:
         confirmed_at=T1 if confirmed else None,
         session=position % 2,
         attempts=1 + position % 2,
+        decision="kept" if position % 7 == 3 else "moved",
     )
 
 
@@ -86,6 +87,7 @@ def test_rows_table_holds_every_field_of_every_delivery(count: int) -> None:
             "confirmed_at": source.confirmed_at,
             "task_attempt": "3.1.0",
             "session": source.session,
+            "decision": source.decision,
         }
 
 

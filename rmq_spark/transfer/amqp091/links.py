@@ -81,6 +81,11 @@ class Amqp091Connector:
             DestinationLink(self.destination, events, ioloop, label, self.connections),
         )
 
+    def connect_kept(self, events: SessionEvents, ioloop: EventLoop, label: str) -> DestinationLink:
+        """A publisher to the source queue's tail (default exchange, the queue's name),
+        confirms on: where a selective move puts back what it keeps."""
+        return DestinationLink(self.source, events, ioloop, label, self.connections)
+
     def event_loop(self) -> EventLoop:
         return event_loop()
 

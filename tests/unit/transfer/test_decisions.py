@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from rmq_spark.selection import Selection
 from rmq_spark.transfer.decisions import (
     KEPT,
@@ -11,7 +9,6 @@ from rmq_spark.transfer.decisions import (
     NOT_SELECTED,
     SelectDecider,
     batch_messages,
-    unread_columns,
 )
 from tests.support import amqp_encoding as amqp
 
@@ -50,15 +47,3 @@ def test_the_batch_carries_redelivered_body_and_properties() -> None:
         batch_messages([(7, True, b"x", _tenant(None)), (8, False, b"x", _tenant(None))])
     )
     assert [d.kind for d in decisions] == [MOVED, KEPT]
-
-
-@pytest.mark.parametrize(
-    ("expression", "unread"),
-    [
-        ("routing_key = 'a'", ["routing_key"]),
-        ("exchange = '' OR routing_key = 'b'", ["exchange", "routing_key"]),
-        ("headers['tenant'] = 'acme'", []),
-    ],
-)
-def test_the_columns_a_route_cannot_read_are_named(expression: str, unread: list[str]) -> None:
-    assert unread_columns(Selection.compile(expression, where="routes[0]")) == unread
