@@ -4,8 +4,9 @@
         [--messages-per-second N] [--dry-run] [--to-exchange]
         [--broker-headers move|remove|keep] [--restore-expiration]
 
-Exit 0 redriven and verified (or dry run printed), 1 verification failed, 2 bad input or a
-broker refused (nothing moved), 3 internal error. docs/redrive.md is the user's page.
+Exit 0 the dry run's plan printed, 2 bad input or a broker refused (nothing moved), 3
+internal error. Only --dry-run is built so far (issue 26): without it the command prints
+the same plan and exits 2. docs/redrive.md is the user's page.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def add_redrive_arguments(parser: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         help="print how many messages would go where, by origin queue and death reason; "
-        "move nothing",
+        "move nothing (required for now: moving is not built yet)",
     )
     parser.add_argument(
         "--to-exchange",
@@ -101,4 +102,9 @@ def run_redrive_command(args: argparse.Namespace) -> int:
     print(format_counts(dlq, counts), flush=True)
     if args.dry_run:
         return EXIT_OK
-    raise ConfigError("rmq-spark redrive moves nothing yet: run it with --dry-run")
+    # The engine's path for a redrive (one route, the origin queues as its destinations,
+    # their depths in verification) is not built yet: the plan above is all it does.
+    raise ConfigError(
+        f"--queue {dlq.label}: rmq-spark redrive moves nothing yet (issue 26); the plan "
+        "above is what --dry-run prints"
+    )

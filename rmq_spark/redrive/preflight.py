@@ -20,8 +20,9 @@ from rmq_spark.errors import ConfigError
 from rmq_spark.redrive.decider import NO_X_DEATH, RedriveDecider, plan_counts
 from rmq_spark.redrive.headers import HeaderPolicy
 from rmq_spark.selection import Message, Selection
+from rmq_spark.selection.columns import ROUTE_UNREAD
 from rmq_spark.transfer.amqp091.peek import peek
-from rmq_spark.transfer.decisions import MOVED, unread_columns
+from rmq_spark.transfer.decisions import MOVED
 
 WHERE = "--where"
 
@@ -58,7 +59,7 @@ def compile_where(where: str | None) -> Selection | None:
     if where is None:
         return None
     selection = Selection.compile(where, where=WHERE)
-    unread = unread_columns(selection)
+    unread = sorted(ROUTE_UNREAD.intersection(selection.columns))
     if unread:
         raise ConfigError(
             f"{WHERE} {where!r}: column {unread[0]!r} is the dead-letter exchange's, not the "

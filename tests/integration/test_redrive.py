@@ -52,32 +52,65 @@ def test_the_origin_is_the_newest_x_death_entry_also_after_a_second_death(
         assert read == ((sent.origin, sent.reason) if sent.origin else None)
 
     # A client sends the first rejected message on to the TTL queue, x-death and all (as a
-    # retry would); it expires there and dies a second time.
+    # retry would); it expires there and dies a second time. 3.10 takes the client's
+    # x-death in and adds to it; 4.3 starts a new one (the history is the client's to keep).
     properties, body = first[0]
+    assert _message_id(properties) == "orders-0"
+    _publish(node, vhost, EXPIRING, _with_expiration(properties, "20"), body)
+    [(again, _)] = _wait_for(node, vhost, DLQ, 1)
+    kept_history = [("orders", "rejected")] if brokers_of_version.dr.version == "3.10" else []
+    assert [(e.queue, e.reason) for e in death_entries(read_properties(again))] == [
+        (EXPIRING, "expired"),
+        *kept_history,
+    ]
+
+    # Two deaths the broker records itself: rejected in one queue, expired in the next.
+    _declare(node, vhost, "hop", {"x-message-ttl": 20, "x-dead-letter-routing-key": DLQ})
+    _declare(node, vhost, "hop.source", {"x-dead-letter-routing-key": "hop"})
+    _publish(node, vhost, "hop.source", _with_expiration(properties, "3600000"), body)
+    _reject_one(node, vhost, "hop.source")
+    [(twice, _)] = _wait_for(node, vhost, DLQ, 1)
+    assert [(e.queue, e.reason) for e in death_entries(read_properties(twice))] == [
+        ("hop", "expired"),
+        ("hop.source", "rejected"),
+    ]
+    found = origin(read_properties(twice), DLQ)
+    assert found is not None
+    assert found.queue == "hop"
+
+
+def _publish(node: LocalNode, vhost: str, queue: str, properties: bytes, body: bytes) -> None:
     wire.install()
     connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.confirm_delivery()
-        retried = read_properties(properties)
-        assert retried.values["message_id"] == "orders-0"
-        channel.basic_publish(
-            "",
-            EXPIRING,
-            body,
-            properties=wire.ForwardedProperties(_with_expiration(properties, "20")),
+        channel.basic_publish("", queue, body, properties=wire.ForwardedProperties(properties))
+    finally:
+        connection.close()
+
+
+def _declare(node: LocalNode, vhost: str, queue: str, arguments: dict[str, object]) -> None:
+    connection = node.connect(vhost)
+    try:
+        connection.channel().queue_declare(
+            queue, durable=True, arguments={"x-dead-letter-exchange": "", **arguments}
         )
     finally:
         connection.close()
-    [(again, _)] = _wait_for(node, vhost, DLQ, 1)
-    entries = death_entries(read_properties(again))
-    assert [(e.queue, e.reason) for e in entries] == [
-        (EXPIRING, "expired"),
-        ("orders", "rejected"),
-    ]
-    found = origin(read_properties(again), DLQ)
-    assert found is not None
-    assert found.queue == EXPIRING
+
+
+def _reject_one(node: LocalNode, vhost: str, queue: str) -> None:
+    connection = node.connect(vhost)
+    try:
+        channel = connection.channel()
+        for method, _properties, _body in channel.consume(queue, inactivity_timeout=30):
+            assert method is not None, f"{queue}: nothing to reject"
+            channel.basic_reject(method.delivery_tag, requeue=False)
+            break
+        channel.cancel()
+    finally:
+        connection.close()
 
 
 def _with_expiration(block: bytes, expiration: str) -> bytes:
@@ -163,3 +196,39 @@ def test_bad_input_is_one_error_exit_2_and_nothing_moves(
         assert problem in err
         assert len(err.strip().splitlines()) == 1
     assert depth(node, vhost, "plain") == 5
+
+
+def test_a_dry_run_of_a_quorum_dlq_keeps_its_order_and_what_it_costs_is_known(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-quorum-dry-run")
+    published = make_dead_letters(
+        node, vhost, DLQ, per_queue=2, dlq_arguments={"x-queue-type": "quorum"}
+    )
+    config = write_config(
+        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+    for _ in range(2):
+        assert (
+            main(["redrive", "--config", str(config), "--queue", f"dr:{vhost}:{DLQ}", "--dry-run"])
+            == 0
+        )
+    capsys.readouterr()
+
+    after = read_queue(node, vhost, DLQ)
+    assert [_message_id(p) for p, _ in after] == [m.message_id for m in published]
+    counts = {
+        name: sorted({_header(p, name) for p, _ in after}, key=lambda v: -1 if v is None else v)
+        for name in ("x-delivery-count", "x-acquired-count")
+    }
+    print(brokers_of_version.dr.version, counts)
+    assert counts == {}
+
+
+def _header(properties: bytes, name: str) -> int | None:
+    found = read_properties(properties).headers.get(name)
+    return None if found is None else int(found.value)
