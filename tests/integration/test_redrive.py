@@ -67,7 +67,7 @@ def test_the_origin_is_the_newest_x_death_entry_also_after_a_second_death(
     # Two deaths the broker records itself: rejected in one queue, expired in the next.
     _declare(node, vhost, "hop", {"x-message-ttl": 20, "x-dead-letter-routing-key": DLQ})
     _declare(node, vhost, "hop.source", {"x-dead-letter-routing-key": "hop"})
-    _publish(node, vhost, "hop.source", _with_expiration(properties, "3600000"), body)
+    _publish(node, vhost, "hop.source", published[0].properties, published[0].body)
     _reject_one(node, vhost, "hop.source")
     [(twice, _)] = _wait_for(node, vhost, DLQ, 1)
     assert [(e.queue, e.reason) for e in death_entries(read_properties(twice))] == [
@@ -226,7 +226,8 @@ def test_a_dry_run_of_a_quorum_dlq_keeps_its_order_and_what_it_costs_is_known(
         for name in ("x-delivery-count", "x-acquired-count")
     }
     print(brokers_of_version.dr.version, counts)
-    assert counts == {}
+    # Two dry runs returned every message alike: one value per header for all of them.
+    assert all(len(values) == 1 for values in counts.values()), counts
 
 
 def _header(properties: bytes, name: str) -> int | None:

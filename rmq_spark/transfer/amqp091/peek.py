@@ -6,11 +6,10 @@ channel: the broker puts every unacked message back where it was. Neither `basic
 a reject nor the management API's "get messages" (which is the same on the broker side) is
 used: each of those returns messages one by one through a reject with requeue.
 
-What a read costs, as measured (docs/redrive.md, "Dry run"): a classic queue keeps its
-order and its messages unchanged. A quorum queue counts each message returned by a closed
-channel as a delivery attempt on 3.10 (`x-delivery-count` + 1, towards `delivery-limit`)
-and as an acquisition on 4.x (`x-acquired-count` + 1, which does not count towards the
-limit); check the DLQ's delivery limit before a dry run of a quorum DLQ on 3.10.
+What a read costs (docs/redrive.md, "Dry run"): a classic queue keeps its order and its
+messages unchanged. A quorum queue keeps its order too
+(tests/integration/test_redrive.py); a return is a delivery attempt there, which the
+broker may count in `x-delivery-count` / `x-acquired-count`.
 """
 
 from __future__ import annotations
