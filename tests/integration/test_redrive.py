@@ -226,8 +226,14 @@ def test_a_dry_run_of_a_quorum_dlq_keeps_its_order_and_what_it_costs_is_known(
         for name in ("x-delivery-count", "x-acquired-count")
     }
     print(brokers_of_version.dr.version, counts)
-    # Two dry runs returned every message alike: one value per header for all of them.
-    assert all(len(values) == 1 for values in counts.values()), counts
+    if brokers_of_version.dr.version == "3.10":
+        # Two dry runs returned every message alike: one value per header for all of them.
+        assert all(len(values) == 1 for values in counts.values()), counts
+    else:
+        # Measured on 4.3: each dry run is one acquisition of every message, and the
+        # delivery count rises too (2 or 3 after two dry runs and this read).
+        assert counts["x-acquired-count"] == [2], counts
+        assert all(value is not None and value >= 2 for value in counts["x-delivery-count"])
 
 
 def _header(properties: bytes, name: str) -> int | None:
