@@ -227,8 +227,8 @@ def test_a_dry_run_of_a_quorum_dlq_keeps_its_order_and_what_it_costs_is_known(
     }
     print(brokers_of_version.dr.version, counts)
     if brokers_of_version.dr.version == "3.10":
-        # Two dry runs returned every message alike: one value per header for all of them.
-        assert all(len(values) == 1 for values in counts.values()), counts
+        # Measured on 3.10: each dry run's return is one delivery of every message.
+        assert counts == {"x-delivery-count": [2], "x-acquired-count": [None]}
     else:
         # Measured on 4.3: each dry run is one acquisition of every message, and the
         # delivery count rises too (2 or 3 after two dry runs and this read).
