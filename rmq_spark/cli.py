@@ -26,6 +26,7 @@ from rmq_spark.config import JobConfig, json_schema, load_config, validate_run_i
 from rmq_spark.demo_command import add_demo_arguments, run_demo_command
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.logs import mask_known_secrets, mask_secrets_in_logs, setup_logging
+from rmq_spark.redrive.command import add_redrive_arguments, run_redrive_command
 from rmq_spark.run_id import resolve_run_id
 
 if TYPE_CHECKING:
@@ -447,6 +448,7 @@ def run_report_command(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
 
     from rmq_spark.report.html import build_report
+    from rmq_spark.report.ledger_config import ledger_path_of
 
     try:
         ledger_path = args.ledger or ledger_path_of(args.config)
@@ -458,30 +460,6 @@ def run_report_command(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     print(path, flush=True)
     return EXIT_VERIFIED
-
-
-def ledger_path_of(config_file: str) -> str:
-    """The config's ledger.path, its object-store options registered (`use_ledger`), the
-    config validated as for a transfer but without its passwords: a variable named by a
-    `password_env` that is not set gets an empty placeholder (a report never connects, so
-    the placeholder is never used)."""
-    import yaml
-
-    from rmq_spark.ledger.store import use_ledger
-
-    try:
-        with open(config_file, encoding="utf-8") as text:
-            parsed = yaml.safe_load(text)
-        clusters = parsed.get("clusters") if isinstance(parsed, dict) else None
-    except (OSError, yaml.YAMLError):
-        clusters = None  # load_config names the problem
-    names = [
-        cluster["password_env"]
-        for cluster in (clusters.values() if isinstance(clusters, dict) else [])
-        if isinstance(cluster, dict) and isinstance(cluster.get("password_env"), str)
-    ]
-    environ = {**{name: "" for name in names}, **os.environ}
-    return use_ledger(load_config(config_file, environ).ledger)
 
 
 # -- main ----------------------------------------------------------------------------
@@ -512,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
             "migrate", help="migrate classic queues to quorum queues in place, verified"
         )
     )
+    add_redrive_arguments(
+        commands.add_parser("redrive", help="dead-lettered messages back to where they died")
+    )
     add_demo_arguments(
         commands.add_parser("demo", help="local brokers + demo data + spark-submit + verification")
     )
@@ -527,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "restore-federation": run_restore_federation_command,
         "report": run_report_command,
         "migrate": run_migrate_command,
+        "redrive": run_redrive_command,
         "demo": run_demo_command,
         "config-schema": run_config_schema_command,
     }

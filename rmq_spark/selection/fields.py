@@ -203,3 +203,20 @@ def plain(value: Typed) -> Any:
     if value.type == "table":
         return {name: plain(item) for name, item in value.value.items()}
     return value.value
+
+
+def table_entries(raw: bytes) -> list[tuple[str, bytes, Typed]]:
+    """A field table's entries in wire order: (name, the entry's exact bytes, its value).
+
+    The bytes run from the name's length octet to the value's last byte, so a table
+    rebuilt from some of them keeps every other entry exactly as it came (names repeated
+    on the wire stay repeated). Used by the redrive's header policy.
+    """
+    reader = _Reader(raw)
+    entries = []
+    while reader.at < len(raw):
+        start = reader.at
+        name = text(reader.short_string())
+        value = _value(reader, 0)
+        entries.append((name, raw[start : reader.at], value))
+    return entries
