@@ -44,7 +44,8 @@ def add_redrive_arguments(parser: argparse.ArgumentParser) -> None:
         "--messages-per-second",
         type=float,
         metavar="N",
-        help="at most N messages a second (the rate brake of limits.messages_per_second)",
+        help="at most N messages a second (the rate brake of limits.messages_per_second); "
+        "checked now, used once moving is built",
     )
     parser.add_argument(
         "--dry-run",
