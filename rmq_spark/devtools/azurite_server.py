@@ -28,6 +28,8 @@ from pathlib import Path
 
 from pyarrow import fs as pafs
 
+from rmq_spark.devtools.ports import free_port
+
 PACKAGE = Path(__file__).resolve().parent / "azurite"
 CACHE = Path(os.environ.get("RMQ_SPARK_CACHE", Path.home() / ".cache" / "rmq-spark"))
 ACCOUNT = "rmqsparkledger"
@@ -85,12 +87,6 @@ def installed() -> Path:
     return prefix
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _listens(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -103,7 +99,7 @@ def start(base: Path, container: str = "rmq-spark-ledger") -> AzuriteServer:
     """Start Azurite's Blob service on a free loopback port, with an account of its own
     and `container` in it."""
     prefix = installed()
-    port = _free_port()
+    port = free_port()
     key = base64.b64encode(secrets.token_bytes(64)).decode("ascii")
     base.mkdir(parents=True, exist_ok=True)
     log_path = base / "azurite.log"

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from rmq_spark.devtools.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "requirements-s3-server.lock"
@@ -85,12 +86,6 @@ def server_venv() -> Path:
     return venv
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _answers(endpoint: str) -> bool:
     try:
         with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2):
@@ -104,7 +99,7 @@ def _answers(endpoint: str) -> bool:
 def start(base: Path, bucket: str = "rmq-spark-ledger") -> S3Server:
     """Start a server on a free loopback port with `bucket` and one IAM key."""
     venv = server_venv()
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     base.mkdir(parents=True, exist_ok=True)
     log_path = base / "s3-server.log"
