@@ -280,13 +280,16 @@ def _summary_row(
         and distinct_positions == max_position + 1
     )
     # What left the source: the consumer counters when they saw at least what was
-    # moved (above it, another consumer took messages), else the depth drop.
+    # moved (above it, another consumer took messages), else the depth drop. An
+    # excess the depths contradict proves nothing (columns.py says why).
     removed = counters.get(SOURCE_REMOVED)
-    taken = removed - acked if removed is not None and removed >= acked else None
+    excess = removed - acked if removed is not None and removed >= acked else None
+    contradicted = bool(excess) and source_drop == distinct_messages
+    taken = None if contradicted else excess
     counted = taken is not None
     if counted:
         witness = WITNESS_COUNTERS
-    elif source_drop is not None and source_drop >= distinct_messages:
+    elif not contradicted and source_drop is not None and source_drop >= distinct_messages:
         witness = WITNESS_DEPTH
     else:
         witness = WITNESS_NONE

@@ -156,13 +156,15 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         F.coalesce(F.col("retried_rows"), zero) > 0
     )
     # What left the source: the consumer counters when they saw at least what was
-    # moved (above it, another consumer took messages), else the depth drop.
+    # moved (above it, another consumer took messages), else the depth drop. An
+    # excess the depths contradict proves nothing (columns.py says why).
     removed = F.col(SOURCE_REMOVED)
-    counted = removed.isNotNull() & (removed >= acked)
+    contradicted = F.coalesce((removed > acked) & (source_drop == distinct_messages), F.lit(False))
+    counted = removed.isNotNull() & (removed >= acked) & ~contradicted
     taken = F.when(counted, removed - acked)
     witness = (
         F.when(counted, F.lit(WITNESS_COUNTERS))
-        .when(source_drop >= distinct_messages, F.lit(WITNESS_DEPTH))
+        .when(~contradicted & (source_drop >= distinct_messages), F.lit(WITNESS_DEPTH))
         .otherwise(F.lit(WITNESS_NONE))
     )
     contiguous = (ledger_rows == 0) | (

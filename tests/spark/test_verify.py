@@ -223,10 +223,14 @@ def passing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         ),
         # A live source: 4 moved while 2 arrived (the depth fell by 2 only).
         *(message(queue, p) for queue in ("live-counted", "live-unproven") for p in range(4)),
+        # The depth fell by the 4 moved, the counters saw 5 removed: a removal from before
+        # the run counted late, or another consumer's take matched by an arrival.
+        *(message("contradicted", p) for p in range(4)),
     ]
     counters = [
         counter("live-counted", source=(3, 1), destination=(0, 4), removed=4),
         counter("live-unproven", source=(3, 1), destination=(0, 4)),
+        counter("contradicted", source=(5, 1), destination=(0, 4), removed=5),
         counter("clean", source=(3, 0), destination=(5, 8)),
         counter("dup", source=(2, 0), destination=(0, 3)),
         counter("empty", source=(0, 0), destination=(4, 4)),
@@ -329,9 +333,9 @@ def test_kept_rows_are_back_in_the_source_neither_lost_nor_at_the_destination(
 def test_passing_run_is_verified_with_totals(passing_run: Verification) -> None:
     assert passing_run.verified
     assert passing_run.failed_expectations == ()
-    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (22, 2, 0)
+    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (26, 2, 0)
     assert passing_run.kept == 4
-    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30 + 2 * 4 * 10 + 2 * 10
+    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30 + 3 * 4 * 10 + 2 * 10
     assert passing_run.unexpected == 0
 
 
@@ -339,9 +343,10 @@ def test_results_json_and_data_docs_are_written(passing_run: Verification) -> No
     document = json.loads(Path(passing_run.results_path).read_text(encoding="utf-8"))
     assert document["run_id"] == RUN_ID
     assert document["verified"] is True
-    assert (document["totals"]["messages"], document["totals"]["kept"]) == (22, 4)
+    assert (document["totals"]["messages"], document["totals"]["kept"]) == (26, 4)
     assert [q["source_queue"] for q in document["queues"]] == [
         "clean",
+        "contradicted",
         "dup",
         "empty",
         "live-counted",
@@ -382,12 +387,12 @@ def failing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         message("reordered", 1, BODY_B, publish_seq=1),
         # One row, but two messages arrived: one nobody can explain.
         message("unexplained", 0, BODY_A),
-        # A live source: another consumer took 1 while 1 arrived; the depth fell by the 4
-        # moved, only the consumer counters (5 removed) see it.
+        # A live source: another consumer took 1 while 2 arrived; the depth fell by 3,
+        # less than the 4 moved, and only the consumer counters (5 removed) see the take.
         *(message("stolen", p) for p in range(4)),
     ]
     counters = [
-        counter("stolen", source=(5, 1), destination=(0, 4), removed=5),
+        counter("stolen", source=(5, 2), destination=(0, 4), removed=5),
         counter("ok", source=(1, 0), destination=(0, 1)),
         counter("missing", source=(3, 0), destination=(0, 2)),
         counter("gap", source=(3, 0), destination=(0, 3)),
@@ -435,7 +440,7 @@ def test_another_consumer_on_a_live_source_is_lost_by_the_counters(
 ) -> None:
     stolen = verdict(failing_run, "stolen")
     assert not stolen.passed
-    assert (stolen.source_drop, stolen.distinct_messages, stolen.lost) == (4, 4, 1)
+    assert (stolen.source_drop, stolen.distinct_messages, stolen.lost) == (3, 4, 1)
     assert stolen.source_witness == "counters"
     (line,) = failures_naming(failing_run, "stolen")
     assert "expect_column_values_to_be_in_set(lost)" in line
@@ -453,7 +458,16 @@ def test_a_live_source_passes_on_its_counters_or_says_it_is_unproven(
     assert (counted.source_drop, counted.distinct_messages, counted.lost) == (2, 4, 0)
     assert (counted.source_witness, unproven.source_witness) == ("counters", "none")
     assert verdict(passing_run, "clean").source_witness == "depth"
-    assert passing_run.sources_unproven == 1
+    assert passing_run.sources_unproven == 2  # live-unproven and contradicted
+
+
+def test_counters_the_depths_contradict_leave_the_source_unproven_not_lost(
+    passing_run: Verification,
+) -> None:
+    contradicted = verdict(passing_run, "contradicted")
+    assert contradicted.passed
+    assert (contradicted.source_drop, contradicted.distinct_messages) == (4, 4)
+    assert (contradicted.lost, contradicted.source_witness) == (0, "none")
 
 
 def test_gap_in_positions_fails(failing_run: Verification) -> None:
