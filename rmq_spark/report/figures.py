@@ -275,6 +275,7 @@ def queue_summary(
     from the messages, and the verdict from verification.json when there is one."""
     uncertain = _uncertain_per_transfer(ledger.messages)
     passed = verification.passed_by_transfer if verification else {}
+    decisions = verification.decisions_by_transfer if verification else {}
     rows = []
     for row in sorted(ledger.queues.to_pylist(), key=_transfer_key):
         key = _transfer_key(row)
@@ -296,6 +297,10 @@ def queue_summary(
                 "lost": row["lost"],
                 "unexpected": row["unexpected"],
                 "passed": passed.get(key),
+                # None without verification.json: the ledger rows alone do not say which
+                # were duplicates.
+                "moved": decisions[key][0] if key in decisions else None,
+                "kept": decisions[key][1] if key in decisions else None,
                 "error": row["error"],
                 # Null in ledgers written before the column existed.
                 "reordered_by_priority": row.get("reordered_by_priority"),
@@ -332,6 +337,11 @@ class VerificationResult:
     failed_expectations: tuple[str, ...]
     data_docs: Path | None
     passed_by_transfer: dict[tuple[str, ...], bool]
+    # Per transfer: the distinct messages moved to the destination and those a selective
+    # move kept in its source (verification's distinct_messages and kept_messages).
+    decisions_by_transfer: dict[tuple[str, ...], tuple[int, int]] = field(
+        default_factory=dict
+    )
 
 
 def read_verification(ledger_path: str, run: Mapping[str, Any]) -> VerificationResult | None:
@@ -362,6 +372,13 @@ def read_verification(ledger_path: str, run: Mapping[str, Any]) -> VerificationR
         data_docs=data_docs,
         passed_by_transfer={
             _transfer_key(queue): bool(queue.get("passed")) for queue in document.get("queues", [])
+        },
+        decisions_by_transfer={
+            _transfer_key(queue): (
+                int(queue.get("distinct_messages") or 0),
+                int(queue.get("kept_messages") or 0),
+            )
+            for queue in document.get("queues", [])
         },
     )
 

@@ -195,6 +195,7 @@ def render_report(
         queues_section(queues),
         throughput_section(rates, run["seconds"]),
         *([] if brakes is None else [brakes_section(brakes)]),
+        *decisions_section(queues),
         *priority_section(queues),
         latency_section(latency),
         verification_section(verification, report_dir),
@@ -258,6 +259,8 @@ _QUEUE_HEADERS: tuple[tuple[str, str], ...] = (
     ("source_depth", "source depth\nbefore → after"),
     ("destination_depth", "destination depth\nbefore → after"),
     ("ledger_rows", "ledger rows"),
+    ("moved", "moved"),
+    ("kept", "kept in\nthe source"),
     ("uncertain_rows", "uncertain"),
     ("duplicates", "duplicates"),
     ("lost", "lost"),
@@ -269,11 +272,12 @@ _COUNTS = {"uncertain_rows", "duplicates", "lost", "unexpected"}
 
 
 def queues_section(rows: Sequence[Mapping[str, Any]]) -> str:
-    # An error column only when some queue has an error: an empty column reads as missing.
+    # An error column only when some queue has an error, a kept one only when a selective
+    # move kept messages: an empty column reads as missing.
     headers = [
         (name, label)
         for name, label in _QUEUE_HEADERS
-        if name != "error" or any(row["error"] for row in rows)
+        if name not in ("error", "kept") or any(row[name] for row in rows)
     ]
     head = "".join(
         "<th>" + "<br>".join(_e(part) for part in label.split("\n")) + "</th>"
@@ -286,7 +290,8 @@ def queues_section(rows: Sequence[Mapping[str, Any]]) -> str:
         f"<section><h2>Queues ({len(rows)})</h2>"
         "<p>Depths are the brokers' exact ready counts before and after the run. "
         "Uncertain rows were published but never confirmed (connection lost); "
-        "duplicates are copies that reached the destination twice.</p>"
+        "duplicates are copies that reached the destination twice. Moved counts each "
+        "message once; kept are those a selective move published back to its source.</p>"
         f'<div class="wide"><table class="queues"><thead><tr>{head}</tr></thead>'
         f"<tbody>{body}</tbody></table></div></section>"
     )
@@ -328,6 +333,34 @@ def throughput_section(rates: Throughput, run_seconds: float) -> str:
         f"{rates.uncertain:,} uncertain row(s) have no confirm time and are not plotted."
     )
     return _figure_section("Throughput", plot_throughput(rates), "throughput", caption)
+
+
+def decisions_section(queues: list[dict[str, Any]]) -> list[str]:
+    """What a selective move decided, per destination (moved) and per source (kept); no
+    section when nothing was kept."""
+    if not any(q["kept"] for q in queues):
+        return []
+    moved: dict[str, int] = {}
+    kept: dict[str, int] = {}
+    for q in queues:
+        moved[q["destination"]] = moved.get(q["destination"], 0) + (q["moved"] or 0)
+        kept[q["source"]] = kept.get(q["source"], 0) + (q["kept"] or 0)
+    rows = "".join(
+        f'<tr><td>moved</td><td>{_e(where)}</td><td class="num">{count:,}</td></tr>'
+        for where, count in sorted(moved.items())
+    ) + "".join(
+        f'<tr><td>kept</td><td>{_e(where)}</td><td class="num">{count:,}</td></tr>'
+        for where, count in sorted(kept.items())
+        if count
+    )
+    return [
+        "<section><h2>Decisions</h2>"
+        "<p>Each examined message was moved to its destination or kept in its source, "
+        "in its order (routes[].select).</p>"
+        '<div class="wide"><table class="queues"><thead><tr><th>decision</th>'
+        "<th>queue</th><th>messages</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div></section>"
+    ]
 
 
 def priority_section(queues: list[dict[str, Any]]) -> list[str]:

@@ -211,6 +211,37 @@ def test_queue_summary_counts_uncertain_rows_and_takes_the_verdict_per_queue() -
     assert rows[0]["destination"] == "main/orders/a"
 
 
+def test_queue_summary_and_page_show_what_a_selective_move_moved_and_kept(
+    tmp_path: Path,
+) -> None:
+    ledger = run_ledger(
+        [queue_row("a"), queue_row("b")],
+        [message(0), message(0, source_queue="b", destination_queue="b")],
+    )
+    key_a = ("dr", "orders", "a", "main", "orders", "a")
+    key_b = ("dr", "orders", "b", "main", "orders", "b")
+    verification = VerificationResult(
+        path=tmp_path / "verification.json",
+        verified=True,
+        failed_expectations=(),
+        data_docs=None,
+        passed_by_transfer={key_a: True, key_b: True},
+        decisions_by_transfer={key_a: (3, 5), key_b: (7, 0)},
+    )
+
+    rows = queue_summary(ledger, verification)
+    page = render_report(ledger, verification, report_dir=tmp_path)
+    plain = render_report(ledger, None, report_dir=tmp_path)
+
+    assert [(row["moved"], row["kept"]) for row in rows] == [(3, 5), (7, 0)]
+    assert "<th>kept in<br>the source</th>" in page
+    assert "<h2>Decisions</h2>" in page
+    assert '<td>kept</td><td>dr/orders/a</td><td class="num">5</td>' in page
+    assert '<td>moved</td><td>main/orders/b</td><td class="num">7</td>' in page
+    assert "dr/orders/b</td><td class=\"num\">0" not in page  # nothing kept: no row
+    assert "Decisions" not in plain and "kept in" not in plain
+
+
 # --- the page -----------------------------------------------------------------------------
 
 
