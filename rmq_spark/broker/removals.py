@@ -25,10 +25,14 @@ failed. Why is not known; another consumer is caught only when it took more than
 shortfall.
 Before the run the movers have not consumed yet, so only another consumer could move
 the counter; after it, `settle` reads again until the counters have caught up with what
-the movers acked. The reading before can lag too: in CI, right after a run on the same
-queue, its last 100 acks reached the counters only during the next run, which then saw
-100 more removed than it moved. Verification leaves such an excess unproven, not lost,
-when the exact depths say only what was moved left (verify/columns.py). They restart from 0 when the queue's node restarts, and are absent
+the movers acked. The reading before can lag too. On an idle 3.10.8 node
+(1 s interval) a queue's row showed no `message_stats` for 3.5 s after 100 publishes,
+and its acks appeared 3.5 s after the consumer closed. In CI a run moved 100 messages
+seeded a moment before, read no statistics at its end (None: `settle` waits only for
+counters it can see), and the next run on that queue, a few seconds later, read none
+at its start either (0), then 100 more removed than it moved. Verification leaves such
+an excess unproven, not lost, when the exact depths say only what was moved left
+(verify/columns.py). They restart from 0 when the queue's node restarts, and are absent
 where the broker keeps no message statistics (the metrics collector disabled): then
 the run's witness is unknown (None) and verification falls back to the depths.
 
