@@ -5,7 +5,9 @@ The image is built (or found, keyed by its inputs) by rmq_spark.devtools.image. 
 module fixture runs a master and two workers from it with podman (`--runtime runc`,
 host network, free loopback ports); one worker runs as an arbitrary UID in group 0, as
 OpenShift runs images. The containers see nothing of this machine but one host
-directory, mounted at the same path in each: the ledger's. The job is submitted from
+directory, mounted at the same path in each: the ledger's. A second cluster mounts
+nothing at all, and the job's ledger is on the S3 server (issue 25: no shared mount
+needed anywhere). The job is submitted from
 here in client mode by `spark-submit.sh --in-image` with the pip pyspark of the tests
 (the image holds the same 4.2.0): no package zip, no environment archive; the
 executors run the image's Python and import the package the image holds.
@@ -13,23 +15,27 @@ executors run the image's Python and import the package the image holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
+import secrets
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyspark
 import pytest
 import requests
+import yaml
 
 import rmq_spark
 from rmq_spark.devtools.image import PODMAN, ensure_image
-from rmq_spark.ledger import tables
+from rmq_spark.ledger import store, tables
 from rmq_spark.report.console import RESULT_PREFIX
 from tests.support.brokers import (
     Brokers,
@@ -41,6 +47,7 @@ from tests.support.brokers import (
     write_config,
 )
 from tests.support.faults import wait_until
+from tests.support.object_store import objects_under, write_store_config
 from tests.support.standalone import alive_workers, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +82,7 @@ def ulimits() -> list[str]:
 class ImageCluster:
     url: str
     ui_port: int
-    ledger_volume: Path
+    ledger_volume: Path | None
     workers: tuple[str, ...]
 
     def completed_apps(self) -> list[str]:
@@ -94,13 +101,13 @@ def image() -> str:
     return ensure_image().tag
 
 
-@pytest.fixture(scope="module")
-def image_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageCluster]:
-    volume = tmp_path_factory.mktemp("image-volume")
-    volume.chmod(0o2775)  # gid 0 (the containers' group), group-writable, inherited
+@contextlib.contextmanager
+def running_image_cluster(image: str, volume: Path | None) -> Iterator[ImageCluster]:
+    """A master and two workers from the image; `volume`, when given, is the one host
+    directory they see (mounted at the same path in each), else they see none."""
     port, ui_port = free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
-    prefix = f"rmq-spark-test-{os.getpid()}"
+    prefix = f"rmq-spark-test-{os.getpid()}-{secrets.token_hex(2)}"
     common = [
         "run",
         "--detach",
@@ -109,8 +116,7 @@ def image_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         *ulimits(),
         "--env",
         "SPARK_LOCAL_IP=127.0.0.1",
-        "--volume",
-        f"{volume}:{volume}",
+        *(["--volume", f"{volume}:{volume}"] if volume is not None else []),
     ]
     containers = {
         f"{prefix}-master": [
@@ -151,6 +157,22 @@ def image_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             podman("rm", "--force", "--time", "10", *started)
 
 
+@pytest.fixture(scope="module")
+def image_cluster(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageCluster]:
+    volume = tmp_path_factory.mktemp("image-volume")
+    volume.chmod(0o2775)  # gid 0 (the containers' group), group-writable, inherited
+    with running_image_cluster(image, volume) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def private_image_cluster(image: str) -> Iterator[ImageCluster]:
+    """The same cluster with no host directory mounted: each container has only its own
+    file system, as a cluster's nodes have (issue 25)."""
+    with running_image_cluster(image, None) as cluster:
+        yield cluster
+
+
 def test_the_image_runs_as_an_arbitrary_uid_with_a_user_name(image: str) -> None:
     script = 'id -un; id -u; touch "$HOME/written" && echo "$HOME"; java -version 2>&1 | head -1'
     completed = podman("run", "--rm", *ulimits(), *AS_ARBITRARY_USER, image, "sh", "-c", script)
@@ -175,6 +197,7 @@ def test_the_job_runs_on_containers_of_the_image_and_verifies(
     brokers: Brokers, password_env: str, tmp_path: Path, image_cluster: ImageCluster
 ) -> None:
     vhost = fresh_vhost(brokers, "image-cluster")
+    assert image_cluster.ledger_volume is not None
     ledger = image_cluster.ledger_volume / "ledger"
     # max_active 4 with two queues per task: two tasks, one per worker.
     config = write_config(
@@ -231,3 +254,80 @@ def test_the_job_runs_on_containers_of_the_image_and_verifies(
     wait_until(
         lambda: app_id in image_cluster.completed_apps(), f"the master to list {app_id} as ended"
     )
+
+
+@pytest.mark.usefixtures("password_env")
+def test_with_the_ledger_on_s3_the_containers_share_no_directory_and_it_verifies(
+    brokers: Brokers,
+    tmp_path: Path,
+    private_image_cluster: ImageCluster,
+    s3_ledger: dict[str, Any],
+) -> None:
+    vhost = fresh_vhost(brokers, "image-cluster-s3")
+    config_path = write_store_config(tmp_path, brokers, vhost, s3_ledger)
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    config["max_active"] = 4  # two queues per task: two tasks, one per worker
+    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    for queue in QUEUES:
+        seed(brokers.dr, vhost, queue, MESSAGES)
+        declare(brokers.main, vhost, queue)
+    environ = {
+        key: value
+        for key, value in job_environment().items()
+        if key not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    }
+    for container in private_image_cluster.workers:
+        mounts = podman("inspect", "--format", "{{len .Mounts}}", container)
+        assert mounts.stdout.strip() == "0", mounts.stdout + mounts.stderr
+        seen = podman("exec", container, "ls", "-d", str(REPO), sys.executable, str(tmp_path))
+        assert seen.stdout.split() == [], seen.stdout
+
+    completed = subprocess.run(
+        [
+            str(REPO / "spark-submit.sh"),
+            "--master", private_image_cluster.url,
+            "--conf", "spark.driver.host=127.0.0.1",
+            "--in-image",
+            "--config", str(config_path), "--run-id", "in-image-s3",
+        ],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )  # fmt: skip
+
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-4000:]
+    (line,) = [x for x in completed.stdout.splitlines() if x.startswith(RESULT_PREFIX)]
+    result = json.loads(line[len(RESULT_PREFIX) :])
+    assert result["verified"] is True
+    assert result["messages"] == len(QUEUES) * MESSAGES
+    assert (result["lost"], result["duplicates"]) == (0, 0)
+    assert os.environ[s3_ledger["storage_options"]["secret_access_key_env"]] not in output
+    for queue in QUEUES:
+        assert (depth(brokers.dr, vhost, queue), depth(brokers.main, vhost, queue)) == (
+            0,
+            MESSAGES,
+        )
+    ledger, options = str(s3_ledger["path"]), s3_ledger["storage_options"]
+    store.configure(
+        ledger,
+        store.StoreOptions(
+            endpoint=options["endpoint"],
+            region=options["region"],
+            access_key_id=os.environ[options["access_key_id_env"]],
+            secret_access_key=os.environ[options["secret_access_key_env"]],
+        ),
+    )
+    on_store = objects_under(ledger)
+    assert "verification/run_id=in-image-s3/verification.json" in on_store
+    assert not [key for key in on_store if key.startswith(("intents/", "rows/", "_preflight/"))]
+    assert tables.read_arrow(ledger, "messages", run_id="in-image-s3").num_rows == (
+        len(QUEUES) * MESSAGES
+    )
+    (run,) = tables.read_arrow(ledger, "runs").to_pylist()
+    # Both workers (one of them the arbitrary UID) ran executors of this application:
+    # with no directory in common, what they staged before acking went to the store.
+    for worker in private_image_cluster.workers:
+        assert run["spark_app_id"] in private_image_cluster.worker_apps(worker), worker
