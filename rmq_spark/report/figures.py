@@ -339,9 +339,7 @@ class VerificationResult:
     passed_by_transfer: dict[tuple[str, ...], bool]
     # Per transfer: the distinct messages moved to the destination and those a selective
     # move kept in its source (verification's distinct_messages and kept_messages).
-    decisions_by_transfer: dict[tuple[str, ...], tuple[int, int]] = field(
-        default_factory=dict
-    )
+    decisions_by_transfer: dict[tuple[str, ...], tuple[int, int]] = field(default_factory=dict)
 
 
 def read_verification(ledger_path: str, run: Mapping[str, Any]) -> VerificationResult | None:
