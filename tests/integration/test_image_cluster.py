@@ -173,6 +173,54 @@ def private_image_cluster(image: str) -> Iterator[ImageCluster]:
         yield cluster
 
 
+def seed_queues(brokers: Brokers, vhost: str) -> None:
+    for queue in QUEUES:
+        seed(brokers.dr, vhost, queue, MESSAGES)
+        declare(brokers.main, vhost, queue)
+
+
+def submit_in_image(cluster: ImageCluster, config: Path, run_id: str) -> tuple[dict[str, Any], str]:
+    """The job submitted from here in client mode to the containers' cluster; its RESULT
+    and its whole output, once it exited 0."""
+    # Nothing of this machine's Python is exported: --in-image names the image's.
+    environ = {
+        key: value
+        for key, value in job_environment().items()
+        if key not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    }
+    completed = subprocess.run(
+        [
+            str(REPO / "spark-submit.sh"),
+            "--master", cluster.url,
+            "--conf", "spark.driver.host=127.0.0.1",
+            "--in-image",
+            "--config", str(config), "--run-id", run_id,
+        ],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        # The driver creates ledger directories the arbitrary UID must write into: group 0.
+        umask=0o002,
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-4000:]
+    (line,) = [x for x in completed.stdout.splitlines() if x.startswith(RESULT_PREFIX)]
+    return json.loads(line[len(RESULT_PREFIX) :]), output
+
+
+def assert_every_queue_moved(brokers: Brokers, vhost: str, result: dict[str, Any]) -> None:
+    assert result["verified"] is True
+    assert result["messages"] == len(QUEUES) * MESSAGES
+    assert (result["lost"], result["duplicates"]) == (0, 0)
+    for queue in QUEUES:
+        assert (depth(brokers.dr, vhost, queue), depth(brokers.main, vhost, queue)) == (
+            0,
+            MESSAGES,
+        )
+
+
 def test_the_image_runs_as_an_arbitrary_uid_with_a_user_name(image: str) -> None:
     script = 'id -un; id -u; touch "$HOME/written" && echo "$HOME"; java -version 2>&1 | head -1'
     completed = podman("run", "--rm", *ulimits(), *AS_ARBITRARY_USER, image, "sh", "-c", script)
@@ -203,48 +251,14 @@ def test_the_job_runs_on_containers_of_the_image_and_verifies(
     config = write_config(
         tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=ledger, max_active=4
     )
-    for queue in QUEUES:
-        seed(brokers.dr, vhost, queue, MESSAGES)
-        declare(brokers.main, vhost, queue)
-    # Nothing of this machine's Python is exported: --in-image names the image's.
-    environ = {
-        key: value
-        for key, value in job_environment().items()
-        if key not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
-    }
+    seed_queues(brokers, vhost)
     for container in image_cluster.workers:  # the containers do not see this machine
         seen = podman("exec", container, "ls", "-d", str(REPO), sys.executable, str(ledger.parent))
         assert seen.stdout.split() == [str(ledger.parent)], seen.stdout + seen.stderr
 
-    completed = subprocess.run(
-        [
-            str(REPO / "spark-submit.sh"),
-            "--master", image_cluster.url,
-            "--conf", "spark.driver.host=127.0.0.1",
-            "--in-image",
-            "--config", str(config), "--run-id", "in-image",
-        ],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        # The driver creates ledger directories the arbitrary UID must write into: group 0.
-        umask=0o002,
-    )  # fmt: skip
+    result, _output = submit_in_image(image_cluster, config, "in-image")
 
-    output = completed.stdout + completed.stderr
-    assert completed.returncode == 0, output[-4000:]
-    (line,) = [x for x in completed.stdout.splitlines() if x.startswith(RESULT_PREFIX)]
-    result = json.loads(line[len(RESULT_PREFIX) :])
-    assert result["verified"] is True
-    assert result["messages"] == len(QUEUES) * MESSAGES
-    assert (result["lost"], result["duplicates"]) == (0, 0)
-    for queue in QUEUES:
-        assert (depth(brokers.dr, vhost, queue), depth(brokers.main, vhost, queue)) == (
-            0,
-            MESSAGES,
-        )
+    assert_every_queue_moved(brokers, vhost, result)
     (run,) = tables.read_arrow(str(ledger), "runs").to_pylist()
     app_id = run["spark_app_id"]
     assert app_id.startswith("app-")  # a standalone application, not local[*]
@@ -268,48 +282,17 @@ def test_with_the_ledger_on_s3_the_containers_share_no_directory_and_it_verifies
     config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
     config["max_active"] = 4  # two queues per task: two tasks, one per worker
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    for queue in QUEUES:
-        seed(brokers.dr, vhost, queue, MESSAGES)
-        declare(brokers.main, vhost, queue)
-    environ = {
-        key: value
-        for key, value in job_environment().items()
-        if key not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
-    }
+    seed_queues(brokers, vhost)
     for container in private_image_cluster.workers:
         mounts = podman("inspect", "--format", "{{len .Mounts}}", container)
         assert mounts.stdout.strip() == "0", mounts.stdout + mounts.stderr
         seen = podman("exec", container, "ls", "-d", str(REPO), sys.executable, str(tmp_path))
         assert seen.stdout.split() == [], seen.stdout
 
-    completed = subprocess.run(
-        [
-            str(REPO / "spark-submit.sh"),
-            "--master", private_image_cluster.url,
-            "--conf", "spark.driver.host=127.0.0.1",
-            "--in-image",
-            "--config", str(config_path), "--run-id", "in-image-s3",
-        ],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )  # fmt: skip
+    result, output = submit_in_image(private_image_cluster, config_path, "in-image-s3")
 
-    output = completed.stdout + completed.stderr
-    assert completed.returncode == 0, output[-4000:]
-    (line,) = [x for x in completed.stdout.splitlines() if x.startswith(RESULT_PREFIX)]
-    result = json.loads(line[len(RESULT_PREFIX) :])
-    assert result["verified"] is True
-    assert result["messages"] == len(QUEUES) * MESSAGES
-    assert (result["lost"], result["duplicates"]) == (0, 0)
+    assert_every_queue_moved(brokers, vhost, result)
     assert os.environ[s3_ledger["storage_options"]["secret_access_key_env"]] not in output
-    for queue in QUEUES:
-        assert (depth(brokers.dr, vhost, queue), depth(brokers.main, vhost, queue)) == (
-            0,
-            MESSAGES,
-        )
     ledger, options = str(s3_ledger["path"]), s3_ledger["storage_options"]
     store.configure(
         ledger,
