@@ -50,7 +50,7 @@ from bench.workload import (
     wait_until_depth,
 )
 from rmq_spark.devtools.local_brokers import LocalNode
-from rmq_spark.ledger import tables
+from rmq_spark.ledger import store, tables
 from rmq_spark.report.console import RESULT_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
@@ -534,7 +534,7 @@ def run_job(
             f"job {run_id} exited {completed.returncode} with {result}:\n"
             f"{completed.stdout[-2000:]}\n{completed.stderr[-2000:]}"
         )
-    stages = job_stages(Path(config["ledger"]["path"]), run_id, launched, exited)
+    stages = job_stages(str(config["ledger"]["path"]), run_id, launched, exited)
     return Run(
         contender="job",
         # What the job says it moved; the caller counts what the sources still hold.
@@ -566,26 +566,28 @@ def _result_line(stdout: str) -> dict[str, Any] | None:
     return json.loads(lines[-1][len(RESULT_PREFIX) :]) if lines else None
 
 
-def job_stages(ledger: Path, run_id: str, launched: datetime, exited: datetime) -> dict[str, float]:
+def job_stages(ledger: str, run_id: str, launched: datetime, exited: datetime) -> dict[str, float]:
     """Where a job's wall time went, from what the run left behind.
 
     The runs row's start (the pre-flight: the Python driver is up), the first consume
     and last confirm in the ledger (the transfer), the Delta commit file and
-    verification.json (their modification times), and the process exit.
+    verification.json (their modification times, as the directory or the object store
+    records them), and the process exit.
     """
     # tables.read_arrow, not DeltaTable.to_pyarrow_table: the latter can abort the
     # interpreter at exit (code 134).
-    runs = tables.read_rows(str(ledger), "runs", run_id)
+    runs = tables.read_rows(ledger, "runs", run_id)
     if not runs:
-        raise BenchError(f"job {run_id}: expected its row in {ledger / 'runs'}, found none")
+        raise BenchError(f"job {run_id}: expected its row in {ledger}/runs, found none")
     run = runs[0]
     moved = tables.read_arrow(
-        str(ledger), "messages", run_id=run_id, columns=["consumed_at", "confirmed_at"]
+        ledger, "messages", run_id=run_id, columns=["consumed_at", "confirmed_at"]
     )
     first_consumed = pc.min(moved["consumed_at"]).as_py()
     last_confirmed = pc.max(moved["confirmed_at"]).as_py()
-    committed = _mtime(max((ledger / "messages" / "_delta_log").glob("*.json")))
-    verified = _mtime(ledger / "verification" / f"run_id={run_id}" / "verification.json")
+    root = store.root(ledger)
+    committed = _mtime(max((root / "messages" / "_delta_log").glob("*.json")))
+    verified = _mtime(root / "verification" / f"run_id={run_id}" / "verification.json")
     marks = [
         # The pre-flight starts as soon as the Python driver is up, and Spark starts
         # alongside it (cli.run_transfer_command).
@@ -603,5 +605,6 @@ def job_stages(ledger: Path, run_id: str, launched: datetime, exited: datetime) 
     return stages
 
 
-def _mtime(path: Path) -> datetime:
+def _mtime(path: Any) -> datetime:
+    """A local Path's or a StorePath's modification time."""
     return datetime.fromtimestamp(path.stat().st_mtime, UTC)

@@ -3,6 +3,7 @@
     python -m bench.many_queues            # 1,000 queues x 20 msgs over 5 vhosts, + 10k plan
     python -m bench.many_queues --quick    # 100 queues x 20 over 5 vhosts, 1,000 to plan
     python -m bench.many_queues --queues 200 --vhosts 2 --messages 50 --plan-queues 0
+    python -m bench.many_queues --ledger s3 --shovel-queues 0 --plan-queues 0
 
 Starts two local nodes (`bench.workload.local_brokers`), then:
 
@@ -60,6 +61,7 @@ from bench.contenders import (
     run_job,
     run_orchestrated_shovels,
 )
+from bench.ledger_store import LEDGERS, BenchLedger, bench_ledger
 from bench.workload import Brokers, Workload, bench_messages, depth, load_average, local_brokers
 from bench.workload import machine as machine_facts
 from rmq_spark.config import WindowConfig
@@ -213,7 +215,13 @@ def top_functions(stats_path: Path, limit: int = PROFILE_TOP) -> list[str]:
 
 
 def job_scenario(
-    brokers: Brokers, shape: Shape, work_dir: Path, *, profile: bool, options: dict[str, int]
+    brokers: Brokers,
+    shape: Shape,
+    work_dir: Path,
+    *,
+    profile: bool,
+    options: dict[str, int],
+    ledger_store: BenchLedger,
 ) -> Run:
     workload = Workload(shape.messages, KIB)
     queues = shape.spread("mq", shape.queues)
@@ -231,6 +239,7 @@ def job_scenario(
         max_active=options.get("max_active", 4),
         queues_per_task=options.get("queues_per_task"),
     )
+    config["ledger"] = ledger_store.block(work_dir, run_id)
     stats_path = work_dir / "driver.prof"
     if profile:
         os.environ["RMQ_SPARK_JOB"] = str(PROFILED_JOB)
@@ -243,7 +252,9 @@ def job_scenario(
         os.environ.pop(PROFILE_ENV, None)
     # True: this run's exit included writing the JVM's class-data archive (first run).
     run.details["wrote_cds_archive"] = bool(cds_archives() - archives)
-    run.details |= left_behind(brokers, queues) | ledger_files(ledger, run_id)
+    run.details |= left_behind(brokers, queues) | ledger_store.describe()
+    if ledger_store.kind == "local":
+        run.details |= ledger_files(ledger, run_id)
     run.details["queues"] = len(queues)
     run.details["transfer_ms_per_queue"] = round(
         1000 * run.details["stages"]["transfer"] / len(queues), 1
@@ -401,6 +412,15 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Shape]:
     parser.add_argument("--queues-per-task", type=int, help="the job's mover.queues_per_task")
     parser.add_argument("--profile-driver", action="store_true", help="cProfile the job's driver")
     parser.add_argument("--keep-work-dir", action="store_true", help="keep ledgers and job logs")
+    parser.add_argument(
+        "--ledger", choices=LEDGERS, default="local", help="where the job keeps its ledger"
+    )
+    parser.add_argument(
+        "--store-delay-ms",
+        type=float,
+        default=10.0,
+        help="with --ledger s3: each request to the store waits this long each way",
+    )
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
     shape = Shape(
@@ -426,7 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("pika").setLevel(logging.WARNING)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    name = f"many-queues-{'quick-' if args.quick else ''}{stamp}"
+    ledger_label = "" if args.ledger == "local" else f"{args.ledger}-"
+    name = f"many-queues-{'quick-' if args.quick else ''}{ledger_label}{stamp}"
     work_dir = Path(tempfile.mkdtemp(prefix="rmq-spark-many-queues-"))
     report: dict[str, Any] = {
         "benchmark": "many_queues",
@@ -442,12 +463,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         options["queues_per_task"] = args.queues_per_task
     errors: list[str] = []
     try:
-        with local_brokers(work_dir / "brokers", shape.vhost_names()) as brokers:
+        with (
+            local_brokers(work_dir / "brokers", shape.vhost_names()) as brokers,
+            bench_ledger(args.ledger, args.store_delay_ms, work_dir / "store") as ledger_store,
+        ):
             for label, scenario in (
                 (
                     "job",
                     lambda: job_scenario(
-                        brokers, shape, work_dir, profile=args.profile_driver, options=options
+                        brokers,
+                        shape,
+                        work_dir,
+                        profile=args.profile_driver,
+                        options=options,
+                        ledger_store=ledger_store,
                     ).to_json(),
                 ),
                 (
