@@ -70,7 +70,8 @@ def test_a_routes_decider_factory_comes_before_its_select_and_a_plain_route_has_
     select = route_decider(settings, "select")
     try:
         assert built == ["redrive"]
-        assert isinstance(redrive, SelectDecider) and isinstance(select, SelectDecider)
+        assert isinstance(redrive, SelectDecider)
+        assert isinstance(select, SelectDecider)
         assert redrive.selection.expression == "body_size > 0"
         assert select.selection.expression == "body_size > 99"
         assert route_decider(settings, "plain") is None

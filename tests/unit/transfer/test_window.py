@@ -222,7 +222,8 @@ def test_a_return_of_a_message_published_with_rewritten_properties_is_refused(
         message_id="m2",
     ).detail = Decision(MOVED, routing_key="orders", properties=rewritten)
     returned = window.on_return("x", hashlib.sha256(rewritten).hexdigest(), "312 NO_ROUTE")
-    assert returned is not None and returned.tag == 2
+    assert returned is not None
+    assert returned.tag == 2
     assert [d.tag for d in window.on_confirm(2, multiple=True)] == [1]
     assert returned.state is DeliveryState.REFUSED
 
