@@ -16,8 +16,11 @@ from typing import Any
 
 import pytest
 from pika import spec
+from pyspark.sql import SparkSession
 
+from rmq_spark.cli import main
 from rmq_spark.config import Limits, load_config
+from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.ledger import tables
 from rmq_spark.redrive.decider import RedriveSpec
 from rmq_spark.redrive.headers import MOVED_HEADER
@@ -53,7 +56,9 @@ def test_a_redrive_moves_the_selected_dead_letters_to_their_origins_at_the_rate_
     vhost = fresh_vhost(brokers_of_version, "redrive-move")
     published = make_dead_letters(node, vhost, DLQ, per_queue=PER_QUEUE)
     config = load_config(
-        write_config(tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path)
+        write_config(
+            tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+        )
     )
     tables.ensure_tables(config.ledger.path)
     existing = existing_queues(config, DeadLetterQueue("dr", vhost, DLQ))
@@ -80,10 +85,73 @@ def test_a_redrive_moves_the_selected_dead_letters_to_their_origins_at_the_rate_
     outcome = move_queue(row, settings, "local")
 
     selected = [m for m in published if _selected(m)]
-    rest = [m for m in published if not _selected(m)]
     assert len(selected) == PER_QUEUE  # half of each rejecting origin's
     assert (outcome.status, outcome.error) == ("moved", None)
-    assert (outcome.messages, outcome.kept) == (len(selected), len(rest))
+    assert (outcome.messages, outcome.kept) == (len(selected), len(published) - len(selected))
+    assert_redriven(node, vhost, published, config.ledger.path, "redrive-1")
+
+
+def test_rmq_spark_redrive_moves_the_selected_ones_verified_with_counts_per_destination(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-cli")
+    published = make_dead_letters(node, vhost, DLQ, per_queue=PER_QUEUE)
+    config = write_config(
+        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+
+    code = main(
+        [
+            "redrive",
+            "--config",
+            str(config),
+            "--queue",
+            f"dr:{vhost}:{DLQ}",
+            "--where",
+            WHERE,
+            "--messages-per-second",
+            str(RATE),
+            "--run-id",
+            "redrive-cli-1",
+        ]
+    )
+
+    out = capsys.readouterr().out
+    assert code == 0, out
+    half, rest = PER_QUEUE // 2, 2 * PER_QUEUE + 1
+    result = [line for line in out.splitlines() if line.startswith("RESULT")]
+    assert result == [line for line in result if line.startswith("RESULT verified: ")], out
+    assert f"examined {len(published)}, moved {PER_QUEUE}, kept {rest}, lost 0," in result[0]
+    assert "unproven" not in result[0]
+    tables_printed = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    # The plan (the dry run's read), then the run's decisions, then each destination.
+    # The stray has no x-death, so no last_death: --where is NULL for it, not selected.
+    plan = [
+        ["moved", "orders", "rejected", str(half)],
+        ["moved", "payments", "rejected", str(half)],
+    ]
+    plan += [["kept", DLQ, "not", "selected", str(rest)]]
+    decisions = [line for line in tables_printed if line[0] in ("moved", "kept")]
+    assert sorted(map(tuple, decisions)) == sorted(map(tuple, plan * 2)), out
+    arrived = [line for line in tables_printed if line[0] in ORIGINS]
+    assert arrived == [
+        ["orders", str(half), "depth", "0", str(half), "0"],
+        ["payments", str(half), "depth", "0", str(half), "0"],
+    ], out
+    assert_redriven(node, vhost, published, str(tmp_path / "ledger"), "redrive-cli-1")
+
+
+def assert_redriven(
+    node: LocalNode, vhost: str, published: list[Published], ledger: str, run_id: str
+) -> None:
+    """What an independent consumer and the ledger find after the redrive."""
+    selected = [m for m in published if _selected(m)]
+    rest = [m for m in published if not _selected(m)]
 
     # Each origin queue holds exactly its selected messages, in order, as first published
     # apart from the broker's death headers, which the default policy moved.
@@ -105,7 +173,7 @@ def test_a_redrive_moves_the_selected_dead_letters_to_their_origins_at_the_rate_
     assert [body for _, body in left] == [m.body for m in rest]
 
     # The ledger: one confirmed row per examined message, where it went and why.
-    rows = tables.read_arrow(config.ledger.path, "messages", run_id="redrive-1").to_pylist()
+    rows = tables.read_arrow(ledger, "messages", run_id=run_id).to_pylist()
     assert len(rows) == len(published)
     assert all(r["confirmed_at"] is not None for r in rows)
     by_id = {r["message_id"]: r for r in rows}
@@ -119,8 +187,11 @@ def test_a_redrive_moves_the_selected_dead_letters_to_their_origins_at_the_rate_
         )
     for message in rest:
         r = by_id[message.message_id]
-        reason = "no x-death" if message.origin is None else "not selected"
-        assert (r["decision"], r["publish_routing_key"], r["reason"]) == ("kept", None, reason)
+        assert (r["decision"], r["publish_routing_key"], r["reason"]) == (
+            "kept",
+            None,
+            "not selected",  # the stray too: --where is NULL without an x-death
+        )
 
     # The rate brake held every publish (moved and kept) to the rate asked: the confirms'
     # span, as the ledger recorded it, within 10%.
