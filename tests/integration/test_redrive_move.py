@@ -122,6 +122,7 @@ def test_rmq_spark_redrive_moves_the_selected_ones_verified_with_counts_per_dest
     )
 
     out = capsys.readouterr().out
+    print(out)  # shown by `pytest -rP`: docs/redrive.md's example is this output
     assert code == 0, out
     half, rest = PER_QUEUE // 2, 2 * PER_QUEUE + 1
     result = [line for line in out.splitlines() if line.startswith("RESULT")]
