@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -76,6 +77,7 @@ class RedriveResult:
     source: SourceVerdict
     destinations: tuple[DestinationVerdict, ...]
     seconds: float
+    source_after: int = 0  # the DLQ's exact depth after the run
 
     @property
     def verified(self) -> bool:
@@ -114,7 +116,7 @@ def run_redrive(
     destinations' witness). Raises RmqSparkError subclasses before anything moves when
     the ledger or a broker is unusable.
     """
-    started = time.monotonic()
+    started, started_at = time.monotonic(), datetime.now(UTC)
     ledger_path = store.use_ledger(config.ledger)
     tables.ensure_tables(config.ledger.path)
     watched = [dlq.queue, *origins]
@@ -154,7 +156,7 @@ def run_redrive(
         config.ledger.path, "messages", run_id=run_id, columns=_LEDGER_COLUMNS
     ).to_pylist()
     own_fence = 1 if outcome.fences else 0
-    return RedriveResult(
+    result = RedriveResult(
         run_id=run_id,
         dlq=dlq,
         outcome=outcome,
@@ -171,4 +173,83 @@ def run_redrive(
             )
         ),
         seconds=time.monotonic() - started,
+        source_after=after[dlq.queue].depth,
+    )
+    record_redrive(config, result, spark, rows=len(rows), started_at=started_at)
+    return result
+
+
+def record_redrive(
+    config: JobConfig,
+    result: RedriveResult,
+    spark: SparkSession,
+    *,
+    rows: int,
+    started_at: datetime,
+) -> None:
+    """The redrive's `queues` row (its one transfer; the destination's depths are the
+    origins' summed, its figures `tally.py`'s) and its `runs` row, so `rmq-spark report`
+    draws it like any run (its decisions section by destination and reason)."""
+    dlq, source, outcome = result.dlq, result.source, result.outcome
+    depth_before = depth_after = 0
+    for d in result.destinations:
+        if d.before is not None and d.after is not None:
+            depth_before, depth_after = depth_before + d.before.depth, depth_after + d.after.depth
+    repeats = source.examined - source.moved - source.kept - source.uncertain
+    committer = committer_for(spark)
+    key = {
+        "run_id": result.run_id,
+        "source_cluster": dlq.cluster,
+        "source_vhost": dlq.vhost,
+        "source_queue": dlq.queue,
+        "destination_cluster": dlq.cluster,
+        "destination_vhost": dlq.vhost,
+        "destination_queue": dlq.queue,
+    }
+    tables.append_rows(
+        config.ledger.path,
+        "queues",
+        [
+            {
+                **key,
+                "partition": 0,
+                "status": outcome.status,
+                "error": outcome.error,
+                "source_depth_before": source.drop + result.source_after,
+                "source_depth_after": result.source_after,
+                "destination_depth_before": depth_before,
+                "destination_depth_after": depth_after,
+                "ledger_rows": rows,
+                "duplicates": repeats,
+                "lost": source.lost,
+                "source_removed": None,
+                "unexpected": 0,
+                "reordered_by_priority": None,
+            }
+        ],
+        committer,
+    )
+    tables.append_rows(
+        config.ledger.path,
+        "runs",
+        [
+            {
+                "run_id": result.run_id,
+                "started_at": started_at,
+                "finished_at": datetime.now(UTC),
+                "config_digest": config.digest(),
+                "spark_app_id": spark.conf.get("spark.app.id", None),
+                "queues": 1,
+                "messages": source.moved,
+                "bytes": outcome.bytes,
+                "lost": source.lost,
+                "duplicates": repeats,
+                "unexpected": 0,
+                "verified": result.verified,
+                "seconds": result.seconds,
+                "verification_path": "",
+                "rabbitmq_versions": None,
+            }
+        ],
+        committer,
     )

@@ -25,6 +25,7 @@ from rmq_spark.ledger import tables
 from rmq_spark.redrive.decider import RedriveSpec
 from rmq_spark.redrive.headers import MOVED_HEADER
 from rmq_spark.redrive.preflight import DeadLetterQueue, existing_queues
+from rmq_spark.report.html import build_report
 from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 from tests.support.brokers import Brokers, fresh_vhost, write_config
 from tests.support.dead_letters import ORIGINS, Published, make_dead_letters, read_queue
@@ -145,6 +146,17 @@ def test_rmq_spark_redrive_moves_the_selected_ones_verified_with_counts_per_dest
         ["payments", str(half), "depth", "0", str(half), "0"],
     ], out
     assert_redriven(node, vhost, published, str(tmp_path / "ledger"), "redrive-cli-1")
+
+    # The run's HTML report shows the same counts by destination and reason.
+    page = build_report(str(tmp_path / "ledger"), "redrive-cli-1").read_text(encoding="utf-8")
+    for where, reason, count in [
+        ("orders", "rejected", half),
+        ("payments", "rejected", half),
+        (DLQ, "not selected", rest),
+    ]:
+        decision = "kept" if where == DLQ else "moved"
+        cells = f"<td>{decision}</td><td>{where}</td><td>{reason}</td>"
+        assert f'<tr>{cells}<td class="num">{count}</td></tr>' in page, where
 
 
 def assert_redriven(
