@@ -17,7 +17,9 @@ def format_result(result: RedriveResult) -> str:
     `confirms` when only the broker's publisher confirms do (unproven: redrive/tally.py).
     """
     source = result.source
-    lines = [format_counts(result.dlq, result.counts)]
+    decided = format_counts(result.dlq, result.counts).splitlines()
+    decided[0] = f"run {result.run_id}, by its ledger rows (confirmed):"
+    lines = ["\n".join(decided)]
     if result.destinations:
         width = max(len("destination"), *(len(d.destination) for d in result.destinations))
         lines.append(

@@ -40,7 +40,7 @@ def result(*, consumers: int = 0, orders_after: int = 3, lost: int = 0) -> Redri
 
 def test_a_clean_run_prints_decisions_destinations_and_a_verified_result() -> None:
     lines = format_result(result()).splitlines()
-    assert lines[0] == "redrive of dr:shop:shop.dlq: 19 messages"
+    assert lines[0] == "run redrive-1, by its ledger rows (confirmed):"
     assert [line.split() for line in lines[2:5]] == [
         ["moved", "orders", "rejected", "3"],
         ["moved", "shop/eu.payments", "rejected", "2"],
