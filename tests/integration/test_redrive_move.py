@@ -11,6 +11,8 @@ fence left; the ledger says where each one went and why; the rate is the one ask
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +215,70 @@ def assert_redriven(
     measured = (len(confirmed) - 1) / (confirmed[-1] - confirmed[0]).total_seconds()
     print(f"{run_id}: {len(confirmed)} confirms at {measured:.2f} msg/s (asked {RATE})")
     assert abs(measured - RATE) <= 0.1 * RATE, measured
+
+
+class OriginConsumer(threading.Thread):
+    """The origin queue's application: a plain pika consumer that takes (acks) whatever
+    arrives, on its own thread and connection, until told to stop."""
+
+    def __init__(self, node: LocalNode, vhost: str, queue: str) -> None:
+        super().__init__(daemon=True)
+        self.bodies: list[bytes] = []
+        self.ready, self.stop = threading.Event(), threading.Event()
+        self._node, self._vhost, self._queue = node, vhost, queue
+
+    def run(self) -> None:
+        connection = self._node.connect(self._vhost)
+        try:
+            channel = connection.channel()
+            channel.basic_consume(
+                self._queue, lambda _ch, _m, _p, body: self.bodies.append(body), auto_ack=True
+            )
+            self.ready.set()
+            while not self.stop.is_set():
+                connection.process_data_events(time_limit=0.05)
+        finally:
+            connection.close()
+
+
+def test_an_origin_with_a_consumer_is_reported_unproven_never_clean_nor_missing(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Origin queues have their application's consumers: the depth cannot witness what
+    arrived, so the run is verified on the DLQ's side and names the origin unproven."""
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-consumed")
+    published = make_dead_letters(node, vhost, DLQ, per_queue=4)
+    config = write_config(
+        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+    consumer = OriginConsumer(node, vhost, "orders")
+    consumer.start()
+    assert consumer.ready.wait(10)
+    try:
+        code = main(["redrive", "--config", str(config), "--queue", f"dr:{vhost}:{DLQ}"])
+        expected = [m.body for m in published if m.origin == "orders"]
+        deadline = time.monotonic() + 10
+        while len(consumer.bodies) < len(expected) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for a condition (every arrival), bounded
+    finally:
+        consumer.stop.set()
+        consumer.join(10)
+
+    out = capsys.readouterr().out
+    print(out)
+    assert code == 0, out
+    assert consumer.bodies == expected
+    [result] = [line for line in out.splitlines() if line.startswith("RESULT")]
+    assert result.startswith("RESULT verified: "), out
+    assert result.endswith("destinations unproven (confirms only): orders"), out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
+    assert rows["orders"][1:3] == ["4", "confirms"]
+    assert rows["payments"][1:] == ["4", "depth", "0", "4", "0"]
+    assert rows["invoices"][1:] == ["4", "depth", "0", "4", "0"]
+    left = read_queue(node, vhost, DLQ)
+    assert [_decoded(p)["message_id"] for p, _ in left] == ["stray"]  # no x-death: kept
