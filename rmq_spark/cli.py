@@ -16,7 +16,8 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -508,11 +509,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "restore-federation": run_restore_federation_command,
         "report": run_report_command,
         "migrate": run_migrate_command,
-        "redrive": run_redrive_command,
+        "redrive": partial(run_redrive_command, session=redrive_session),
         "demo": run_demo_command,
         "config-schema": run_config_schema_command,
     }
     return run_guarded(commands_by_name[args.command], args)
+
+
+def redrive_session(app_name: str) -> AbstractContextManager[SparkSession]:
+    """A moving redrive's Spark session: as `transfer`'s, on the master spark-submit,
+    Databricks or the environment chose (else local)."""
+    require_spark("redrive")
+    return command_session(app_name, None)
 
 
 def run_config_schema_command(args: argparse.Namespace) -> int:

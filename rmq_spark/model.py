@@ -197,6 +197,32 @@ class Delivery:
     # One field, not four: every delivery of a plain move builds it.
     detail: Any = field(default=None, repr=False)
 
+    @property
+    def routed(self) -> tuple[str, str] | None:
+        """(exchange, routing key) a moved delivery's decision sends it through, or None:
+        to the link's own queue (a plain move's destination, a kept one's source)."""
+        detail = self.detail
+        if detail is None or self.decision == "kept" or detail.routing_key is None:
+            return None
+        return (detail.exchange, detail.routing_key)
+
+    @property
+    def publish_exchange(self) -> str | None:
+        """The ledger's `publish_exchange`: the routed exchange, None for the link's own."""
+        route = self.routed
+        return None if route is None else route[0]
+
+    @property
+    def publish_routing_key(self) -> str | None:
+        """The ledger's `publish_routing_key`: the routed key, None for the link's own."""
+        route = self.routed
+        return None if route is None else route[1]
+
+    @property
+    def reason(self) -> str | None:
+        """Why a decider kept it, or a redrive's death reason for a moved one."""
+        return None if self.detail is None else self.detail.reason
+
 
 @dataclass(frozen=True)
 class MoveOutcome:

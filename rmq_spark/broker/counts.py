@@ -89,6 +89,31 @@ def queue_depths(
     return depths
 
 
+def queue_readings(
+    cluster_name: str, cluster: ClusterConfig, vhost: str, queues: Iterable[str]
+) -> dict[str, tuple[int, int]]:
+    """Exact (ready messages, consumers) per queue, by passive queue.declare on one
+    connection: a redrive's witness readings (`redrive/tally.py`). A queue that is not
+    there is left out (the witness then has no depth to read)."""
+    readings: dict[str, tuple[int, int]] = {}
+    connection = blocking_connection(cluster_name, cluster, vhost, purpose="depth check")
+    try:
+        for queue in queues:
+            where = f"cluster {cluster_name} vhost {vhost!r} queue {queue!r}"
+            channel = connection.channel()
+            try:
+                depth = ready_count(channel, queue, where)
+                consumers = channel.queue_declare(queue, passive=True).method.consumer_count
+            except pika.exceptions.ChannelClosedByBroker:
+                continue  # NOT_FOUND: the channel is gone; the next queue gets its own
+            readings[queue] = (depth, int(consumers))
+            channel.close()
+    finally:
+        if connection.is_open:
+            connection.close()
+    return readings
+
+
 def ready_count(channel: BlockingChannel, queue: str, where: str) -> int:
     """The queue's ready messages by passive queue.declare on a blocking channel.
 

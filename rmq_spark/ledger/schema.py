@@ -105,6 +105,31 @@ MESSAGES: tuple[Column, ...] = (
         "Null in rows written before the column existed: moved.",
         nullable=True,
     ),
+    _c(
+        "publish_exchange",
+        _STRING,
+        "The exchange a moved message was published through when its decision routed it "
+        "(a redrive: '' for the default exchange, or the exchange x-death recorded). Null: "
+        "to the transfer's destination queue (kept: back to its source), as in rows "
+        "written before the column existed.",
+        nullable=True,
+    ),
+    _c(
+        "publish_routing_key",
+        _STRING,
+        "The routing key it was published with when its decision routed it (a redrive: the "
+        "origin queue, or the key x-death recorded); null as for publish_exchange.",
+        nullable=True,
+    ),
+    _c(
+        "reason",
+        _STRING,
+        "Why a decision kept it (not selected, no x-death, origin queue gone, unreadable "
+        "properties), or a redriven message's death reason (rejected, expired, maxlen, "
+        "delivery_limit). Null for a plain move's rows and rows written before the column "
+        "existed.",
+        nullable=True,
+    ),
 )
 
 QUEUES: tuple[Column, ...] = (

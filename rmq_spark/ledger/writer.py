@@ -87,6 +87,9 @@ _PER_ROW_ATTRIBUTES = {
     "confirmed_at": "confirmed_at",
     "session": "session",
     "decision": "decision",
+    "publish_exchange": "publish_exchange",
+    "publish_routing_key": "publish_routing_key",
+    "reason": "reason",
 }
 _PER_ROW_COLUMNS = tuple(_PER_ROW_ATTRIBUTES)
 _per_row_fields = operator.attrgetter(*_PER_ROW_ATTRIBUTES.values())

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
-from rmq_spark.redrive.headers import HeaderPolicy, rewrite
+from rmq_spark.redrive.headers import HeaderAction, HeaderPolicy, rewrite
 from rmq_spark.redrive.origin import Death, origin
 from rmq_spark.selection import Message, Selection
 from rmq_spark.selection.fields import FieldDecodeError, read_properties
@@ -117,6 +118,37 @@ class RedriveDecider:
     def close(self) -> None:
         if self._selection is not None:
             self._selection.close()
+
+
+@dataclass(frozen=True)
+class RedriveSpec:
+    """What builds a redrive's decider on an executor (`transfer.decisions.DeciderFactory`).
+
+    Plain values, so it pickles into the movers' task closure; the `--where` expression
+    is compiled where it runs (its DuckDB connection does not travel). The driver has
+    checked it already (`preflight.compile_where`).
+
+    >>> spec = RedriveSpec("orders.dlq", frozenset({"orders"}))
+    >>> spec().dead_letter_queue
+    'orders.dlq'
+    """
+
+    dead_letter_queue: str
+    existing: frozenset[str]
+    where: str | None = None
+    broker_headers: str = HeaderAction.MOVE.value
+    restore_expiration: bool = False
+    to_exchange: bool = False
+
+    def __call__(self) -> RedriveDecider:
+        selection = None if self.where is None else Selection.compile(self.where, where="--where")
+        return RedriveDecider(
+            self.dead_letter_queue,
+            self.existing,
+            selection=selection,
+            policy=HeaderPolicy(HeaderAction(self.broker_headers), self.restore_expiration),
+            to_exchange=self.to_exchange,
+        )
 
 
 def plan_counts(

@@ -122,6 +122,12 @@ def redrive_decider(
     )
 
 
+def origin_queues(counts: Counter[tuple[str, str, str]], dlq: DeadLetterQueue) -> list[str]:
+    """The queues the plan moves messages to (through the default exchange), sorted:
+    the destinations whose depths a moving redrive reads as its witness."""
+    return sorted({where for kind, where, _ in counts if kind == MOVED and where != dlq.queue})
+
+
 def format_counts(dlq: DeadLetterQueue, counts: Counter[tuple[str, str, str]]) -> str:
     """The dry run's table: one line per (decision, destination, reason), moved first."""
     rows = sorted(counts.items(), key=lambda item: (item[0][0] != MOVED, item[0][1], item[0][2]))

@@ -35,6 +35,14 @@ VERIFICATION_FILE = "verification.json"
 
 # What the report reads of the run's message rows: which transfer, and its two times.
 REPORT_MESSAGE_COLUMNS: tuple[str, ...] = (*TRANSFER_KEY, "consumed_at", "confirmed_at")
+# Read too where the table has them (older ledgers do not): where a decision sent each
+# message and why (a redrive's origin queues and death reasons, a selection's kept ones).
+DECISION_COLUMNS: tuple[str, ...] = (
+    "decision",
+    "publish_exchange",
+    "publish_routing_key",
+    "reason",
+)
 # What a duplicate listing shows of each row.
 DUPLICATE_COLUMNS: tuple[str, ...] = (
     *TRANSFER_KEY,
@@ -125,8 +133,53 @@ def load_run(
         ledger_path=ledger_path,
         run=run,
         queues=_last_record(ledger_path, "queues", run_id),
-        messages=read_ledger_table(ledger_path, "messages", run_id=run_id, columns=message_columns),
+        messages=read_ledger_table(
+            ledger_path,
+            "messages",
+            run_id=run_id,
+            columns=[*message_columns, *_present(ledger_path, DECISION_COLUMNS, message_columns)],
+        ),
         records=runs.num_rows,
+    )
+
+
+def _present(ledger_path: str, wanted: Sequence[str], already: Sequence[str]) -> list[str]:
+    """Those of `wanted` the messages table has and `already` does not name."""
+    names = tables.arrow_dataset(ledger_path, "messages").schema.names
+    return [name for name in wanted if name in names and name not in already]
+
+
+def routed_decisions(messages: pa.Table) -> list[tuple[str, str, str, int]]:
+    """(decision, destination, reason, confirmed rows) where the rows say more than
+    moved to the transfer's destination: a redrive's origin queues (`exchange/key`
+    through another exchange) with their death reasons, kept ones with why; sorted,
+    moved first. Empty for a plain move's run and a ledger without the columns.
+
+    >>> table = pa.table({"decision": ["moved"], "publish_exchange": [""],
+    ...     "publish_routing_key": ["orders"], "reason": ["rejected"], "confirmed_at": [1],
+    ...     "source_queue": ["shop.dlq"]})
+    >>> routed_decisions(table)
+    [('moved', 'orders', 'rejected', 1)]
+    """
+    if "reason" not in messages.column_names:
+        return []
+    counts: dict[tuple[str, str, str], int] = {}
+    wanted = [*DECISION_COLUMNS, "confirmed_at", "source_queue"]
+    for row in messages.select(wanted).to_pylist():
+        if row["reason"] is None or row["confirmed_at"] is None:
+            continue
+        decision = row["decision"] or "moved"
+        key, exchange = row["publish_routing_key"], row["publish_exchange"] or ""
+        if decision != "moved" or key is None:
+            where = row["source_queue"]
+        else:
+            where = key if not exchange else f"{exchange}/{key}"
+        counts[(decision, where, row["reason"])] = (
+            counts.get((decision, where, row["reason"]), 0) + 1
+        )
+    return sorted(
+        ((d, w, r, n) for (d, w, r), n in counts.items()),
+        key=lambda x: (x[0] != "moved", x[1], x[2]),
     )
 
 

@@ -59,6 +59,7 @@ from rmq_spark.report.figures import (
     read_ledger_table,
     read_verification,
     repeated_checksums,
+    routed_decisions,
     throughput,
 )
 
@@ -196,6 +197,7 @@ def render_report(
         throughput_section(rates, run["seconds"]),
         *([] if brakes is None else [brakes_section(brakes)]),
         *decisions_section(queues),
+        *routed_section(ledger.messages),
         *priority_section(queues),
         latency_section(latency),
         verification_section(verification, report_dir),
@@ -359,6 +361,27 @@ def decisions_section(queues: list[dict[str, Any]]) -> list[str]:
         "in its order (routes[].select).</p>"
         '<div class="wide"><table class="queues"><thead><tr><th>decision</th>'
         "<th>queue</th><th>messages</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div></section>"
+    ]
+
+
+def routed_section(messages: Any) -> list[str]:
+    """Where each decision sent messages and why (a redrive: per origin queue and death
+    reason, and the kept ones with why); no section for a plain move's run."""
+    rows = "".join(
+        f"<tr><td>{_e(decision)}</td><td>{_e(where)}</td><td>{_e(reason)}</td>"
+        f'<td class="num">{count:,}</td></tr>'
+        for decision, where, reason, count in routed_decisions(messages)
+    )
+    if not rows:
+        return []
+    return [
+        "<section><h2>Decisions by destination and reason</h2>"
+        "<p>Confirmed rows per decision: moved to the queue (or exchange/key) named, or kept "
+        "in the source, with the death reason or why it was kept (ledger columns "
+        "<code>publish_routing_key</code> and <code>reason</code>).</p>"
+        '<div class="wide"><table class="queues"><thead><tr><th>decision</th>'
+        "<th>destination</th><th>reason</th><th>messages</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div></section>"
     ]
 

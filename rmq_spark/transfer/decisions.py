@@ -20,7 +20,7 @@ message redelivered after a lost session is decided again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -57,6 +57,11 @@ class Decision:
     def kept(self) -> bool:
         return self.kind == KEPT
 
+
+# Builds a transfer's decider where it runs (an executor): a decider holds a database
+# connection, which does not travel, so the driver ships this instead. Pickled into the
+# movers' task closure; e.g. a redrive's `redrive.decider.RedriveSpec`.
+DeciderFactory = Callable[[], "BatchDecider"]
 
 # The two decisions a selection gives, shared by every message (no object per message).
 MOVE = Decision(MOVED)

@@ -26,7 +26,7 @@ from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
 from rmq_spark.transfer.amqp091.pool import ConnectionPool
-from rmq_spark.transfer.decisions import BatchDecider, SelectDecider
+from rmq_spark.transfer.decisions import BatchDecider, DeciderFactory, SelectDecider
 from rmq_spark.transfer.lanes import run_movers
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.outcomes import outcome_row
@@ -64,6 +64,9 @@ class ExecutorSettings:
     # route -> its `select` expression, checked by the driver (planning/selections.py);
     # a route not named here moves every message.
     selections: dict[str, str] = field(default_factory=dict)
+    # route -> what builds its transfers' decider on the executor (a redrive's
+    # `redrive.decider.RedriveSpec`, given by the layer above); before `selections`.
+    deciders: dict[str, DeciderFactory] = field(default_factory=dict)
 
 
 def move_partition(
@@ -175,10 +178,14 @@ def examine_limit(row: dict[str, object], window_messages: int) -> int | None:
 
 
 def route_decider(settings: ExecutorSettings, route: str) -> BatchDecider | None:
-    """A route's `select` as the engine's decider; None (a plain move) without one.
+    """The route's decider: its factory's (a redrive), or its `select` as a
+    `SelectDecider`; None (a plain move) without either.
 
     Imported here, so a plain move's task never loads sqlglot and DuckDB.
     """
+    factory = settings.deciders.get(route)
+    if factory is not None:
+        return factory()
     expression = settings.selections.get(route)
     if expression is None:
         return None

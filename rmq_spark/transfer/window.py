@@ -37,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from hashlib import sha256
 
 from rmq_spark.model import Delivery, DeliveryState
 from rmq_spark.transfer.confirm_lanes import ConfirmLanes, earliest_published
@@ -60,6 +61,15 @@ class Ack:
 
     tag: int
     multiple: bool
+
+
+def sent_properties(delivery: Delivery) -> str:
+    """The digest of the property bytes a delivery was published with: the received ones'
+    (the ledger's), or, when a decision rewrote them (a redrive's header policy), the
+    rewritten ones', so a return of a rewritten message is matched and never confirmed."""
+    if delivery.detail is None or delivery.detail.properties is None:
+        return delivery.properties_sha256
+    return sha256(delivery.detail.properties).hexdigest()
 
 
 def prefetch_for(window_messages: int, window_bytes: int, average_message_bytes: float) -> int:
@@ -268,7 +278,7 @@ class TransferWindow:
         """
         delivery = earliest_published(
             self._unconfirmed.lane(kept),
-            lambda d: d.body_sha256 == body_sha256 and d.properties_sha256 == properties_sha256,
+            lambda d: d.body_sha256 == body_sha256 and sent_properties(d) == properties_sha256,
         )
         if delivery is not None:
             self._refuse(delivery, reason)

@@ -16,6 +16,7 @@ from rmq_spark.ledger.layout import DATA_SCHEMA, run_partition_dir, run_rows_dir
 from rmq_spark.ledger.resume import next_position
 from rmq_spark.ledger.writer import MessageLedgerWriter, rows_table
 from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.transfer.decisions import KEPT, MOVED, NOT_SELECTED, Decision
 
 KEY = TransferKey("dr", "/", "orders", "main", "/", "orders")
 OTHER = TransferKey("dr", "b", "billing", "main", "b", "billing")
@@ -38,7 +39,16 @@ def delivery(position: int, *, confirmed: bool = True) -> Delivery:
         session=position % 2,
         attempts=1 + position % 2,
         decision="kept" if position % 7 == 3 else "moved",
+        detail=_details[position % 3],
     )
+
+
+# No detail (a plain move), a routed move (a redrive's origin) and a kept one with its reason.
+_details = (
+    None,
+    Decision(MOVED, routing_key="orders", exchange="", reason="rejected"),
+    Decision(KEPT, reason=NOT_SELECTED),
+)
 
 
 def data_files(ledger: Path) -> list[Path]:
@@ -63,6 +73,7 @@ def test_rows_table_holds_every_field_of_every_delivery(count: int) -> None:
     rows = table.to_pylist()
     assert len(rows) == count
     for row, source in zip(rows, deliveries, strict=True):
+        routed = source.detail is _details[1] and source.decision == "moved"
         assert row == {
             "source_cluster": "dr",
             "source_vhost": "/",
@@ -83,6 +94,9 @@ def test_rows_table_holds_every_field_of_every_delivery(count: int) -> None:
             "task_attempt": "3.1.0",
             "session": source.session,
             "decision": source.decision,
+            "publish_exchange": "" if routed else None,
+            "publish_routing_key": "orders" if routed else None,
+            "reason": None if source.detail is None else source.detail.reason,
         }
 
 

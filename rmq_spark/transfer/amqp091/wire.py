@@ -394,6 +394,11 @@ class PublishFrames:
     (method frame, content header, body frames cut at the connection's frame size),
     built in one join: the method frame never changes for a destination, so it is
     encoded once instead of once per message.
+
+    A moved delivery whose decision names its own route (`Delivery.routed`: a
+    redrive's origin queue, or the exchange and key its `x-death` recorded) is
+    published through that exchange with that key instead; its method frame is
+    encoded once per route and kept (a DLQ's messages come from a few origins).
     """
 
     def __init__(
@@ -405,21 +410,44 @@ class PublishFrames:
         mandatory: bool,
         max_body_frame: int,
     ) -> None:
-        publish = spec.Basic.Publish(
-            exchange=exchange, routing_key=routing_key, mandatory=mandatory
-        )
-        self._method = frame.Method(channel_number, publish).marshal()
         self._channel = channel_number
+        self._mandatory = mandatory
         self._max_body_frame = max_body_frame
+        self._method = self._method_frame(exchange, routing_key)
+        self._routed: dict[tuple[str, str], bytes] = {}
+
+    def _method_frame(self, exchange: str, routing_key: str) -> bytes:
+        publish = spec.Basic.Publish(
+            exchange=exchange, routing_key=routing_key, mandatory=self._mandatory
+        )
+        marshalled: bytes = frame.Method(self._channel, publish).marshal()
+        return marshalled
+
+    def method_for(self, delivery: Delivery) -> bytes:
+        """The basic.publish frame of a delivery: the link's, or its decision's route."""
+        route = delivery.routed
+        if route is None:
+            return self._method
+        method = self._routed.get(route)
+        if method is None:
+            if len(self._routed) > 1024:  # routes come from message headers: stay bounded
+                self._routed.clear()
+            method = self._routed[route] = self._method_frame(*route)
+        return method
 
     def marshal_all(self, deliveries: Sequence[Delivery]) -> bytes:
         """The frames of every delivery's publish, in order, in one bytes object."""
-        marshal = self.marshal
-        return b"".join([marshal(d.body, d.properties) for d in deliveries])  # type: ignore[arg-type]
+        marshal, method_for = self.marshal, self.method_for
+        return b"".join(
+            [marshal(d.body, d.properties, method_for(d)) for d in deliveries]  # type: ignore[arg-type]
+        )
 
-    def marshal(self, body: bytes, property_bytes: bytes) -> bytes:
+    def marshal(self, body: bytes, property_bytes: bytes, method: bytes | None = None) -> bytes:
         header = _CONTENT_HEADER.pack(_BASIC_CLASS_ID, 0, len(body)) + property_bytes
-        parts = [self._method, _FRAME_START.pack(spec.FRAME_HEADER, self._channel, len(header))]
+        parts = [
+            self._method if method is None else method,
+            _FRAME_START.pack(spec.FRAME_HEADER, self._channel, len(header)),
+        ]
         parts += (header, _FRAME_END)
         for start in range(0, len(body), self._max_body_frame):
             fragment = body[start : start + self._max_body_frame]

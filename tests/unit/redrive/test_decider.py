@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+
 from rmq_spark.redrive.decider import (
     NO_X_DEATH,
     ORIGIN_GONE,
     UNREADABLE,
     RedriveDecider,
+    RedriveSpec,
     plan_counts,
 )
 from rmq_spark.redrive.headers import MOVED_HEADER, HeaderAction, HeaderPolicy
@@ -102,3 +105,34 @@ def test_plan_counts_group_by_decision_destination_and_reason() -> None:
         (MOVED, "orders", "rejected"): 2,
         (KEPT, DLQ, NO_X_DEATH): 1,
     }
+
+
+def test_a_spec_pickled_as_for_an_executor_builds_a_decider_that_decides_alike() -> None:
+    """The driver ships a RedriveSpec in the movers' closure; the executor's decider must
+    decide as the one the dry run used (selection, header policy, route)."""
+    spec = RedriveSpec(
+        DLQ,
+        frozenset({"orders"}),
+        where="headers['tenant'] = 'acme'",
+        broker_headers="remove",
+        to_exchange=True,
+    )
+    shipped = pickle.loads(pickle.dumps(spec))
+    here = RedriveDecider(
+        DLQ,
+        existing={"orders"},
+        selection=Selection.compile("headers['tenant'] = 'acme'", where="--where"),
+        policy=HeaderPolicy(HeaderAction.REMOVE),
+        to_exchange=True,
+    )
+    batch = [_message("orders"), _message("orders", tenant="globex"), _message("gone")]
+    there = shipped()
+    try:
+        assert there.decide(batch) == here.decide(batch)
+        [moved, *_] = there.decide(batch)
+        assert (moved.exchange, moved.routing_key) == ("shop", "orders.key")
+        assert moved.properties is not None
+        assert MOVED_HEADER not in read_properties(moved.properties).headers
+    finally:
+        there.close()
+        here.close()

@@ -10,6 +10,7 @@ from rmq_spark.transfer.decisions import (
     SelectDecider,
     batch_messages,
 )
+from rmq_spark.transfer.executor import ExecutorSettings, route_decider
 from tests.support import amqp_encoding as amqp
 
 
@@ -47,3 +48,34 @@ def test_the_batch_carries_redelivered_body_and_properties() -> None:
         batch_messages([(7, True, b"x", _tenant(None)), (8, False, b"x", _tenant(None))])
     )
     assert [d.kind for d in decisions] == [MOVED, KEPT]
+
+
+def test_a_routes_decider_factory_comes_before_its_select_and_a_plain_route_has_none() -> None:
+    built: list[str] = []
+
+    def factory() -> SelectDecider:
+        built.append("redrive")
+        return SelectDecider(Selection.compile("body_size > 0", where="factory"))
+
+    settings = ExecutorSettings(
+        run_id="r",
+        ledger_path="/nowhere",
+        clusters={},
+        window_messages=10,
+        window_bytes=1000,
+        selections={"redrive": "body_size > 99", "select": "body_size > 99"},
+        deciders={"redrive": factory},
+    )
+    redrive = route_decider(settings, "redrive")
+    select = route_decider(settings, "select")
+    try:
+        assert built == ["redrive"]
+        assert isinstance(redrive, SelectDecider)
+        assert isinstance(select, SelectDecider)
+        assert redrive.selection.expression == "body_size > 0"
+        assert select.selection.expression == "body_size > 99"
+        assert route_decider(settings, "plain") is None
+    finally:
+        for decider in (redrive, select):
+            if decider is not None:
+                decider.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from rmq_spark.model import DeliveryState
+from rmq_spark.transfer.decisions import MOVED, Decision
 from rmq_spark.transfer.window import (
     FLUSH_FRACTION,
     MAX_FLUSH_DELAY_SECONDS,
@@ -198,6 +200,31 @@ def test_returned_message_is_not_confirmed_by_its_later_ack(clock: FakeClock) ->
     assert returned.refusal == "312 NO_ROUTE"
     confirmed = window.on_confirm(3, multiple=True)
     assert [d.tag for d in confirmed] == [1, 3]
+    assert returned.state is DeliveryState.REFUSED
+
+
+def test_a_return_of_a_message_published_with_rewritten_properties_is_refused(
+    clock: FakeClock,
+) -> None:
+    """A redrive publishes the header policy's rewrite: the broker returns those bytes
+    (origin queue deleted meanwhile), not the received ones the ledger digests. The
+    return must still refuse it, or its later confirm would ack a message that went
+    nowhere."""
+    window = TransferWindow(10, clock=clock)
+    publish(window, 1, body="x", props="received")
+    rewritten = b"\x80\x00\x04text"
+    window.on_publish(
+        2,
+        redelivered=False,
+        body_size=10,
+        body_sha256="x",
+        properties_sha256="received",
+        message_id="m2",
+    ).detail = Decision(MOVED, routing_key="orders", properties=rewritten)
+    returned = window.on_return("x", hashlib.sha256(rewritten).hexdigest(), "312 NO_ROUTE")
+    assert returned is not None
+    assert returned.tag == 2
+    assert [d.tag for d in window.on_confirm(2, multiple=True)] == [1]
     assert returned.state is DeliveryState.REFUSED
 
 

@@ -18,6 +18,7 @@ from pika import data, exceptions, frame, spec
 
 from rmq_spark.model import Delivery
 from rmq_spark.transfer.amqp091 import wire
+from rmq_spark.transfer.decisions import KEPT, MOVED, Decision
 from tests.support import amqp_encoding as amqp
 
 CHANNEL = 1
@@ -359,6 +360,44 @@ def test_publish_frames_for_a_batch_are_each_publish_in_order() -> None:
         for tag, (body, props) in enumerate(batch, 1)
     ]
     assert frames.marshal_all(deliveries) == b"".join(frames.marshal(*pair) for pair in batch)
+
+
+def test_a_routed_decision_publishes_through_its_exchange_and_key_a_kept_one_does_not() -> None:
+    """A redrive's moved message goes to its origin queue (or the exchange x-death
+    recorded); a plain delivery and a kept one go where the link publishes."""
+    frames = wire.PublishFrames(
+        5, exchange="", routing_key="shop.dlq", mandatory=True, max_body_frame=FRAME_MAX_BODY
+    )
+    props = java_client_properties()
+
+    def publish(exchange: str, key: str, body: bytes) -> bytes:
+        method = spec.Basic.Publish(exchange=exchange, routing_key=key, mandatory=True)
+        return b"".join(
+            [
+                frame.Method(5, method).marshal(),
+                frame.Header(5, len(body), wire.ForwardedProperties(props)).marshal(),
+                frame.Body(5, body).marshal(),
+            ]
+        )
+
+    plain, to_origin, to_exchange, kept = (
+        Delivery(tag, tag, tag, False, 1, "", "", None, NOW, body=b"m", properties=props)
+        for tag in (1, 2, 3, 4)
+    )
+    to_origin.detail = Decision(MOVED, routing_key="orders", reason="rejected")
+    to_exchange.detail = Decision(MOVED, routing_key="eu.orders", exchange="shop")
+    kept.decision = KEPT
+    kept.detail = Decision(KEPT, reason="not selected")
+
+    assert frames.marshal_all([plain, to_origin, to_exchange, kept, to_origin]) == b"".join(
+        [
+            publish("", "shop.dlq", b"m"),
+            publish("", "orders", b"m"),
+            publish("shop", "eu.orders", b"m"),
+            publish("", "shop.dlq", b"m"),
+            publish("", "orders", b"m"),
+        ]
+    )
 
 
 # -- what the mover reads straight from the property bytes -------------------------------
