@@ -161,12 +161,12 @@ def commit_run(ledger_path: str, run_id: str, committer: DeltaCommitter = DELTA_
     pending = tuple(name for name in data_file_names(partition) if name not in chosen)
     if pending:
         version = max([done, *(batch.version for batch in batches)]) + 1
-        small = compaction.small_files(partition, pending)
+        rows_of = compaction.row_counts(partition, pending)
+        small = compaction.small_files(rows_of)
         batch = CommitBatch(version, pending)
         if len(small) > 1:
-            batch = CommitBatch(
-                version, pending, compaction.compact(partition, small, version), tuple(small)
-            )
+            compacted = compaction.compact(partition, small, version, rows=rows_of)
+            batch = CommitBatch(version, pending, compacted, tuple(small))
         write_commit_batch(ledger_path, run_id, batch)
         rows += _commit(committer, ledger_path, run_id, batch, in_log)
         batches.append(batch)

@@ -104,6 +104,18 @@ def test_compaction_splits_rows_into_files_of_at_most_the_limit(ledger: Path) ->
     assert all(name.startswith("compacted-0000000007-") for name in written)
 
 
+def test_row_counts_read_every_footer_at_once_and_keep_the_names_order(ledger: Path) -> None:
+    partition = run_partition_dir(str(ledger), "r1")
+    names = sorted(tables.data_file_names(partition), reverse=True)
+
+    rows = compaction.row_counts(partition, names)
+
+    assert list(rows) == names
+    assert rows == {name: pq.read_metadata(partition / name).num_rows for name in names}
+    assert compaction.small_files(rows) == names  # 4 rows each: all worth compacting
+    assert compaction.row_counts(partition, []) == {}
+
+
 def test_killed_while_compacting_leaves_an_orphan_that_the_next_commit_removes(
     ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
