@@ -115,6 +115,9 @@ def message(
         "task_attempt": "1.0.0",
         "session": session,
         "decision": decision,
+        "publish_exchange": None,
+        "publish_routing_key": None,
+        "reason": None,
     }
 
 
