@@ -21,7 +21,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING
@@ -30,7 +30,7 @@ from rmq_spark.broker.counts import queue_readings
 from rmq_spark.config import JobConfig, Limits
 from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.committers import committer_for
-from rmq_spark.model import MoveOutcome
+from rmq_spark.model import MoveOutcome, TransferKey
 from rmq_spark.partition_tasks import run_tasks
 from rmq_spark.pipeline import spark_task_attempts
 from rmq_spark.redrive.decider import RedriveSpec
@@ -93,6 +93,11 @@ class RedriveResult:
         return tuple(d for d in self.destinations if not d.proven and d.missing == 0)
 
 
+def transfer_key(dlq: DeadLetterQueue) -> TransferKey:
+    """A redrive's one transfer: the DLQ is its source and its nominal destination."""
+    return TransferKey(dlq.cluster, dlq.vhost, dlq.queue, dlq.cluster, dlq.vhost, dlq.queue)
+
+
 def read_queues(
     config: JobConfig, dlq: DeadLetterQueue, queues: Iterable[str]
 ) -> dict[str, QueueReading]:
@@ -139,12 +144,7 @@ def run_redrive(
     )
     row: dict[str, object] = {
         "route": ROUTE,
-        "source_cluster": dlq.cluster,
-        "source_vhost": dlq.vhost,
-        "source_queue": dlq.queue,
-        "destination_cluster": dlq.cluster,
-        "destination_vhost": dlq.vhost,
-        "destination_queue": dlq.queue,
+        **asdict(transfer_key(dlq)),
         "messages": before[dlq.queue].depth,
     }
     log.info("redrive %s: run %s moving", dlq.label, run_id)
@@ -197,15 +197,7 @@ def record_redrive(
             depth_before, depth_after = depth_before + d.before.depth, depth_after + d.after.depth
     repeats = source.examined - source.moved - source.kept - source.uncertain
     committer = committer_for(spark)
-    key = {
-        "run_id": result.run_id,
-        "source_cluster": dlq.cluster,
-        "source_vhost": dlq.vhost,
-        "source_queue": dlq.queue,
-        "destination_cluster": dlq.cluster,
-        "destination_vhost": dlq.vhost,
-        "destination_queue": dlq.queue,
-    }
+    key = {"run_id": result.run_id, **asdict(transfer_key(dlq))}
     tables.append_rows(
         config.ledger.path,
         "queues",
