@@ -52,6 +52,11 @@ def run_intents_dir(ledger_path: str, run_id: str) -> Any:
     return store.root(ledger_path) / "intents" / f"run_id={run_id}"
 
 
+def run_fences_dir(ledger_path: str, run_id: str) -> Any:
+    """Selective moves' fences whose publish was confirmed (`ledger/fences.py`)."""
+    return store.root(ledger_path) / "fences" / f"run_id={run_id}"
+
+
 # "part-" and 16 hex digits and "-": the length of TransferKey.file_prefix.
 PREFIX_LENGTH = 22
 

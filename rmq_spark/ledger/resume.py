@@ -17,11 +17,13 @@ import pyarrow.compute as pc
 
 from rmq_spark.ledger import store
 from rmq_spark.ledger.durable import read_stream
+from rmq_spark.ledger.fences import fence_file_name
 from rmq_spark.ledger.layout import (
     COMPACTED_PREFIX,
     KEY_COLUMNS,
     PREFIX_LENGTH,
     STREAM_SUFFIX,
+    run_fences_dir,
     run_intents_dir,
     run_partition_dir,
     run_rows_dir,
@@ -40,11 +42,12 @@ def next_position(ledger_path: str, run_id: str, key: TransferKey) -> int:
 
 
 class EarlierFiles:
-    """A run's ledger files (data files, rows streams, intent logs) as a task finds
-    them when it starts, by transfer: where each of the task's transfers continues
-    numbering (`next_position`).
+    """A run's ledger files (data files, rows streams, intent logs, fences) as a task
+    finds them when it starts, by transfer: where each of the task's transfers continues
+    numbering (`next_position`), and whether its fence is in its source already
+    (`fence_recorded`).
 
-    One listing of three directories per task, not per transfer: a task moving 1,000
+    One listing of four directories per task, not per transfer: a task moving 1,000
     queues listed them 1,000 times, each listing as long as the run's files. Files
     written after the listing do not matter: a task moves each of its transfers once,
     and the attempts before it, whose files do, are over (speculation is off).
@@ -65,6 +68,12 @@ class EarlierFiles:
                 elif entry.name.endswith(suffix):
                     prefix = entry.name[:PREFIX_LENGTH]
                     self._files.setdefault(prefix, []).append(entry)
+        # Selective moves' fences already in their sources (`ledger/fences.py`).
+        self._fences = {entry.name for entry in store.entries(run_fences_dir(ledger_path, run_id))}
+
+    def fence_recorded(self, key: TransferKey) -> bool:
+        """An earlier attempt of this run put the transfer's fence in its source."""
+        return fence_file_name(key) in self._fences
 
     def next_position(self, key: TransferKey) -> int:
         highest = _max_position(compacted_positions(self._compacted, key))

@@ -20,6 +20,7 @@ from rmq_spark.broker.colocation import preferred_uri
 from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.config import ClusterConfig, Limits, MoverConfig
 from rmq_spark.ledger import store
+from rmq_spark.ledger.fences import record_fence
 from rmq_spark.ledger.resume import EarlierFiles
 from rmq_spark.ledger.store import StoreOptions
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
@@ -149,6 +150,8 @@ def queue_mover(
         later_attempts=max(0, settings.task_attempts - 1 - attempt_number(attempt)),
         past_limit=str(row.get("source_past_limit") or "dropped"),
     )
+    earlier = earlier or EarlierFiles(settings.ledger_path, settings.run_id)
+    fence = fence_id(settings.run_id, key)
     return QueueMover(
         key,
         Amqp091Connector(source, destination, connections),
@@ -158,15 +161,15 @@ def queue_mover(
         IntentLog(settings.ledger_path, settings.run_id, key, attempt),
         window_messages=settings.window_messages,
         window_bytes=settings.window_bytes,
-        first_position=(
-            earlier or EarlierFiles(settings.ledger_path, settings.run_id)
-        ).next_position(key),
+        first_position=earlier.next_position(key),
         limits=settings.mover,
         delivery_guard=guard,
         rate_limits=settings.rate_limits.get(str(row.get("route") or "")),
         decider=route_decider(settings, str(row.get("route") or "")),
-        fence_id=fence_id(settings.run_id, key),
+        fence_id=fence,
         examine_limit=examine_limit(row, settings.window_messages),
+        fence_recorded=earlier.fence_recorded(key),
+        record_fence=partial(record_fence, settings.ledger_path, settings.run_id, key, fence),
     )
 
 

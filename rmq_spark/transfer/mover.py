@@ -95,6 +95,8 @@ class QueueMover:
         decider: BatchDecider | None = None,
         fence_id: str | None = None,
         examine_limit: int | None = None,
+        fence_recorded: bool = False,
+        record_fence: Callable[[], None] | None = None,
     ) -> None:
         self._key = key
         self._connector = connector
@@ -127,8 +129,14 @@ class QueueMover:
         self._fence = (
             None
             if decider is None
-            else FenceState(fence_id or key.file_prefix, examine_limit=examine_limit)
+            else FenceState(
+                fence_id or key.file_prefix,
+                examine_limit=examine_limit,
+                # An earlier task attempt's fence is in the source: publish none.
+                published=fence_recorded,
+            )
         )
+        self._record_fence = record_fence or (lambda: None)
         self._kept_messages = 0
 
     @property
@@ -179,6 +187,7 @@ class QueueMover:
             depth=self._depth,
             decider=self._decider,
             fence=self._fence,
+            record_fence=self._record_fence,
         )
         log.info(
             "moving %s (window %d messages, %d bytes)",

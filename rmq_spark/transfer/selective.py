@@ -17,11 +17,15 @@ the messages its source held when the move began, and publishes back the ones it
    so it covers only the fence and stale fences of earlier runs) and finishes. Draining
    to empty cannot end a selective move: kept messages re-enter the queue.
 3. **Resume.** `FenceState` outlives a session: a session after a lost one finds the
-   fence its transfer published and does not publish another. A fence is known by its
-   message-id (`rmq-spark-fence:<run id>:<transfer>`): a fence of another run met on the
-   way is a stale one, dropped (acked with ours), never moved, kept, counted or
-   ledgered. A new task attempt publishes a fence again and stops at the earlier one
-   (the same id), so order holds; the later fence stays in the queue until the next
+   fence its transfer published and does not publish another. Once the fence's publish
+   is confirmed, the session records it in the ledger before it consumes
+   (`ledger/fences.py`), so a later Spark task attempt of the run finds it there and
+   publishes none either. A fence is known by its message-id
+   (`rmq-spark-fence:<run id>:<transfer>`): a fence of another run met on the way is a
+   stale one, dropped (acked with ours), never moved, kept, counted or ledgered. Only a
+   task killed between the fence's confirm and its record leaves a fence the next
+   attempt does not know of: that attempt publishes another, stops at the earlier one
+   (the same id), so order holds, and the later one stays in the queue until the next
    selective move of that queue drops it. Other consumers of the source see the fence
    while the move runs (docs/selection.md).
 
@@ -73,7 +77,7 @@ class FenceState:
     """A transfer's fence, across its sessions (`mover.QueueMover` keeps one)."""
 
     message_id: str
-    published: bool = False  # its publish was confirmed (by this task attempt)
+    published: bool = False  # confirmed and recorded (by this task attempt or an earlier one)
     reached: bool = False  # consumed and acked: the selective move is done
     stale_dropped: int = 0  # fences of earlier runs met and dropped
     # A safety net, not the bound: if another consumer takes the fence, kept messages
@@ -101,6 +105,9 @@ class SelectiveHost(Protocol):
 
     def consume_when_ready(self) -> None:
         """The fence is in the source: the consumer may start (once the destination is)."""
+
+    def fence_confirmed(self) -> None:
+        """The source confirmed the fence: record it, then `consume_when_ready`."""
 
     def kept_lost(self, reason: str) -> None: ...
 
@@ -136,6 +143,7 @@ class Selective:
         self._clock = clock
         self.kept: DestinationLink | None = None  # set by the session once connected
         self._fence_seq: int | None = None  # the kept link's seq of our fence publish
+        self._fence_confirmed = False
         self.fence_tag: int | None = None  # the source's tag of our fence, once reached
         self.kept_messages = 0
 
@@ -227,13 +235,13 @@ class Selective:
     def on_confirm(self, seq: int, *, multiple: bool, ack: bool) -> list[Delivery]:
         """A confirm on the kept link. Returns the deliveries it nacked (to retry)."""
         fence_seq = self._fence_seq
-        waiting = fence_seq is not None and not self.fence.published
+        waiting = fence_seq is not None and not self._fence_confirmed
         if waiting and (seq == fence_seq or (multiple and seq > (fence_seq or 0))):
             if not ack:
                 self._host.fail("the source refused (nacked) the selective move's fence")
                 return []
-            self.fence.published = True
-            self._host.consume_when_ready()
+            self._fence_confirmed = True
+            self._host.fence_confirmed()
         if fence_seq is not None:
             seq -= fence_seq  # the window numbers the kept publishes from 1
             if seq < 1:

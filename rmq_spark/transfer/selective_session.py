@@ -8,7 +8,8 @@ What it adds (`selective.py` says why):
   back to the source queue's tail with confirms; the session ends once all three links
   are closed;
 - the consumer starts once the destination has confirms on AND the fence is in the
-  source (its publish confirmed, by this session or an earlier one of the transfer);
+  source (its publish confirmed and recorded in the ledger, by this session or an
+  earlier one of the transfer, or by an earlier task attempt);
 - no drain-to-empty: the session ends when the fence arrives and everything before it
   is settled (`Selective.step` on each tick), or when the transfer fails.
 """
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from functools import partial
 
 from rmq_spark.errors import RmqSparkError
+from rmq_spark.transfer.lanes import LEDGER
 from rmq_spark.transfer.ports import DESTINATION, SOURCE, Side
 from rmq_spark.transfer.selective import KeptEvents, Selective
 from rmq_spark.transfer.session import FINISHING, Ending, Session, SessionEnd, Shared
@@ -75,6 +77,22 @@ class SelectiveSession(Session):
     def consume_when_ready(self) -> None:
         self._fence_in_source = True
         self._consume_if_ready()
+
+    def fence_confirmed(self) -> None:
+        """Record the confirmed fence in the ledger on the ledger lane (a later task
+        attempt then publishes no second one: `ledger/fences.py`), then consume."""
+        fence = self._shared.fence
+        assert fence is not None
+
+        def recorded(error: BaseException | None) -> None:
+            if error is not None:
+                self.fail(f"cannot record the selective move's fence in the ledger ({error})")
+                return
+            fence.published = True
+            if not self.closing:
+                self.consume_when_ready()
+
+        self._shared.loop.submit(LEDGER, self._shared.record_fence, recorded)
 
     def _consume_if_ready(self) -> None:
         if self._destination_confirms and self._fence_in_source:

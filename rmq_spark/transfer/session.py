@@ -129,6 +129,9 @@ class Shared:
     # A selective move's decider and fence (selective.py); None: a plain move.
     decider: BatchDecider | None = None
     fence: FenceState | None = None
+    # Makes the confirmed fence durable in the ledger (`ledger/fences.py`), on the
+    # ledger lane; a transfer without a ledger (benchmarks, unit tests) records nothing.
+    record_fence: Callable[[], None] = lambda: None
 
 
 class Session:

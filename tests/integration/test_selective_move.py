@@ -3,12 +3,16 @@ back in the source in their original order, every one of them in the ledger, ver
 
 Real nodes (3.10 from the host, 4.3 from its root), real Spark, real Delta. The queue is
 split by a header value; an independent consumer reads both queues afterwards. The
-interrupted move restarts the destination node mid-move: the mover reconnects, reuses
-its fence, and the run still ends verified with nothing lost and every copy named.
+interrupted moves restart the destination node mid-move (the mover reconnects and
+reuses its fence) or SIGKILL the executor's Python worker (Spark runs the task again,
+and the new attempt finds the fence in the ledger and publishes none of its own); each
+run still ends verified with nothing lost, every copy named and no fence left behind.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections import Counter
 from pathlib import Path
@@ -22,8 +26,10 @@ from pyspark.sql import SparkSession
 from rmq_spark.config import JobConfig, load_config
 from rmq_spark.ledger import tables
 from rmq_spark.pipeline import RunResult, run_transfer
+from rmq_spark.transfer.selective import FENCE_BODY
 from tests.support.brokers import Brokers, fresh_vhost, write_config
-from tests.support.faults import wait_until
+from tests.support.fault_scenarios import worker_pid_of
+from tests.support.faults import mover_connections, wait_until
 
 # A third of the messages are tenant "acme" (moved), the rest stay.
 MESSAGES = 6_000
@@ -68,6 +74,9 @@ def read_all(brokers: Brokers, node: str, vhost: str) -> list[tuple[int, dict[st
             method, properties, body = channel.basic_get(QUEUE, auto_ack=True)
             if method is None:
                 break
+            if body == FENCE_BODY:  # a fence left behind: index -1, so no set matches
+                found.append((-1, {}))
+                continue
             found.append((int(body), dict(properties.headers or {})))
     finally:
         connection.close()
@@ -118,6 +127,7 @@ def assert_split(
 
     destination = [index for index, _headers in read_all(brokers, "main", vhost)]
     source = [index for index, _headers in read_all(brokers, "dr", vhost)]
+    assert source.count(-1) == 0, f"{source.count(-1)} fence(s) left in the source"
     assert set(destination) == selected
     assert set(source) == set(kept)  # the fence is gone: every body is a number
     first_seen = list(dict.fromkeys(source))
@@ -186,4 +196,48 @@ def test_a_selective_move_interrupted_by_a_destination_restart_loses_nothing(
     result = runs["first"]
     (outcome,) = result.outcomes
     assert outcome.sessions >= 2  # the restart was a lost session, ridden out
+    assert_split(brokers, vhost, INTERRUPTED_MESSAGES, result, duplicates_allowed=True)
+
+
+@pytest.mark.parametrize("brokers_of_version", ["3.10"], indirect=True)
+def test_a_selective_move_whose_executor_is_killed_leaves_no_second_fence(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    """The killed attempt's fence is in the source and in the ledger: Spark's retry stops
+    at it, publishes none of its own, and nothing is lost."""
+    brokers = brokers_of_version
+    vhost = fresh_vhost(brokers, "selective-sigkill")
+    publish(brokers, vhost, INTERRUPTED_MESSAGES)
+    watcher = brokers.main.connect(vhost)
+    watcher.channel().queue_declare(QUEUE, durable=True)
+    config = selective_config(tmp_path, brokers, vhost, messages_per_second=3_000)
+    runs: dict[str, RunResult] = {}
+    job = threading.Thread(
+        target=lambda: runs.update(first=run_transfer(spark, config, run_id="sigkill")),
+        daemon=True,
+    )
+    job.start()
+    try:
+        wait_until(lambda: bool(mover_connections(brokers.dr, "consumer", "sigkill")), "a mover")
+        worker = worker_pid_of(brokers, "sigkill")
+        wait_until(
+            lambda: (
+                watcher.channel().queue_declare(QUEUE, passive=True).method.message_count
+                >= INTERRUPTED_MESSAGES // 30
+            ),
+            "a tenth of the selected messages to arrive",
+            timeout=120,
+        )
+    finally:
+        watcher.close()
+    os.kill(worker, signal.SIGKILL)
+    job.join(600)
+
+    result = runs["first"]
+    rows = tables.read_arrow(
+        str(tmp_path / "ledger"), "messages", run_id="sigkill", columns=["task_attempt"]
+    )
+    assert len(set(rows["task_attempt"].to_pylist())) >= 2, "Spark did not run the task again"
+    (outcome,) = result.outcomes
+    assert outcome.fences == 1  # the killed attempt's, reached by the retry
     assert_split(brokers, vhost, INTERRUPTED_MESSAGES, result, duplicates_allowed=True)

@@ -320,6 +320,7 @@ class RecordingLedger:
     def __init__(self) -> None:
         self.rows: list[Delivery] = []
         self.closed = False
+        self.fences: list[str] = []  # selective moves' fences recorded (`mover_rig`)
 
     def write(self, deliveries: Sequence[Delivery]) -> None:
         self.rows.extend(deliveries)
@@ -401,6 +402,7 @@ def mover_rig(
     rate_limits: Limits | None = None,
     decider: BatchDecider | None = None,
     examine_limit: int | None = None,
+    fence_recorded: bool = False,
 ) -> MoverRig:
     clock = FakeClock()
     timers = ManualTimers(clock)
@@ -421,6 +423,8 @@ def mover_rig(
         decider=decider,
         fence_id=None if decider is None else "rmq-spark-fence:run-1:orders",
         examine_limit=examine_limit,
+        fence_recorded=fence_recorded,
+        record_fence=lambda: ledger.fences.append("rmq-spark-fence:run-1:orders"),
     )
     if decider is not None:  # the fence is told by its message-id
         connector.message_id_of = lambda block: read_properties(block).values.get("message_id")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.durable import read_stream
-from rmq_spark.ledger.layout import run_intents_dir
+from rmq_spark.ledger.fences import record_fence
+from rmq_spark.ledger.layout import run_fences_dir, run_intents_dir
 from rmq_spark.ledger.resume import EarlierFiles, next_position
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import TransferKey
@@ -169,3 +170,20 @@ def test_a_position_given_again_after_a_withdrawal_keeps_the_later_intent(tmp_pa
     assert tables.commit_run(str(tmp_path), "r1") == 3
     rows = committed_rows(tmp_path, "r1")
     assert [(r["position"], r["body_sha256"]) for r in rows][2:] == [(2, "body-sent")]
+
+
+def test_a_recorded_fence_is_found_by_the_next_task_attempt_of_its_run(tmp_path: Path) -> None:
+    """`ledger/fences.py`: one attempt records its transfer's fence, the next finds it;
+    another transfer, or another run, has none."""
+    other = TransferKey("dr", "/", "refunds", "main", "/", "refunds")
+    assert not EarlierFiles(str(tmp_path), "r1").fence_recorded(KEY)  # no fences dir yet
+
+    record_fence(str(tmp_path), "r1", KEY, "rmq-spark-fence:r1:orders")
+
+    earlier = EarlierFiles(str(tmp_path), "r1")
+    assert earlier.fence_recorded(KEY)
+    assert not earlier.fence_recorded(other)
+    assert not EarlierFiles(str(tmp_path), "r2").fence_recorded(KEY)
+    (recorded,) = run_fences_dir(str(tmp_path), "r1").iterdir()
+    assert recorded.read_bytes() == b"rmq-spark-fence:r1:orders"
+    assert earlier.next_position(KEY) == 0  # a fence is not a row

@@ -37,6 +37,10 @@ def open_with_fence(rig: MoverRig) -> None:
     assert kept_link(rig).published == [FENCE_BODY]
     assert kept_link(rig).sent[0].properties == fence_properties(FENCE)
     kept_link(rig).events.on_confirm(1, multiple=False, ack=True)
+    assert rig.source.consumes == 0  # not before the fence is recorded in the ledger
+    assert rig.ledger.fences == []
+    rig.lanes.finish("ledger")
+    assert rig.ledger.fences == [FENCE]
     assert rig.source.consumes == 1
 
 
@@ -137,6 +141,49 @@ def test_a_session_after_a_lost_one_reuses_the_fence_it_published() -> None:
     kept_link(rig).open()
     assert kept_link(rig).published == []  # no second fence
     assert rig.source.consumes == 1
+
+
+def test_a_task_attempt_after_a_dead_one_publishes_no_second_fence() -> None:
+    """The earlier attempt recorded its fence (`ledger/fences.py`): this one stops at it."""
+    rig = mover_rig(
+        decider=SelectDecider(Selection.compile("body_text = 'a'", where="routes[0]")),
+        fence_recorded=True,
+    )
+    rig.source.open()
+    rig.source.events.on_prefetch_set()
+    rig.destination.open()
+    kept_link(rig).open()
+    assert kept_link(rig).published == []
+    assert rig.source.consumes == 1
+    rig.receive(b"a", b"b")
+    reach_fence(rig, 3)
+    rig.confirm(1)
+    kept_link(rig).events.on_confirm(1, multiple=False, ack=True)  # b: its numbers from 1
+    rig.timers.advance(TICK_SECONDS)
+    write_rows(rig)
+    rig.timers.advance(TICK_SECONDS)
+    assert rig.source.acks[-1].tag == 3
+    assert rig.ledger.fences == []  # nothing new to record
+    outcome = end(rig)
+    assert (outcome.status, outcome.messages, outcome.kept) == ("moved", 1, 1)
+
+
+def test_a_fence_the_ledger_cannot_record_fails_the_move_before_it_consumes() -> None:
+    rig = selective_rig()
+    rig.source.open()
+    rig.source.events.on_prefetch_set()
+    rig.destination.open()
+    kept_link(rig).open()
+    kept_link(rig).events.on_confirm(1, multiple=False, ack=True)
+    rig.lanes.fail_with["ledger"] = OSError("disk full")
+    rig.lanes.finish("ledger")
+    assert rig.source.consumes == 0
+    rig.timers.advance(TICK_SECONDS)
+    rig.lanes.fail_with.clear()
+    outcome = end(rig)
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert "cannot record the selective move's fence" in outcome.error
 
 
 def test_a_stale_fence_of_another_run_is_dropped_never_moved_or_kept() -> None:
