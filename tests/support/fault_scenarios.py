@@ -98,14 +98,19 @@ def close_connections_mid_window(
 
 
 def worker_pid_of(brokers: Brokers, run_id: str) -> int:
-    """The pid of the Python worker holding the run's consumer connection."""
-    (connection,) = mover_connections(brokers.dr, "consumer", run_id)
-    port = connection["peer_port"]
-    output = subprocess.run(
-        ["ss", "-Htnp", f"sport = :{port}"], capture_output=True, text=True, check=True
-    ).stdout
-    pid = output.split("pid=", 1)[1].split(",", 1)[0]
-    return int(pid)
+    """The pid of the one Python worker holding the run's source connections (a
+    selective move holds two there: its consumer's and its kept link's)."""
+    pids = set()
+    for connection in mover_connections(brokers.dr, "consumer", run_id):
+        output = subprocess.run(
+            ["ss", "-Htnp", f"sport = :{connection['peer_port']}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        pids.add(int(output.split("pid=", 1)[1].split(",", 1)[0]))
+    (pid,) = pids
+    return pid
 
 
 def kill_a_worker_mid_job(
