@@ -30,7 +30,13 @@ from rmq_spark.redrive.preflight import DeadLetterQueue, existing_queues
 from rmq_spark.report.html import build_report
 from rmq_spark.transfer.executor import ExecutorSettings, move_queue
 from tests.support.brokers import Brokers, fresh_vhost, write_config
-from tests.support.dead_letters import ORIGINS, Published, make_dead_letters, read_queue
+from tests.support.dead_letters import (
+    EXCHANGE,
+    ORIGINS,
+    Published,
+    make_dead_letters,
+    read_queue,
+)
 
 pytestmark = pytest.mark.parametrize("brokers_of_version", ["3.10", "4.3"], indirect=True)
 
@@ -282,3 +288,110 @@ def test_an_origin_with_a_consumer_is_reported_unproven_never_clean_nor_missing(
     assert rows["invoices"][1:] == ["4", "depth", "0", "4", "0"]
     left = read_queue(node, vhost, DLQ)
     assert [_decoded(p)["message_id"] for p, _ in left] == ["stray"]  # no x-death: kept
+
+
+def test_to_exchange_routes_through_the_recorded_exchange_and_key_so_every_bound_queue_gets_one(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--to-exchange`: each selected message is published to the exchange and routing key
+    its x-death recorded (`shop`, the origin's name), so a second queue bound with that key
+    receives a copy too, which the default (the origin through the default exchange) never
+    sends (test_a_redrive_moves_the_selected...: the origin alone)."""
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-exchange")
+    published = make_dead_letters(node, vhost, DLQ, per_queue=6)
+    connection = node.connect(vhost)
+    try:  # an audit queue bound to orders' key on the origin's exchange
+        channel = connection.channel()
+        channel.queue_declare("orders.audit", durable=True)
+        channel.queue_bind("orders.audit", EXCHANGE, routing_key="orders")
+    finally:
+        connection.close()
+    config = write_config(
+        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+
+    code = main(
+        [
+            "redrive",
+            "--config",
+            str(config),
+            "--queue",
+            f"dr:{vhost}:{DLQ}",
+            "--where",
+            WHERE,
+            "--to-exchange",
+            "--run-id",
+            "redrive-exchange-1",
+        ]
+    )
+
+    out = capsys.readouterr().out
+    print(out)
+    assert code == 0, out
+    [result] = [line for line in out.splitlines() if line.startswith("RESULT")]
+    assert result.startswith("RESULT verified: "), out
+    selected = [m for m in published if _selected(m)]
+    for queue, origin in [
+        ("orders", "orders"),
+        ("orders.audit", "orders"),
+        ("payments", "payments"),
+    ]:
+        arrived = read_queue(node, vhost, queue)
+        expected = [m for m in selected if m.origin == origin]
+        assert [body for _, body in arrived] == [m.body for m in expected], queue
+    assert read_queue(node, vhost, "invoices") == []  # expired, not selected
+    rows = tables.read_arrow(str(tmp_path / "ledger"), "messages", run_id="redrive-exchange-1")
+    moved = [r for r in rows.to_pylist() if r["decision"] == "moved"]
+    assert sorted((r["publish_exchange"], r["publish_routing_key"]) for r in moved) == sorted(
+        (EXCHANGE, m.origin) for m in selected
+    )
+    left = read_queue(node, vhost, DLQ)
+    assert [_decoded(p)["message_id"] for p, _ in left] == [
+        m.message_id for m in published if not _selected(m)
+    ]
+
+
+def test_dead_letters_whose_origin_queue_is_gone_stay_in_the_dlq_in_order_with_the_reason(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`payments` was deleted after its messages died: they stay, in order, kept with the
+    reason `origin queue gone`; the others go back to their origins."""
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-gone")
+    published = make_dead_letters(node, vhost, DLQ, per_queue=4)
+    connection = node.connect(vhost)
+    try:
+        connection.channel().queue_delete("payments")
+    finally:
+        connection.close()
+    config = write_config(
+        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+
+    code = main(
+        ["redrive", "--config", str(config), "--queue", f"dr:{vhost}:{DLQ}", "--run-id", "gone-1"]
+    )
+
+    out = capsys.readouterr().out
+    print(out)
+    assert code == 0, out
+    for queue in ("orders", "invoices"):
+        arrived = read_queue(node, vhost, queue)
+        assert [body for _, body in arrived] == [m.body for m in published if m.origin == queue]
+    stayed = [m for m in published if m.origin in ("payments", None)]
+    left = read_queue(node, vhost, DLQ)
+    assert [_decoded(p)["message_id"] for p, _ in left] == [m.message_id for m in stayed]
+    rows = tables.read_arrow(str(tmp_path / "ledger"), "messages", run_id="gone-1").to_pylist()
+    reasons = {r["message_id"]: (r["decision"], r["reason"]) for r in rows}
+    for message in stayed:
+        expected = "origin queue gone" if message.origin else "no x-death"
+        assert reasons[message.message_id] == ("kept", expected), message.message_id
