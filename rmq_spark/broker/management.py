@@ -247,6 +247,16 @@ class ManagementClient(ManagementWrites):
         )
         return list(rows or [])
 
+    def vhost_operator_policies(self, vhost: str) -> list[dict[str, Any]]:
+        """The operator policies of one vhost (limits an operator enforces on users' queues)."""
+        rows = self._request(
+            "GET",
+            f"/api/operator-policies/{_q(vhost)}",
+            what=f"list the operator policies of vhost {vhost!r}",
+            missing_ok=True,
+        )
+        return list(rows or [])
+
     def exchange_types(self) -> list[str]:
         """The exchange types the cluster offers (plugins add some)."""
         return sorted(str(t["name"]) for t in self.overview().get("exchange_types") or [])

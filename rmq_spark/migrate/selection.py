@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rmq_spark.broker.management import ManagementClient, addressable
+from rmq_spark.broker.policy_match import policy_applies
 from rmq_spark.config import (
     JobConfig,
     RouteConfig,
@@ -347,23 +348,13 @@ def _new_plan(
             )
         for policy in policies:
             harmful = sorted(set(policy.get("definition") or {}) & set(_HARMFUL_POLICY_KEYS))
-            if harmful and _policy_applies(policy, helper):
+            if harmful and policy_applies(policy, helper):
                 plan.problems.append(
                     f"{where}: policy {policy.get('name')!r} ({', '.join(harmful)}) would apply "
                     f"to the helper queue {helper!r} and could drop its messages; narrow its "
                     "pattern"
                 )
     return plan
-
-
-def _policy_applies(policy: Mapping[str, Any], queue: str) -> bool:
-    """RabbitMQ policies match queue names with an unanchored regex."""
-    if policy.get("apply-to") not in ("queues", "all", "quorum_queues"):
-        return False
-    try:
-        return re.search(str(policy.get("pattern") or ""), queue) is not None
-    except re.error:
-        return True
 
 
 def _check_cluster(

@@ -14,7 +14,10 @@ def format_result(result: RedriveResult) -> str:
     """Decisions, destinations, then one RESULT line (verified or not, lost, unproven).
 
     A destination's `witness` is `depth` when its exact depth proves what arrived and
-    `confirms` when only the broker's publisher confirms do (unproven: redrive/tally.py).
+    `confirms` when only the broker's publisher confirms do (unproven: redrive/tally.py);
+    the RESULT line names each unproven destination, with what may have taken its
+    messages when the depth fell short (its TTL or length limit, a consumer between the
+    readings).
     """
     source = result.source
     decided = format_counts(result.dlq, result.counts).splitlines()
@@ -48,7 +51,10 @@ def format_result(result: RedriveResult) -> str:
         problems.append("ledger positions have a gap")
     if missing:
         problems.append(f"missing at a destination {missing}")
-    unproven = ", ".join(d.destination for d in result.unproven)
+    unproven = ", ".join(
+        d.destination + (f" ({', '.join(d.unproven_because)})" if d.unproven_because else "")
+        for d in result.unproven
+    )
     lines.append(
         f"RESULT {verdict}: run {result.run_id}, examined {source.examined}, moved "
         f"{source.moved}, kept {source.kept}, lost {source.lost}, uncertain "

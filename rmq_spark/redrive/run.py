@@ -27,6 +27,8 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from rmq_spark.broker.counts import queue_readings
+from rmq_spark.broker.management import ManagementClient
+from rmq_spark.broker.policy_match import policy_applies
 from rmq_spark.config import JobConfig, Limits
 from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.committers import committer_for
@@ -40,7 +42,9 @@ from rmq_spark.redrive.tally import (
     QueueReading,
     SourceVerdict,
     decision_counts,
+    delivered_so_far,
     destination_verdicts,
+    removes_by_itself,
     source_verdict,
 )
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
@@ -101,8 +105,25 @@ def transfer_key(dlq: DeadLetterQueue) -> TransferKey:
 def read_queues(
     config: JobConfig, dlq: DeadLetterQueue, queues: Iterable[str]
 ) -> dict[str, QueueReading]:
+    """Each queue's exact depth and consumers (passive declare), and from the management
+    API what may take its messages without a consumer there (`tally.QueueReading`)."""
     found = queue_readings(dlq.cluster, config.clusters[dlq.cluster], dlq.vhost, queues)
-    return {queue: QueueReading(depth, consumers) for queue, (depth, consumers) in found.items()}
+    client = ManagementClient(
+        dlq.cluster, config.clusters[dlq.cluster], timeout=config.management_timeout_seconds
+    )
+    readings = {}
+    try:
+        # Read exactly, not the queue object's effective policy (it lags: policy_match.py).
+        policies = client.vhost_policies(dlq.vhost) + client.vhost_operator_policies(dlq.vhost)
+        for queue, (depth, consumers) in found.items():
+            details = client.queue_details(dlq.vhost, queue) or {}
+            applying = [policy for policy in policies if policy_applies(policy, queue)]
+            readings[queue] = QueueReading(
+                depth, consumers, removes_by_itself(details, applying), delivered_so_far(details)
+            )
+    finally:
+        client.close()
+    return readings
 
 
 def run_redrive(
@@ -169,7 +190,11 @@ def run_redrive(
         ),
         destinations=tuple(
             destination_verdicts(
-                rows, dlq.queue, {q: before[q] for q in origins if q in before}, after
+                rows,
+                dlq.queue,
+                {q: before[q] for q in origins if q in before},
+                after,
+                expiring=spec.restore_expiration,
             )
         ),
         seconds=time.monotonic() - started,

@@ -15,9 +15,17 @@ after, is a second, independent witness, honest only where nothing else changes 
 
 - no consumer at either reading, and the rise is between the confirmed rows and all
   rows (uncertain ones may have arrived): `depth`, proven;
-- no consumer at either reading, and the rise is short of the confirmed rows: the
-  shortfall is `missing`, and the destination fails (a TTL, a length limit, or a
-  consumer that came and went between the readings took it; the run cannot say which);
+- no consumer at either reading, and the rise is short of the confirmed rows, when
+  something could have taken them that is not a loss: the queue removes messages by
+  itself (a message TTL or a length limit, by argument or policy), the redriven
+  messages carry a restored per-message TTL, or the queue's delivery counter rose
+  between the readings (a consumer that came and went): `confirms`, unproven, with
+  that cause named, never `missing` (the confirms say the queue took every one);
+- no consumer at either reading, and the rise is short of the confirmed rows with
+  none of those causes: the shortfall is `missing`, and the destination fails. The
+  management's counters lag by up to its statistics interval (5 s by default), so a
+  consumer that came and went just before the second reading can still be `missing`;
+  the console then names the possible causes;
 - a consumer at either reading, messages above all rows (another publisher), or no
   depth to read (`--to-exchange`: an exchange, not a queue, was the destination):
   `confirms`, the broker's confirms alone, reported as unproven, never as clean.
@@ -36,10 +44,73 @@ WITNESS_DEPTH, WITNESS_CONFIRMS = "depth", "confirms"
 
 @dataclass(frozen=True)
 class QueueReading:
-    """One exact reading of a queue (passive queue.declare): ready messages, consumers."""
+    """One exact reading of a queue (passive queue.declare): ready messages, consumers;
+    and from the management API what may take messages from it between two readings
+    without a consumer there at either: the limits it enforces by itself (`message-ttl`,
+    `max-length`, `max-length-bytes`, by argument or policy) and its delivery counter
+    (deliveries and gets so far; None when the API has none yet)."""
 
     depth: int
     consumers: int
+    removes_by_itself: tuple[str, ...] = ()
+    delivered: int | None = None
+
+
+# What a queue enforces by itself that removes messages with no consumer: a message TTL
+# or a length limit (drop-head, or dead-lettering the overflow), by argument or policy.
+_REMOVING_LIMITS = ("message-ttl", "max-length", "max-length-bytes")
+
+
+def removes_by_itself(
+    queue: Mapping[str, Any], policies: Iterable[Mapping[str, Any]] = ()
+) -> tuple[str, ...]:
+    """The limits a queue may enforce (`_REMOVING_LIMITS`): by its arguments (a management
+    API queue object's) or by a policy that applies to it (`policies`: the definitions
+    of the user and operator policies that match its name, `broker.policy_match`).
+
+    >>> removes_by_itself({"arguments": {"x-message-ttl": 60000}},
+    ...                   [{"definition": {"max-length": 10}}])
+    ('message-ttl', 'max-length')
+    """
+    arguments = queue.get("arguments") or {}
+    defined = [policy.get("definition") or {} for policy in policies]
+    return tuple(
+        name
+        for name in _REMOVING_LIMITS
+        if arguments.get(f"x-{name}") is not None
+        or any(definition.get(name) is not None for definition in defined)
+    )
+
+
+def delivered_so_far(queue: Mapping[str, Any]) -> int | None:
+    """The queue's delivery counter (deliveries and gets, acked or not) from a management
+    API queue object; None when it has no statistics (never delivered, or collection off).
+
+    >>> delivered_so_far({"message_stats": {"deliver_get": 7}}), delivered_so_far({})
+    (7, None)
+    """
+    value = (queue.get("message_stats") or {}).get("deliver_get")
+    return int(value) if isinstance(value, int) else None
+
+
+def takers(before: QueueReading, after: QueueReading, *, expiring: bool) -> tuple[str, ...]:
+    """What may have taken messages from a queue between two readings, loss aside.
+
+    >>> takers(QueueReading(0, 0, ("message-ttl",)), QueueReading(0, 0), expiring=False)
+    ('message-ttl',)
+    >>> takers(QueueReading(0, 0, delivered=4), QueueReading(0, 0, delivered=9), expiring=True)
+    ('restored per-message TTL', 'a consumer came and went')
+    """
+    found = list(dict.fromkeys(before.removes_by_itself + after.removes_by_itself))
+    if expiring:
+        found.append("restored per-message TTL")
+    if (
+        before.delivered is not None
+        and after.delivered is not None
+        and after.delivered > before.delivered
+    ):
+        found.append("a consumer came and went")
+    return tuple(found)
 
 
 def destination_of(row: Mapping[str, Any], dead_letter_queue: str) -> str:
@@ -84,6 +155,8 @@ class DestinationVerdict:
     after: QueueReading | None
     witness: str
     missing: int  # confirmed, yet the depth (no consumer at either reading) did not rise
+    # Why the depth cannot witness a shortfall (`takers`): a confirms-only verdict's cause.
+    unproven_because: tuple[str, ...] = ()
 
     @property
     def rise(self) -> int | None:
@@ -102,8 +175,11 @@ def destination_verdict(
     uncertain: int,
     before: QueueReading | None,
     after: QueueReading | None,
+    *,
+    expiring: bool = False,
 ) -> DestinationVerdict:
-    """The verdict on one destination from its rows and its two readings (module doc).
+    """The verdict on one destination from its rows and its two readings (module doc);
+    `expiring`: the redriven messages may carry a restored per-message TTL.
 
     >>> destination_verdict("orders", 3, 0, QueueReading(0, 0), QueueReading(3, 0)).proven
     True
@@ -111,13 +187,18 @@ def destination_verdict(
     'confirms'
     """
     witness, missing = WITNESS_CONFIRMS, 0
+    because: tuple[str, ...] = ()
     if before is not None and after is not None and before.consumers == after.consumers == 0:
         rise = after.depth - before.depth
         if rise < confirmed:
-            witness, missing = WITNESS_DEPTH, confirmed - rise
+            because = takers(before, after, expiring=expiring)
+            if not because:
+                witness, missing = WITNESS_DEPTH, confirmed - rise
         elif rise <= confirmed + uncertain:
             witness = WITNESS_DEPTH
-    return DestinationVerdict(destination, confirmed, uncertain, before, after, witness, missing)
+    return DestinationVerdict(
+        destination, confirmed, uncertain, before, after, witness, missing, because
+    )
 
 
 def destination_verdicts(
@@ -125,6 +206,8 @@ def destination_verdicts(
     dead_letter_queue: str,
     before: Mapping[str, QueueReading],
     after: Mapping[str, QueueReading],
+    *,
+    expiring: bool = False,
 ) -> list[DestinationVerdict]:
     """One verdict per destination the moved rows name, sorted by name; `before` and
     `after` hold the readings of the destinations that are queues."""
@@ -137,7 +220,12 @@ def destination_verdicts(
         (confirmed if row.get("confirmed_at") is not None else uncertain)[where] += 1
     return [
         destination_verdict(
-            where, confirmed[where], uncertain[where], before.get(where), after.get(where)
+            where,
+            confirmed[where],
+            uncertain[where],
+            before.get(where),
+            after.get(where),
+            expiring=expiring,
         )
         for where in sorted(set(confirmed) | set(uncertain))
     ]

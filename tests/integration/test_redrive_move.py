@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from pika import spec
@@ -395,3 +396,44 @@ def test_dead_letters_whose_origin_queue_is_gone_stay_in_the_dlq_in_order_with_t
     for message in stayed:
         expected = "origin queue gone" if message.origin else "no x-death"
         assert reasons[message.message_id] == ("kept", expected), message.message_id
+
+
+def test_an_origin_whose_ttl_drops_what_arrived_is_unproven_naming_it_never_missing(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A policy gives `orders` a message TTL of 0: what the redrive delivers there expires
+    at once (and dies back into the DLQ, behind the fence), so its depth never rises.
+    The broker confirmed each one into the queue: the run is verified, `orders` unproven
+    with its TTL named, never a false `missing`."""
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-ttl")
+    published = make_dead_letters(node, vhost, DLQ, per_queue=4)
+    node.management(
+        "PUT",
+        f"/api/policies/{quote(vhost, safe='')}/orders-ttl",
+        json={"pattern": "^orders$", "definition": {"message-ttl": 0}, "apply-to": "queues"},
+    )
+    config = write_config(
+        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+
+    code = main(
+        ["redrive", "--config", str(config), "--queue", f"dr:{vhost}:{DLQ}", "--run-id", "ttl-1"]
+    )
+
+    out = capsys.readouterr().out
+    print(out)
+    assert code == 0, out
+    [result] = [line for line in out.splitlines() if line.startswith("RESULT")]
+    assert result.startswith("RESULT verified: "), out
+    assert result.endswith("destinations unproven (confirms only): orders (message-ttl)"), out
+    assert "missing" not in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
+    assert rows["orders"][1:3] == ["4", "confirms"]
+    assert rows["payments"][1:] == ["4", "depth", "0", "4", "0"]
+    arrived = read_queue(node, vhost, "payments")
+    assert [body for _, body in arrived] == [m.body for m in published if m.origin == "payments"]

@@ -14,7 +14,9 @@ DLQ = DeadLetterQueue("dr", "shop", "shop.dlq")
 KEY = TransferKey("dr", "shop", "shop.dlq", "dr", "shop", "shop.dlq")
 
 
-def result(*, consumers: int = 0, orders_after: int = 3, lost: int = 0) -> RedriveResult:
+def result(
+    *, consumers: int = 0, orders_after: int = 3, lost: int = 0, limits: tuple[str, ...] = ()
+) -> RedriveResult:
     outcome = MoveOutcome(KEY, "moved", None, 5, 50, 0, 19, 1.0, 1, kept=14, fences=1)
     return RedriveResult(
         run_id="redrive-1",
@@ -30,7 +32,11 @@ def result(*, consumers: int = 0, orders_after: int = 3, lost: int = 0) -> Redri
         source=SourceVerdict(19, 5, 14, 0, True, 5 + lost, lost),
         destinations=(
             destination_verdict(
-                "orders", 3, 0, QueueReading(0, consumers), QueueReading(orders_after, consumers)
+                "orders",
+                3,
+                0,
+                QueueReading(0, consumers, limits),
+                QueueReading(orders_after, consumers, limits),
             ),
             destination_verdict("shop/eu.payments", 2, 0, None, None),
         ),
@@ -70,3 +76,10 @@ def test_a_dlq_that_fell_by_more_than_was_moved_is_not_verified_and_says_lost() 
     line = format_result(result(lost=2)).splitlines()[-1]
     assert line.startswith("RESULT NOT VERIFIED: ")
     assert ", lost 2, " in line
+
+
+def test_a_short_origin_with_a_ttl_is_unproven_naming_it_never_missing() -> None:
+    lines = format_result(result(orders_after=1, limits=("message-ttl",))).splitlines()
+    assert lines[6].split()[:3] == ["orders", "3", "confirms"]
+    assert lines[-1].startswith("RESULT verified: ")
+    assert lines[-1].endswith("unproven (confirms only): orders (message-ttl), shop/eu.payments")

@@ -93,6 +93,51 @@ def test_a_destination_is_proven_by_its_depth_only_when_nothing_else_changes_it(
     assert verdict.proven == (witness == WITNESS_DEPTH and missing == 0)
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "expiring", "because"),
+    [
+        # a queue that drops by itself: its TTL or length limit may have taken them
+        (QueueReading(5, 0, ("message-ttl",)), QueueReading(6, 0), False, ("message-ttl",)),
+        (
+            QueueReading(5, 0, ("max-length",)),
+            QueueReading(6, 0, ("max-length", "max-length-bytes")),
+            False,
+            ("max-length", "max-length-bytes"),
+        ),
+        # the redriven messages carry their per-message TTL again
+        (QueueReading(5, 0), QueueReading(6, 0), True, ("restored per-message TTL",)),
+        # the delivery counter rose: a consumer came and went between the readings
+        (
+            QueueReading(5, 0, delivered=10),
+            QueueReading(6, 0, delivered=12),
+            False,
+            ("a consumer came and went",),
+        ),
+    ],
+)
+def test_a_shortfall_something_else_may_explain_is_unproven_with_its_cause_never_missing(
+    before: QueueReading, after: QueueReading, expiring: bool, because: tuple[str, ...]
+) -> None:
+    verdict = destination_verdict("orders", 3, 0, before, after, expiring=expiring)
+    assert (verdict.witness, verdict.missing, verdict.unproven_because) == (
+        WITNESS_CONFIRMS,
+        0,
+        because,
+    )
+    assert not verdict.proven
+
+
+def test_a_shortfall_is_missing_when_the_delivery_counter_stood_still() -> None:
+    before, after = QueueReading(5, 0, delivered=10), QueueReading(6, 0, delivered=10)
+    verdict = destination_verdict("orders", 3, 0, before, after)
+    assert (verdict.witness, verdict.missing, verdict.unproven_because) == (WITNESS_DEPTH, 2, ())
+
+
+def test_a_limit_does_not_weaken_a_rise_that_proves_every_arrival() -> None:
+    before, after = QueueReading(5, 0, ("message-ttl",)), QueueReading(8, 0, ("message-ttl",))
+    assert destination_verdict("orders", 3, 0, before, after, expiring=True).proven
+
+
 def test_destination_verdicts_name_each_destination_with_its_own_rows_and_readings() -> None:
     rows = [row(0), row(1), row(2, key="payments"), row(3, "kept"), row(4, confirmed=False)]
     before = {"orders": QueueReading(0, 0), "payments": QueueReading(0, 0)}
