@@ -22,7 +22,9 @@ from rmq_spark.redrive.headers import HeaderPolicy
 from rmq_spark.selection import Message, Selection
 from rmq_spark.selection.columns import ROUTE_UNREAD
 from rmq_spark.transfer.amqp091.peek import peek
+from rmq_spark.transfer.amqp091.wire import message_id_of
 from rmq_spark.transfer.decisions import MOVED
+from rmq_spark.transfer.selective import FENCE_PREFIX
 
 WHERE = "--where"
 
@@ -98,7 +100,12 @@ def survey(
     """
     counts: Counter[tuple[str, str, str]] = Counter()
     for batch in peek(dlq.cluster, config.clusters[dlq.cluster], dlq.vhost, dlq.queue):
-        messages = [Message("", "", redelivered, props, body) for redelivered, props, body in batch]
+        # A selective move's fence (an interrupted redrive's, resumed next) is not a message.
+        messages = [
+            Message("", "", redelivered, props, body)
+            for redelivered, props, body in batch
+            if not (message_id_of(props) or "").startswith(FENCE_PREFIX)
+        ]
         counts.update(plan_counts(decider, messages))
     total = sum(counts.values())
     without = sum(n for (_, _, reason), n in counts.items() if reason == NO_X_DEATH)

@@ -10,9 +10,11 @@ behind the selective move's fence, so only the messages present at the start are
 examined. The source ack waits for the confirm and the durable ledger row as in every
 move (`window.TransferWindow`).
 
-The run: exact readings of the DLQ and the origin queues (depth, consumers), the one
-Spark task (`partition_tasks.run_tasks`, as `rmq-spark transfer`'s movers run), the
-ledger's commit, readings again, and the verdicts of `tally.py` from the committed rows.
+The run: exact readings of the DLQ and the origin queues (depth, consumers), recorded in
+the ledger (`readings.py`: a driver killed mid-move is resumed with the same `--run-id`
+from them), the one Spark task (`partition_tasks.run_tasks`, as `rmq-spark transfer`'s
+movers run), the ledger's commit, readings again, and the verdicts of `tally.py` from the
+committed rows.
 """
 
 from __future__ import annotations
@@ -20,16 +22,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
-from rmq_spark.broker.counts import queue_readings
-from rmq_spark.broker.management import ManagementClient
-from rmq_spark.broker.policy_match import policy_applies
 from rmq_spark.config import JobConfig, Limits
+from rmq_spark.errors import ConfigError
 from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.model import MoveOutcome, TransferKey
@@ -37,14 +37,12 @@ from rmq_spark.partition_tasks import run_tasks
 from rmq_spark.pipeline import spark_task_attempts
 from rmq_spark.redrive.decider import RedriveSpec
 from rmq_spark.redrive.preflight import DeadLetterQueue
+from rmq_spark.redrive.readings import read_queues, starting_readings
 from rmq_spark.redrive.tally import (
     DestinationVerdict,
-    QueueReading,
     SourceVerdict,
     decision_counts,
-    delivered_so_far,
     destination_verdicts,
-    removes_by_itself,
     source_verdict,
 )
 from rmq_spark.transfer.executor import ExecutorSettings, move_partition
@@ -102,30 +100,6 @@ def transfer_key(dlq: DeadLetterQueue) -> TransferKey:
     return TransferKey(dlq.cluster, dlq.vhost, dlq.queue, dlq.cluster, dlq.vhost, dlq.queue)
 
 
-def read_queues(
-    config: JobConfig, dlq: DeadLetterQueue, queues: Iterable[str]
-) -> dict[str, QueueReading]:
-    """Each queue's exact depth and consumers (passive declare), and from the management
-    API what may take its messages without a consumer there (`tally.QueueReading`)."""
-    found = queue_readings(dlq.cluster, config.clusters[dlq.cluster], dlq.vhost, queues)
-    client = ManagementClient(
-        dlq.cluster, config.clusters[dlq.cluster], timeout=config.management_timeout_seconds
-    )
-    readings = {}
-    try:
-        # Read exactly, not the queue object's effective policy (it lags: policy_match.py).
-        policies = client.vhost_policies(dlq.vhost) + client.vhost_operator_policies(dlq.vhost)
-        for queue, (depth, consumers) in found.items():
-            details = client.queue_details(dlq.vhost, queue) or {}
-            applying = [policy for policy in policies if policy_applies(policy, queue)]
-            readings[queue] = QueueReading(
-                depth, consumers, removes_by_itself(details, applying), delivered_so_far(details)
-            )
-    finally:
-        client.close()
-    return readings
-
-
 def run_redrive(
     spark: SparkSession,
     config: JobConfig,
@@ -145,8 +119,16 @@ def run_redrive(
     started, started_at = time.monotonic(), datetime.now(UTC)
     ledger_path = store.use_ledger(config.ledger)
     tables.ensure_tables(config.ledger.path)
-    watched = [dlq.queue, *origins]
-    before = read_queues(config, dlq, watched)
+    recorded = tables.read_arrow(config.ledger.path, "runs", columns=["run_id"])["run_id"]
+    if run_id in recorded.to_pylist():
+        raise ConfigError(
+            f"--run-id {run_id}: that redrive is recorded as finished in the ledger; "
+            "a new redrive needs a new run id (a killed one is resumed with its own)"
+        )
+    # A run whose driver died is resumed from its first readings (`readings.py`).
+    before = starting_readings(config, ledger_path, dlq, run_id, [dlq.queue, *origins])
+    watched = list(before)
+    origins = [queue for queue in watched if queue != dlq.queue]
     rate = messages_per_second
     limits = {} if rate is None else {ROUTE: Limits(messages_per_second=rate)}
     settings = ExecutorSettings(
