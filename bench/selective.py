@@ -12,9 +12,12 @@ log on, fsynced):
   at its fence.
 
 The rate is messages examined per second of the mover (`MoveOutcome.seconds`): every
-message of the queue in both cases. It checks each case (the destination holds what
-moved, the source what was kept, nothing else), prints one JSON line, writes it to
-``--output`` and exits 1 if a check fails. Run it under the shared lock: it starts brokers.
+message of the queue in both cases. After the timing it checks each case: the ledger's
+committed rows (one per position, contiguous, `moved`/`kept` as the selection says, all
+confirmed), and both queues read back in order by a plain consumer (the destination holds
+exactly the moved ones, the source exactly the kept ones, each in their original order).
+It prints one JSON line, writes it to ``--output`` and exits 1 if a check fails. Run it
+under the shared lock: it starts brokers.
 """
 
 from __future__ import annotations
@@ -72,6 +75,51 @@ def depth(node: LocalNode, vhost: str) -> int:
         connection.close()
 
 
+def read_indices(node: LocalNode, vhost: str) -> list[int]:
+    """Every message of the queue in delivery order (taken), as its body's index."""
+    connection = node.connect(vhost)
+    found: list[int] = []
+    try:
+        channel = connection.channel()
+        expected = int(channel.queue_declare(QUEUE, passive=True).method.message_count)
+        channel.basic_qos(prefetch_count=2000)
+        for method, _properties, body in channel.consume(QUEUE, inactivity_timeout=30):
+            if method is None:
+                break
+            found.append(int(body[:6]))
+            channel.basic_ack(method.delivery_tag)
+            if len(found) == expected:
+                break
+        channel.cancel()
+    finally:
+        connection.close()
+    return found
+
+
+def ledger_problems(ledger: Path, run_id: str, messages: int, select: str | None) -> list[str]:
+    """What the run's committed rows get wrong (nothing, when every message of the queue
+    has one confirmed row at its position with the decision the selection makes)."""
+    tables.commit_run(str(ledger), run_id)
+    rows = tables.read_arrow(
+        str(ledger), "messages", run_id=run_id, columns=["position", "decision", "confirmed_at"]
+    ).to_pydict()
+    problems = []
+    if sorted(rows["position"]) != list(range(messages)):
+        problems.append(f"positions are not 0..{messages - 1}, once each")
+    if any(moment is None for moment in rows["confirmed_at"]):
+        problems.append("unconfirmed rows")
+    by_position = dict(zip(rows["position"], rows["decision"], strict=True))
+    # Delivery order is publish order here: position p is the message with index p.
+    wrong = [
+        p
+        for p, decision in by_position.items()
+        if decision != ("moved" if select is None or p % 3 == 0 else "kept")
+    ]
+    if wrong:
+        problems.append(f"{len(wrong)} rows with the wrong decision (first at {min(wrong)})")
+    return problems
+
+
 def cluster(node: LocalNode) -> ClusterConfig:
     return ClusterConfig(
         amqp=[node.amqp_uri],
@@ -125,6 +173,16 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             seed(dr, main, vhost, args.messages, args.size)
             case = move(dr, main, ledger, vhost, select=select, window=args.window)
             case["rate"] = round(args.messages / case["mover_seconds"], 1)
+            # The checks, after the timing: the ledger, then both queues in order.
+            problems = ledger_problems(ledger, f"selective-{vhost}", args.messages, select)
+            everything = range(args.messages)
+            wanted = [i for i in everything if select is None or i % 3 == 0]
+            kept = [i for i in everything if select is not None and i % 3 != 0]
+            if read_indices(main, vhost) != wanted:
+                problems.append("the destination does not hold exactly the moved, in order")
+            if read_indices(dr, vhost) != kept:
+                problems.append("the source does not hold exactly the kept, in order")
+            case["problems"] = problems
             cases[name] = case
         selected = len(range(0, args.messages, 3))
         plain, chosen = cases["plain"], cases["select"]
@@ -134,6 +192,8 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             and plain["in_source"] == 0
             and chosen["moved"] == chosen["in_destination"] == selected
             and chosen["kept"] == chosen["in_source"] == args.messages - selected
+            and not plain["problems"]
+            and not chosen["problems"]
         )
         return {
             "messages": args.messages,
