@@ -13,6 +13,9 @@ with the exchange and routing key they arrived with; the source is empty (or, wi
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,13 +29,16 @@ from pyspark.sql import functions as F
 from rmq_spark.config import JobConfig, load_config
 from rmq_spark.devtools.demo import wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
+from rmq_spark.ledger import tables
 from rmq_spark.park.command import format_result
 from rmq_spark.park.run import ParkResult, run_park
 from rmq_spark.park.table import parked_files, read_parked, read_parked_spark
 from tests.support.brokers import Brokers, depth, fresh_vhost, write_config
-from tests.support.faults import key_ordered_messages
+from tests.support.fault_scenarios import worker_pid_of
+from tests.support.faults import key_ordered_messages, mover_connections, wait_until
 
 MESSAGES = 2_000
+KILLED_MESSAGES = 12_000
 QUEUE = "orders.parked"
 EXCHANGE = "orders-in"
 ROUTING_KEY = "order.created"
@@ -203,3 +209,52 @@ def test_a_park_without_bodies_keeps_checksums_and_says_so(
     assert all(row["body"] is None and row["body_excluded"] for row in rows)
     assert [row["body_sha256"] for row in rows] == [e["body_sha256"] for e in published(vhost, 200)]
     assert depth(brokers.dr, vhost, QUEUE) == 0
+
+
+@pytest.mark.parametrize("brokers_of_version", ["3.10"], indirect=True)
+def test_a_park_whose_executor_is_killed_loses_nothing_and_names_its_copies(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    """Spark runs the killed task again; every published message is in the table, the
+    copies the retry parked again are named by the ledger, and the run verifies."""
+    brokers = brokers_of_version
+    vhost = fresh_vhost(brokers, "park-sigkill")
+    seed(brokers.dr, vhost, KILLED_MESSAGES)
+    config = park_config(tmp_path, brokers, vhost, limits={"messages_per_second": 2_000})
+    results: dict[str, ParkResult] = {}
+    job = threading.Thread(
+        target=lambda: results.update(run=run_park(spark, config, run_id="park-sigkill")),
+        daemon=True,
+    )
+    job.start()
+    wait_until(lambda: bool(mover_connections(brokers.dr, "consumer", "park-sigkill")), "a mover")
+    worker = worker_pid_of(brokers, "park-sigkill")
+    wait_until(
+        lambda: depth(brokers.dr, vhost, QUEUE) <= KILLED_MESSAGES - KILLED_MESSAGES // 10,
+        "a tenth of the messages to be parked",
+        timeout=120,
+    )
+    os.kill(worker, signal.SIGKILL)
+    job.join(600)
+
+    result = results["run"]
+    assert_verified_with_copies(result)
+    ledger = tables.read_arrow(
+        str(tmp_path / "ledger"), "messages", run_id="park-sigkill", columns=["task_attempt"]
+    )
+    assert len(set(ledger["task_attempt"].to_pylist())) >= 2, "Spark did not run the task again"
+    rows = table_rows(tmp_path, "park-sigkill")
+    expected = published(vhost, KILLED_MESSAGES)
+    fingerprints = Counter(
+        (hashlib.sha256(row["body"]).hexdigest(), hashlib.sha256(row["properties"]).hexdigest())
+        for row in rows
+    )
+    assert set(fingerprints) == {(e["body_sha256"], e["properties_sha256"]) for e in expected}
+    uncertain = sum(q.verdict.uncertain for q in result.queues)
+    assert len(rows) - KILLED_MESSAGES <= result.duplicates + uncertain
+    assert depth(brokers.dr, vhost, QUEUE) == 0
+
+
+def assert_verified_with_copies(result: ParkResult) -> None:
+    assert result.verified, format_result(result)
+    assert result.lost == 0
