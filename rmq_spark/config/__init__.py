@@ -401,6 +401,14 @@ class JobConfig(_Strict):
                 "(table: parked); this config parks, run it with rmq-spark park --config FILE"
             )
 
+    def require_parks(self) -> None:
+        """A ConfigError for a config that moves (given to `rmq-spark park`)."""
+        if not self.parks:
+            raise ConfigError(
+                f"routes[0] ({self.routes[0].name}): destination is a queue; rmq-spark park "
+                "needs routes whose destination is {table: parked} (docs/parking.md)"
+            )
+
     @model_validator(mode="after")
     def _routes_name_known_clusters(self) -> JobConfig:
         check_parks_or_moves(self)

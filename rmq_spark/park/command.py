@@ -44,6 +44,7 @@ def run_park_command(args: argparse.Namespace, session: SessionFactory) -> int:
 
     config = load_config(args.config)
     mask_secrets_in_logs(config)
+    config.require_parks()  # before Spark starts
     if args.run_id is not None:
         validate_run_id(args.run_id)
     run_id = args.run_id or f"park-{new_run_id()}"

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from rmq_spark.broker.counts import queue_readings
 from rmq_spark.broker.management import management_clients
 from rmq_spark.config import JobConfig
-from rmq_spark.errors import ConfigError
 from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.ledger.layout import KEY_COLUMNS
@@ -135,11 +134,7 @@ def run_park(spark: SparkSession, config: JobConfig, *, run_id: str) -> ParkResu
     Raises RmqSparkError subclasses before anything moves when the config does not park,
     or the ledger or a broker is unusable.
     """
-    if not config.parks:
-        raise ConfigError(
-            f"routes[0] ({config.routes[0].name}): its destination is a queue; rmq-spark park "
-            "needs routes whose destination is `table: parked` (docs/parking.md)"
-        )
+    config.require_parks()
     started, started_at = time.monotonic(), datetime.now(UTC)
     ledger_path = store.use_ledger(config.ledger)
     tables.ensure_tables(config.ledger.path)

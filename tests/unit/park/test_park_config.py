@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from rmq_spark.cli import main
 from rmq_spark.config import ParkedDestination, parse_config
 from rmq_spark.errors import ConfigError
 
@@ -93,3 +95,22 @@ def test_a_cluster_named_like_the_table_is_refused_in_a_park() -> None:
     raw["clusters"]["parked"] = raw["clusters"]["dr"]
     with pytest.raises(ConfigError, match="clusters: 'parked' names the parked table"):
         parse_config(yaml.safe_dump(raw), ENV)
+
+
+def test_the_cli_refuses_a_parking_config_for_plan_and_a_moving_one_for_park(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DR_PASSWORD", "secret")
+    parking = tmp_path / "park.yaml"
+    parking.write_text(config_text(parked_route()), encoding="utf-8")
+    moving = tmp_path / "move.yaml"
+    moving.write_text(
+        config_text(
+            {"name": "move", "source": {"cluster": "dr"}, "destination": {"cluster": "dr"}}
+        ),
+        encoding="utf-8",
+    )
+    assert main(["plan", "--config", str(parking)]) == 2
+    assert "this config parks, run it with rmq-spark park" in capsys.readouterr().err
+    assert main(["park", "--config", str(moving)]) == 2  # before any Spark session
+    assert "rmq-spark park needs routes whose destination is" in capsys.readouterr().err
