@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import signal
 import threading
 from collections import Counter
@@ -29,6 +30,7 @@ from pyspark.sql import functions as F
 from rmq_spark.config import JobConfig, load_config
 from rmq_spark.devtools.demo import wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
+from rmq_spark.devtools.s3_server import REGION, S3Server
 from rmq_spark.ledger import tables
 from rmq_spark.park.command import format_result
 from rmq_spark.park.run import ParkResult, run_park
@@ -79,12 +81,15 @@ def park_config(tmp_path: Path, brokers: Brokers, vhost: str, **route: Any) -> J
     path = write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger")
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     park = route.pop("park", None)
+    ledger = route.pop("ledger", None)
     raw["routes"][0]["destination"] = {"table": "parked"}
     raw["routes"][0]["source"]["queues"] = [QUEUE]
     del raw["routes"][0]["source"]["queue_pattern"]
     raw["routes"][0].update(route)
     if park is not None:
         raw["park"] = park
+    if ledger is not None:
+        raw["ledger"] = ledger
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return load_config(path)
 
@@ -258,3 +263,44 @@ def test_a_park_whose_executor_is_killed_loses_nothing_and_names_its_copies(
 def assert_verified_with_copies(result: ParkResult) -> None:
     assert result.verified, format_result(result)
     assert result.lost == 0
+
+
+@pytest.fixture
+def s3_ledger(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A fresh ledger prefix on the S3 server, its keys in the variables the block names."""
+    monkeypatch.setenv("TEST_PARK_S3_KEY_ID", s3.access_key_id)
+    monkeypatch.setenv("TEST_PARK_S3_SECRET", s3.secret_access_key)
+    return {
+        "path": f"s3://{s3.bucket}/park-{secrets.token_hex(4)}",
+        "storage_options": {
+            "endpoint": s3.endpoint,
+            "region": REGION,
+            "access_key_id_env": "TEST_PARK_S3_KEY_ID",
+            "secret_access_key_env": "TEST_PARK_S3_SECRET",
+        },
+    }
+
+
+@pytest.mark.parametrize("brokers_of_version", ["3.10"], indirect=True)
+def test_a_park_with_its_ledger_on_s3_verifies_and_reads_back(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    spark: SparkSession,
+    s3_ledger: dict[str, Any],
+) -> None:
+    """Each parked batch is one PUT (no rename, no fsync) and the table lives on S3."""
+    brokers = brokers_of_version
+    vhost = fresh_vhost(brokers, "park-s3")
+    seed(brokers.dr, vhost, 500)
+    config = park_config(tmp_path, brokers, vhost, ledger=s3_ledger)
+
+    result = run_park(spark, config, run_id="park-s3")
+
+    assert_verified(result)
+    uri = str(s3_ledger["path"])
+    rows = sorted(read_parked(uri, "park-s3").to_pylist(), key=lambda row: row["position"])
+    assert [hashlib.sha256(row["properties"]).hexdigest() for row in rows] == [
+        e["properties_sha256"] for e in published(vhost, 500)
+    ]
+    assert depth(brokers.dr, vhost, QUEUE) == 0
