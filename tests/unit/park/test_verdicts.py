@@ -1,9 +1,14 @@
-"""park/verdicts.py: what a park's ledger rows, parked rows and source depths prove."""
+"""park/verdicts.py: what a park's ledger rows, parked rows and source depths prove; and
+what the console prints of it (park/command.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey
+from rmq_spark.park.command import format_result
+from rmq_spark.park.run import ParkedQueue, ParkResult
 from rmq_spark.park.verdicts import WITNESS_DEPTH, WITNESS_LEDGER, Reading, park_verdict
 
 
@@ -73,3 +78,25 @@ def test_a_consumer_on_the_source_leaves_the_park_unproven() -> None:
     verdict = park_verdict(rows, rows, Reading(1, 1), Reading(0, 0))
     assert verdict.witness == WITNESS_LEDGER
     assert not verdict.verified
+
+
+def test_the_console_names_each_source_and_ends_with_the_result_line() -> None:
+    rows = [row(i) for i in range(2)]
+    transfer = QueueTransfer(
+        "r", "dr", "/", "orders.dlq", "classic", "", "parked", "/", "orders.dlq", 2, 0, 0
+    )
+    outcome = MoveOutcome(TransferKey.of(vars(transfer)), "moved", None, 2, 20, 0, 2, 1.0, 1)
+    queue = ParkedQueue(
+        transfer,
+        outcome,
+        Reading(2, 0),
+        Reading(0, 0),
+        park_verdict(rows, rows, Reading(2, 0), Reading(0, 0)),
+    )
+    text = format_result(ParkResult("park-1", (queue,), 2.0, exclude_body=False))
+    assert "dr:/:orders.dlq" in text
+    summary = json.loads(text.splitlines()[-1].removeprefix("RESULT "))
+    assert (summary["verified"], summary["parked"], summary["lost"]) == (True, 2, 0)
+    assert format_result(ParkResult("park-2", (), 0.1, exclude_body=False)).endswith(
+        "nothing parked"
+    )
