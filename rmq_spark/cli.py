@@ -27,6 +27,7 @@ from rmq_spark.config import JobConfig, json_schema, load_config, validate_run_i
 from rmq_spark.demo_command import add_demo_arguments, run_demo_command
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.logs import mask_known_secrets, mask_secrets_in_logs, setup_logging
+from rmq_spark.park.command import add_park_arguments, run_park_command
 from rmq_spark.redrive.command import add_redrive_arguments, run_redrive_command
 from rmq_spark.run_id import resolve_run_id
 
@@ -186,6 +187,7 @@ def run_transfer_command(args: argparse.Namespace) -> int:
         check_pika()
         config = load_config(args.config)
         mask_secrets_in_logs(config)
+        config.require_moves()
         run_id, source = resolve_run_id(args.run_id, os.environ)
     except RmqSparkError as exc:
         print_error(exc)
@@ -252,6 +254,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         mask_secrets_in_logs(config)
+        config.require_moves()
         with management_clients(config) as clients:
             transfers = discover(config, clients, dry_run=True)
             paused = pause_preview(config, clients, transfers)
@@ -390,6 +393,7 @@ def run_migrate_command(args: argparse.Namespace) -> int:
         check_pika()
         config = load_config(args.config)
         mask_secrets_in_logs(config)
+        config.require_moves()
         cluster = migration_cluster(config)
         migration_id = validate_run_id(args.migration_id or new_migration_id())
         if args.dry_run:
@@ -494,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_redrive_arguments(
         commands.add_parser("redrive", help="dead-lettered messages back to where they died")
     )
+    add_park_arguments(
+        commands.add_parser("park", help="a queue's messages into the ledger's parked table")
+    )
     add_demo_arguments(
         commands.add_parser("demo", help="local brokers + demo data + spark-submit + verification")
     )
@@ -510,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "report": run_report_command,
         "migrate": run_migrate_command,
         "redrive": partial(run_redrive_command, session=redrive_session),
+        "park": partial(run_park_command, session=park_session),
         "demo": run_demo_command,
         "config-schema": run_config_schema_command,
     }
@@ -520,6 +528,12 @@ def redrive_session(app_name: str) -> AbstractContextManager[SparkSession]:
     """A moving redrive's Spark session: as `transfer`'s, on the master spark-submit,
     Databricks or the environment chose (else local)."""
     require_spark("redrive")
+    return command_session(app_name, None)
+
+
+def park_session(app_name: str) -> AbstractContextManager[SparkSession]:
+    """A park's Spark session, chosen as `transfer`'s."""
+    require_spark("park")
     return command_session(app_name, None)
 
 

@@ -188,7 +188,9 @@ def run_transfer(
     after = measure_depths(config, transfers)
     removed = source_removals(config, removed_before, outcomes)
     partition_of = {t.key: p for t, p in zip(to_move, assignment, strict=True)}
-    shared = {route.name for route in config.routes if route.destination.shared}
+    shared = {
+        route.name for route in config.routes if not route.parks and route.queue_destination.shared
+    }
     counters = counters_rows(
         run_id,
         transfers,

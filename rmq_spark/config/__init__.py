@@ -18,8 +18,10 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    Discriminator,
     Field,
     SecretStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -37,6 +39,22 @@ from rmq_spark.config.ledger import (
 )
 from rmq_spark.config.ledger import (
     with_storage_secrets,
+)
+from rmq_spark.config.park import (
+    PARKED as PARKED,
+)
+from rmq_spark.config.park import (
+    QUEUE_TAG,
+    TABLE_TAG,
+    check_parks_or_moves,
+    destination_kind,
+    without_tags,
+)
+from rmq_spark.config.park import (
+    ParkConfig as ParkConfig,
+)
+from rmq_spark.config.park import (
+    ParkedDestination as ParkedDestination,
 )
 from rmq_spark.config.strict import Strict as _Strict
 from rmq_spark.config.uris import mask_uri as mask_uri
@@ -265,8 +283,12 @@ class RouteConfig(_Strict):
     """Unique route name; shows in logs and the ledger."""
     source: SourceSelector
     """Which queues of which cluster the route moves."""
-    destination: DestinationSpec
-    """Where each selected queue's messages go."""
+    destination: Annotated[
+        Annotated[DestinationSpec, Tag(QUEUE_TAG)] | Annotated[ParkedDestination, Tag(TABLE_TAG)],
+        Discriminator(destination_kind),
+    ]
+    """Where each selected queue's messages go: a queue (`cluster`, `vhost`, `queue`,
+    ...) for `rmq-spark transfer`, or `table: parked` for `rmq-spark park`."""
     limits: Limits = Limits()
     """A rate for each queue of the route; a queue keeps to the smaller of this and its
     share of the job's limits."""
@@ -276,6 +298,21 @@ class RouteConfig(_Strict):
     `headers['tenant'] = 'acme'`); the others are published back to the tail of their
     source queue, in their order, each with a ledger row saying "kept". Exactly the
     messages present when the move starts are examined. Unset: every message moves."""
+
+    @property
+    def parks(self) -> bool:
+        """The route's destination is the parked table (`rmq-spark park`)."""
+        return isinstance(self.destination, ParkedDestination)
+
+    @property
+    def queue_destination(self) -> DestinationSpec:
+        """The destination queue's spec; a ConfigError for a route that parks."""
+        if isinstance(self.destination, ParkedDestination):
+            raise ConfigError(
+                f"route {self.name!r}: its destination is the parked table "
+                f"(table: {self.destination.table}); run it with rmq-spark park"
+            )
+        return self.destination
 
 
 class WindowConfig(_Strict):
@@ -348,14 +385,38 @@ class JobConfig(_Strict):
     limits: Limits = Limits()
     """A brake for live destinations, for the whole job: rates split evenly among the
     transfers that can move at once, the depth bound per destination queue."""
+    park: ParkConfig = ParkConfig()
+    """What `rmq-spark park` keeps of each message."""
+
+    @property
+    def parks(self) -> bool:
+        """Every route parks (`table: parked`): a config for `rmq-spark park`."""
+        return self.routes[0].parks
+
+    def require_moves(self) -> None:
+        """A ConfigError for a config that parks (given to a command that moves)."""
+        if self.parks:
+            raise ConfigError(
+                f"routes[0] ({self.routes[0].name}): destination is the parked table "
+                "(table: parked); this config parks, run it with rmq-spark park --config FILE"
+            )
+
+    def require_parks(self) -> None:
+        """A ConfigError for a config that moves (given to `rmq-spark park`)."""
+        if not self.parks:
+            raise ConfigError(
+                f"routes[0] ({self.routes[0].name}): destination is a queue; rmq-spark park "
+                "needs routes whose destination is {table: parked} (docs/parking.md)"
+            )
 
     @model_validator(mode="after")
     def _routes_name_known_clusters(self) -> JobConfig:
+        check_parks_or_moves(self)
         for index, route in enumerate(self.routes):
-            for role, name in (
-                ("source", route.source.cluster),
-                ("destination", route.destination.cluster),
-            ):
+            roles = [("source", route.source.cluster)]
+            if not route.parks:
+                roles.append(("destination", route.queue_destination.cluster))
+            for role, name in roles:
                 if name not in self.clusters:
                     raise ValueError(
                         f"routes[{index}] ({route.name}): {role}.cluster {name!r} is not one of "
@@ -455,7 +516,7 @@ def _describe(exc: ValidationError, raw: Any = None) -> str:
     """One line per problem, each naming the dotted key (and a route by its name)."""
     problems = []
     for error in exc.errors():
-        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        key = ".".join(str(part) for part in without_tags(error["loc"])) or "(top level)"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown key"

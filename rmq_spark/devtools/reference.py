@@ -123,7 +123,17 @@ def config_markdown() -> str:
         for key, node in model.get("properties", {}).items():
             name = _ref_name(node)
             kind = _type(node)
-            if name is not None:
+            choices = [_ref_name(option) for option in node.get("oneOf", [])]
+            if choices and all(choices):  # one of several models (a route's destination)
+                child = key if index == 1 else f"{path}.{key}"
+                links = []
+                for number, choice in enumerate(c for c in choices if c is not None):
+                    if choice not in seen:
+                        seen[choice] = child if number == 0 else f"{child}: {choice}"
+                        sections.append((seen[choice], defs[choice]))
+                    links.append(f"[`{seen[choice]}`](#{_anchor(seen[choice])})")
+                kind, name = f"see {' or '.join(links)}", "oneOf"
+            elif name is not None:
                 child = key if index == 1 else f"{path}.{key}"
                 if "additionalProperties" in node:
                     child += ".<name>"

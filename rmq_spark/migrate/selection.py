@@ -126,13 +126,13 @@ def migration_cluster(config: JobConfig) -> str:
     """The one cluster the config's routes select queues on (migration is in place)."""
     clusters = set()
     for index, route in enumerate(config.routes):
-        if route.destination.cluster != route.source.cluster:
+        if route.queue_destination.cluster != route.source.cluster:
             raise ConfigError(
                 f"routes[{index}] ({route.name}): a migration is in place; expected "
                 f"destination.cluster {route.source.cluster!r} like source.cluster, found "
-                f"{route.destination.cluster!r}"
+                f"{route.queue_destination.cluster!r}"
             )
-        if route.destination.queue != "{queue}" or route.destination.vhost != "{vhost}":
+        if route.queue_destination.queue != "{queue}" or route.queue_destination.vhost != "{vhost}":
             raise ConfigError(
                 f"routes[{index}] ({route.name}): a migration keeps each queue's vhost and "
                 "name; remove destination.vhost and destination.queue"

@@ -54,7 +54,7 @@ class DestinationCreation:
         for d in destinations:
             t = d.candidate.transfer
             site = (t.destination_cluster, t.destination_vhost)
-            copy = route_named(self._config, t.route).destination.topology == "copy"
+            copy = route_named(self._config, t.route).queue_destination.topology == "copy"
             if not copy or site not in self.facts.opened:
                 continue
             existing = d.existing or {}

@@ -94,6 +94,29 @@ def discover(
     return transfers
 
 
+def discover_parked(
+    config: JobConfig, clients: Mapping[str, ManagementClient]
+) -> list[QueueTransfer]:
+    """Every source queue of a park's routes (`table: parked`), pre-flight checked, with
+    exact depths (the source vhosts' AMQP probes).
+
+    The source half of `discover`: clusters answer and accept the login, source vhosts
+    and named queues exist and open, each queue is selected once, min_messages and
+    quorum delivery limits as for a move, a bad select is a config error. There is no
+    destination queue to check or create: the destination is the ledger's table.
+    """
+    route_selections(config)
+    preflight = _Preflight(config, clients)
+    preflight.check_clusters()
+    candidates = preflight.source_candidates()
+    selected = preflight.with_delivery_limits(preflight.select(candidates))
+    preflight.check_plan(selected)
+    preflight.raise_problems()
+    transfers = [c.transfer for c in selected]
+    log.info("discovered %d queues to park (%d selected)", len(candidates), len(transfers))
+    return transfers
+
+
 def _with_probed_depths(
     opened: Mapping[tuple[str, str], Mapping[str, int]], transfers: list[QueueTransfer]
 ) -> list[QueueTransfer]:

@@ -136,7 +136,8 @@ class _Preflight:
         names: dict[str, None] = {}
         for route in self._config.routes:
             names[route.source.cluster] = None
-            names[route.destination.cluster] = None
+            if not route.parks:  # a park's destination is the ledger's table
+                names[route.queue_destination.cluster] = None
         return list(names)
 
     def _visible_vhosts(self, cluster: str) -> list[str] | None:

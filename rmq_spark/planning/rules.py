@@ -16,7 +16,7 @@ from typing import Any
 
 from rmq_spark.broker.federation_plan import listed_policy
 from rmq_spark.broker.management import Permissions
-from rmq_spark.config import RouteConfig
+from rmq_spark.config import PARKED, RouteConfig
 from rmq_spark.errors import (
     AccessRefusedError,
     DestinationIncompatibleError,
@@ -217,10 +217,10 @@ def check_destination(
         f"cluster {t.destination_cluster} vhost {t.destination_vhost!r} "
         f"queue {t.destination_queue!r}"
     )
-    expected_type = route.destination.queue_type or t.source_type
+    expected_type = route.queue_destination.queue_type or t.source_type
     type_origin = (
         "destination.queue_type"
-        if route.destination.queue_type
+        if route.queue_destination.queue_type
         else "the source's type; set destination.queue_type to move into another type"
     )
     if existing is not None:
@@ -231,12 +231,12 @@ def check_destination(
             destination_depth=destination_depth,
             expected_type=expected_type,
             type_origin=type_origin,
-            keep_priorities=route.destination.priorities == "keep",
+            keep_priorities=route.queue_destination.priorities == "keep",
         )
         return DestinationCheck(
             problems=tuple(DestinationIncompatibleError(f"{where}: {r}") for r in reasons)
         )
-    if not route.destination.create_missing:
+    if not route.queue_destination.create_missing:
         return DestinationCheck(
             problems=(
                 DestinationIncompatibleError(
@@ -249,14 +249,14 @@ def check_destination(
     # translated; otherwise only the ones a transfer needs to keep its meaning.
     inherited = (
         dict(source_arguments)
-        if route.destination.topology == "copy"
+        if route.queue_destination.topology == "copy"
         else {k: v for k, v in source_arguments.items() if k in INHERITED_ARGUMENTS}
     )
     arguments, decisions = translate_queue_arguments(
         inherited,
         destination_type=expected_type,
         destination_version=destination_version,
-        priorities=route.destination.priorities,
+        priorities=route.queue_destination.priorities,
     )
     refused = tuple(
         DestinationIncompatibleError(
@@ -335,7 +335,14 @@ def write_problems(
 def queue_transfer(route: RouteConfig, vhost: str, queue: Mapping[str, Any]) -> QueueTransfer:
     """The transfer of one selected source queue (its management API row)."""
     name = queue["name"]
-    destination = route.destination
+    if route.parks:
+        # The parked table, named in the ledger by the source's vhost and queue.
+        cluster, to_vhost, to_queue = PARKED, vhost, name
+    else:
+        destination = route.queue_destination
+        cluster = destination.cluster
+        to_vhost = destination.vhost.format(vhost=vhost, queue=name)
+        to_queue = destination.queue.format(vhost=vhost, queue=name)
     return QueueTransfer(
         route=route.name,
         source_cluster=route.source.cluster,
@@ -343,9 +350,9 @@ def queue_transfer(route: RouteConfig, vhost: str, queue: Mapping[str, Any]) -> 
         source_queue=name,
         source_type=queue_type(queue),
         source_node=hosting_node(queue),
-        destination_cluster=destination.cluster,
-        destination_vhost=destination.vhost.format(vhost=vhost, queue=name),
-        destination_queue=destination.queue.format(vhost=vhost, queue=name),
+        destination_cluster=cluster,
+        destination_vhost=to_vhost,
+        destination_queue=to_queue,
         messages=int(queue.get("messages_ready") or 0),
         message_bytes=int(queue.get("message_bytes_ready") or 0),
         destination_messages=0,

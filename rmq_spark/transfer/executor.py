@@ -18,7 +18,7 @@ from typing import Any
 
 from rmq_spark.broker.colocation import preferred_uri
 from rmq_spark.broker.connection import connection_parameters
-from rmq_spark.config import ClusterConfig, Limits, MoverConfig
+from rmq_spark.config import PARKED, ClusterConfig, Limits, MoverConfig
 from rmq_spark.ledger import store
 from rmq_spark.ledger.fences import record_fence
 from rmq_spark.ledger.resume import EarlierFiles
@@ -31,6 +31,7 @@ from rmq_spark.transfer.decisions import BatchDecider, DeciderFactory, SelectDec
 from rmq_spark.transfer.lanes import run_movers
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.outcomes import outcome_row
+from rmq_spark.transfer.ports import Connector
 from rmq_spark.transfer.return_guard import ReturnGuard, attempt_number
 from rmq_spark.transfer.selective import fence_id
 
@@ -68,6 +69,16 @@ class ExecutorSettings:
     # route -> what builds its transfers' decider on the executor (a redrive's
     # `redrive.decider.RedriveSpec`, given by the layer above); before `selections`.
     deciders: dict[str, DeciderFactory] = field(default_factory=dict)
+    # A park (`rmq-spark park`): transfers whose destination cluster is `PARKED` write
+    # the parked table instead of publishing.
+    park: ParkSettings | None = None
+
+
+@dataclass(frozen=True)
+class ParkSettings:
+    """What a park's movers need beyond a move's (config `park`)."""
+
+    exclude_body: bool = False
 
 
 def move_partition(
@@ -136,14 +147,30 @@ def queue_mover(
         node=str(row.get("source_node") or ""),
         role="consumer",
     )
-    destination = _endpoint(
-        settings,
-        key.destination_cluster,
-        key.destination_vhost,
-        key.destination_queue,
-        node=str(row.get("destination_node") or ""),
-        role="publisher",
-    )
+    connector: Connector
+    if settings.park is not None and key.destination_cluster == PARKED:
+        # Imported here, so a move's task never loads the selection language's columns.
+        from rmq_spark.transfer.parked import ParkedConnector
+        from rmq_spark.transfer.parked_rows import ParkedRowsWriter
+
+        writer = ParkedRowsWriter(
+            settings.ledger_path,
+            settings.run_id,
+            key,
+            attempt,
+            exclude_body=settings.park.exclude_body,
+        )
+        connector = ParkedConnector(source, writer, connections)
+    else:
+        destination = _endpoint(
+            settings,
+            key.destination_cluster,
+            key.destination_vhost,
+            key.destination_queue,
+            node=str(row.get("destination_node") or ""),
+            role="publisher",
+        )
+        connector = Amqp091Connector(source, destination, connections)
     limit = row.get("source_delivery_limit")
     guard = ReturnGuard(
         limit if isinstance(limit, int) else None,
@@ -154,7 +181,7 @@ def queue_mover(
     fence = fence_id(settings.run_id, key)
     return QueueMover(
         key,
-        Amqp091Connector(source, destination, connections),
+        connector,
         MessageLedgerWriter(settings.ledger_path, settings.run_id, key, attempt),
         # The mover closes it: kept on disk if the mover dies, so a retry names
         # every copy that may have arrived.

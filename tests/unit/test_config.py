@@ -40,7 +40,7 @@ def test_valid_config_loads_with_defaults_and_resolved_password() -> None:
     assert config.clusters["main"].password.get_secret_value() == "guest"
     assert config.window.messages == 5000
     assert config.max_active == 4
-    assert config.routes[0].destination.queue == "{queue}-moved"
+    assert config.routes[0].queue_destination.queue == "{queue}-moved"
 
 
 def test_password_never_shows_in_repr_dump_or_digest() -> None:
@@ -152,7 +152,7 @@ def test_exact_source_queues_and_destination_type_load() -> None:
     ).replace('queue: "{queue}-moved"}', "queue_type: quorum}")
     route = parse_config(text, ENV).routes[0]
     assert route.source.queues == ["q1", "q2"]
-    assert route.destination.queue_type == "quorum"
+    assert route.queue_destination.queue_type == "quorum"
     defaults = parse_config(VALID, ENV).routes[0]
     assert defaults.source.queues is None
-    assert defaults.destination.queue_type is None  # the source's type
+    assert defaults.queue_destination.queue_type is None  # the source's type

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 # (delivery tag, redelivered, body, property bytes) -> whether to go on reading
 OnDelivery = Callable[[int, bool, bytes, bytes], bool]
+# (delivery tag, exchange, routing key): told just before `OnDelivery`, only to a
+# reader that asked for the route (a park keeps it; a move does not read it).
+OnRoute = Callable[[int, str, str], None]
 
 _FRAME_START = struct.Struct(">BHI")  # frame type, channel, payload size
 _FRAME_OVERHEAD = 8  # 7 bytes before the payload, 1 after (FRAME_END)
@@ -55,12 +58,18 @@ class ChannelReader:
     """
 
     def __init__(
-        self, reader: DeliveryReader, channel: pika.channel.Channel, on_delivery: OnDelivery
+        self,
+        reader: DeliveryReader,
+        channel: pika.channel.Channel,
+        on_delivery: OnDelivery,
+        on_route: OnRoute | None = None,
     ) -> None:
         self._reader = reader
         self._channel = channel
         self.channel_number: int = channel.channel_number
         self._on_delivery = on_delivery
+        self._on_route = on_route
+        self._exchange = self._routing_key = ""
         # The basic.deliver whose content frames are being read, if any.
         self._consumer_tag = ""
         self._tag = 0
@@ -93,13 +102,20 @@ class ChannelReader:
         self._reader.remove(self)
 
     def deliver_method(self, buffer: bytes, at: int) -> None:
-        """basic.deliver: consumer-tag, delivery-tag, redelivered (then exchange and
-        routing key, which the mover does not need)."""
+        """basic.deliver: consumer-tag, delivery-tag, redelivered, then exchange and
+        routing key (read only when the reader was asked for the route)."""
         length = buffer[at]
         self._consumer_tag = buffer[at + 1 : at + 1 + length].decode("utf-8")
         at += 1 + length
         (self._tag,) = _LONG_LONG.unpack_from(buffer, at)
         self._redelivered = bool(buffer[at + 8] & 1)
+        if self._on_route is not None:
+            at += 9
+            length = buffer[at]
+            self._exchange = buffer[at + 1 : at + 1 + length].decode("utf-8", "replace")
+            at += 1 + length
+            length = buffer[at]
+            self._routing_key = buffer[at + 1 : at + 1 + length].decode("utf-8", "replace")
         self._properties = None
         self._body_parts = []
         self._body_received = 0
@@ -138,6 +154,8 @@ class ChannelReader:
         if tag not in channel._consumers:
             log.error("unexpected delivery for consumer %r (tag %d)", tag, self._tag)
             return
+        if self._on_route is not None:
+            self._on_route(self._tag, self._exchange, self._routing_key)
         if not self._on_delivery(self._tag, self._redelivered, body, properties):
             self.pause()
 
@@ -163,8 +181,13 @@ class DeliveryReader:
         self.paused_channels: set[int] = set()
         connection._on_data_available = self.data_received
 
-    def add(self, channel: pika.channel.Channel, on_delivery: OnDelivery) -> ChannelReader:
-        reader = ChannelReader(self, channel, on_delivery)
+    def add(
+        self,
+        channel: pika.channel.Channel,
+        on_delivery: OnDelivery,
+        on_route: OnRoute | None = None,
+    ) -> ChannelReader:
+        reader = ChannelReader(self, channel, on_delivery, on_route)
         self._channels[reader.channel_number] = reader
         return reader
 
@@ -278,7 +301,10 @@ CONSUME_BYTES = 1024 * 1024
 
 
 def install(
-    connection: Any, channel: pika.channel.Channel, on_delivery: OnDelivery
+    connection: Any,
+    channel: pika.channel.Channel,
+    on_delivery: OnDelivery,
+    on_route: OnRoute | None = None,
 ) -> ChannelReader:
     """Read `channel`'s deliveries on `connection` with the connection's
     `DeliveryReader` (made on the first channel, with large reads)."""
@@ -290,7 +316,7 @@ def install(
         if transport is not None:
             transport._MAX_RECV_BYTES = RECV_BYTES
             transport._MAX_CONSUME_BYTES = CONSUME_BYTES
-    return reader.add(channel, on_delivery)
+    return reader.add(channel, on_delivery, on_route)
 
 
 _READER_ATTRIBUTE = "_rmq_spark_delivery_reader"

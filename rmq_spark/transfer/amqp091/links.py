@@ -230,7 +230,11 @@ class _Link:
 
 
 class SourceLink(_Link):
-    """The source side (`ports.SourceLink`): qos, consume, cancel, ack, depth, get."""
+    """The source side (`ports.SourceLink`): qos, consume, cancel, ack, depth, get.
+
+    With `on_route`, each delivery's exchange and routing key are told to it (by tag)
+    just before the delivery itself (a park keeps them; a move does not read them).
+    """
 
     side = SOURCE
 
@@ -241,8 +245,11 @@ class SourceLink(_Link):
         ioloop: Any,
         label: str,
         connections: ConnectionPool,
+        *,
+        on_route: inbound.OnRoute | None = None,
     ) -> None:
         self._reader: inbound.ChannelReader | None = None
+        self._on_route = on_route
         self._consumer_tag: str | None = None
         super().__init__(endpoint, events, ioloop, label, connections)
 
@@ -257,7 +264,9 @@ class SourceLink(_Link):
 
     def _on_channel_open(self, channel: pika.channel.Channel) -> None:
         """pika: source channel is open; the session asks for its prefetch next."""
-        self._reader = inbound.install(channel.connection, channel, self._events.on_delivery)
+        self._reader = inbound.install(
+            channel.connection, channel, self._events.on_delivery, self._on_route
+        )
         channel.add_on_cancel_callback(self._on_consumer_cancelled_by_broker)
         channel.add_callback(self._on_get_empty, [pika.spec.Basic.GetEmpty], one_shot=False)
         self._events.on_ready(SOURCE)
@@ -317,6 +326,8 @@ class SourceLink(_Link):
         body: bytes,
     ) -> None:
         """pika: get-ok."""
+        if self._on_route is not None:
+            self._on_route(method.delivery_tag, method.exchange, method.routing_key)
         self._events.on_got(
             method.delivery_tag,
             bool(method.redelivered),
@@ -337,6 +348,8 @@ class SourceLink(_Link):
         body: bytes,
     ) -> None:
         """pika: a source delivery (only if `inbound` did not read it first)."""
+        if self._on_route is not None:
+            self._on_route(method.delivery_tag, method.exchange, method.routing_key)
         self._events.on_delivery(
             method.delivery_tag, bool(method.redelivered), body, wire.wire_bytes(properties)
         )

@@ -339,3 +339,24 @@ def test_a_paused_channel_pauses_the_connection_until_it_resumes_or_leaves() -> 
     assert 7 in loop.readers
     loop.run_callbacks()
     assert got == [(1, 1), (2, 1), (2, 2)]  # channel 1's later delivery went to pika
+
+
+def test_a_reader_asked_for_the_route_tells_each_deliverys_exchange_and_key_first() -> None:
+    connection, channel = StandInConnection(), StandInChannel()
+
+    def on_delivery(tag: int, redelivered: bool, body: bytes, props: bytes) -> bool:
+        connection.events.append(("delivery", tag))
+        return True
+
+    def on_route(tag: int, exchange: str, routing_key: str) -> None:
+        connection.events.append(("route", tag, exchange, routing_key))
+
+    inbound.install(connection, channel, on_delivery, on_route)  # type: ignore[arg-type]
+    stream = delivery_frames(3, b"a", PROPERTIES) + delivery_frames(4, b"b" * 9000, PROPERTIES)
+    feed(connection, stream, [7, len(stream) - 5])
+    assert connection.events == [
+        ("route", 3, "ex.é", "rk"),
+        ("delivery", 3),
+        ("route", 4, "ex.é", "rk"),
+        ("delivery", 4),
+    ]

@@ -1,0 +1,180 @@
+"""Driver side: the `parked` Delta table in the ledger (create, commit a run, read).
+
+Executors write each parked batch as a Parquet data file in the table's run partition
+(`transfer/parked_rows.py`); the driver adds the run's files to the Delta log by
+reference with delta-rs, in one commit per call, after the ledger's `messages` commit.
+
+**Partitioned by `run_id` alone.** A park is the unit of replay (`--parked RUN_ID`) and
+of retention (a run's rows are dropped together), so a reader prunes to one run by its
+directory; within a run, each data file holds one transfer's batch in position order,
+so Parquet's row-group statistics on `source_queue` and `position` let Spark, DuckDB and
+polars skip the rest. Source queues are not a partition column: RabbitMQ allows any
+character in queue and vhost names (`/`, `=`, `%`, non-ASCII), which Hive-style
+partition directories must escape, and readers disagree on how they unescape them.
+
+Idempotent: a data file already in the log is never added again, so a driver that died
+between the messages commit and this one commits the rest on its re-run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+
+from rmq_spark.errors import LedgerError
+from rmq_spark.ledger import store
+from rmq_spark.ledger.layout import TEMP_PREFIX
+from rmq_spark.ledger.storage import storage_options
+from rmq_spark.transfer.parked_rows import PARTITION_BY, SCHEMA, TABLE, run_partition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+
+def table_path(ledger_path: str) -> str:
+    return str(store.root(ledger_path) / TABLE)
+
+
+def ensure_parked_table(ledger_path: str) -> None:
+    """Create the parked table if it is missing; one clear error if it cannot be."""
+    path = table_path(ledger_path)
+    try:
+        try:
+            found = DeltaTable(path, storage_options=storage_options(path))
+        except TableNotFoundError:
+            DeltaTable.create(
+                path,
+                storage_options=storage_options(path),
+                schema=SCHEMA,
+                partition_by=list(PARTITION_BY),
+                mode="ignore",
+            )
+            return
+    except (DeltaError, OSError) as exc:
+        raise LedgerError(
+            f"ledger table {path}: expected a Delta table or nothing there, could not open "
+            f"or create it ({exc})"
+        ) from exc
+    schema = pa.schema(found.schema().to_arrow())  # type: ignore[arg-type]
+    missing = [name for name in SCHEMA.names if name not in schema.names]
+    if missing:
+        raise LedgerError(
+            f"ledger table {path}: expected the parked table's columns, found a table "
+            f"without {', '.join(missing)} (another schema version?)"
+        )
+
+
+def commit_parked(ledger_path: str, run_id: str) -> int:
+    """Add the run's parked data files not yet in the log, in one commit; their rows."""
+    path = table_path(ledger_path)
+    table = DeltaTable(path, storage_options=storage_options(path))
+    partition = run_partition(ledger_path, run_id)
+    if not partition.is_dir():
+        return 0
+    in_log = {
+        unquote(uri).rsplit("/", 1)[-1]
+        for uri in table.file_uris(partition_filters=[("run_id", "=", run_id)])
+    }
+    pending = sorted(
+        entry
+        for entry in store.entries(partition)
+        if entry.name.endswith(".parquet")
+        and not entry.name.startswith(TEMP_PREFIX)
+        and entry.name not in in_log
+    )
+    if not pending:
+        return 0
+    app_id = f"rmq-spark/parked/{run_id}"
+    version = (table.transaction_version(app_id) or 0) + 1
+    actions: list[AddAction | RemoveAction] = []
+    rows = 0
+    for file in pending:
+        stat = file.stat()
+        count = int(store.read_metadata(file).num_rows)
+        rows += count
+        actions.append(
+            AddAction(
+                path=f"run_id={run_id}/{file.name}",
+                size=stat.st_size,
+                partition_values={"run_id": run_id},
+                modification_time=int(stat.st_mtime * 1000),
+                data_change=True,
+                stats=json.dumps({"numRecords": count}),
+            )
+        )
+    table.create_write_transaction(
+        actions,
+        mode="append",
+        schema=SCHEMA,
+        partition_by=list(PARTITION_BY),
+        commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
+    )
+    log.info("committed %d parked files (%d rows) of run %s", len(actions), rows, run_id)
+    return rows
+
+
+def parked_files(ledger_path: str, run_id: str | None = None) -> list[str]:
+    """The table's current data files (of one run), as URIs."""
+    path = table_path(ledger_path)
+    try:
+        table = DeltaTable(path, storage_options=storage_options(path))
+    except TableNotFoundError as exc:
+        raise LedgerError(f"ledger table {path} does not exist: nothing was parked") from exc
+    return list(
+        table.file_uris(partition_filters=[("run_id", "=", run_id)] if run_id is not None else None)
+    )
+
+
+def parked_dataset(ledger_path: str, run_id: str | None = None) -> ds.Dataset:
+    """The table's snapshot (or one run's part of it) as a pyarrow dataset (DuckDB,
+    polars and pandas read it as it is: `duckdb.sql("select ... from dataset")`)."""
+    files = parked_files(ledger_path, run_id)
+    base = table_path(ledger_path)
+    filesystem = None
+    if store.is_object_store(ledger_path):
+        filesystem = store.filesystem_of(ledger_path)
+        files = [store.StorePath(unquote(uri)).fs_path for uri in files]
+        base = store.StorePath(base).fs_path
+    else:
+        files = [unquote(uri.removeprefix("file://")) for uri in files]
+    partition_schema = pa.schema([SCHEMA.field(name) for name in PARTITION_BY])
+    return ds.dataset(
+        files,
+        schema=SCHEMA,
+        format="parquet",
+        partitioning=ds.partitioning(partition_schema, flavor="hive"),
+        partition_base_dir=base,
+        filesystem=filesystem,
+    )
+
+
+def read_parked(
+    ledger_path: str, run_id: str | None = None, columns: list[str] | None = None
+) -> pa.Table:
+    """The parked rows (of one run) as an Arrow table, without Spark."""
+    return parked_dataset(ledger_path, run_id).to_table(columns=columns)
+
+
+def read_parked_spark(spark: SparkSession, ledger_path: str) -> DataFrame:
+    """The parked table as a Spark DataFrame: Spark's Delta reader when the session has
+    Delta's classes, else the snapshot's Parquet files (append-only: the same rows)."""
+    from rmq_spark.spark_session import spark_has_delta
+
+    path = table_path(ledger_path)
+    if spark_has_delta(spark):
+        return spark.read.format("delta").load(path)
+    files = parked_files(ledger_path)
+    if not files:
+        raise LedgerError(f"ledger table {path} holds no parked rows yet")
+    frame: DataFrame = spark.read.option("basePath", path).parquet(*files)
+    return frame.select(*SCHEMA.names)

@@ -1,0 +1,174 @@
+"""The `parked` table's rows: what a park keeps of each message, and how it is made durable.
+
+Executor side, no pika and no Spark. A park's destination is a Delta table of messages
+(`rmq-spark park`, docs/parking.md) instead of a queue: each batch the session publishes
+becomes one Parquet data file in the table's run partition, written complete and durable
+or not at all (`durable.write_data_file`: temp name, fsync, rename, directory fsync; on
+an object store one PUT). That write is the park's "confirm" (`parked.ParkedTableLink`).
+The driver adds the run's files to the table's log in one commit (`park/table.py`).
+
+A row holds the message as it arrived (the exact content-header property bytes and the
+body), where it came from (source cluster, vhost, queue, position, the exchange and
+routing key it was delivered with), the selection language's columns decoded from those
+bytes (docs/selection.md: `headers`, `x_death`, ... so Spark SQL, DuckDB or polars can
+choose without decoding), and checksums. With `park.exclude_body` the body is null and
+`body_excluded` says so: such rows can be inspected, not replayed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from rmq_spark.config import PARKED
+from rmq_spark.errors import LedgerError
+from rmq_spark.ledger import store
+from rmq_spark.ledger.durable import write_data_file
+from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.selection.columns import BY_NAME, Message, message_table
+
+TABLE = "parked"
+# A parked transfer's nominal destination cluster in the ledger (`TransferKey`): the
+# table, with the source's vhost and queue. `rmq-spark park` refuses a cluster of this name.
+PARKED_CLUSTER = PARKED
+# Partitioned by run only (module doc of park/table.py says why).
+PARTITION_BY = ("run_id",)
+SCHEMA_VERSION = 1
+
+# The selection language's columns a row carries, decoded from its property bytes.
+# `exchange`, `routing_key`, `redelivered`, `body` and `body_size` are columns of their
+# own below; `body_text` is not stored (a second copy of every text body): Spark SQL's
+# `CAST(body AS STRING)` or DuckDB's `decode(body)` give it.
+SELECTION_COLUMNS: tuple[str, ...] = tuple(
+    name
+    for name in BY_NAME
+    if name not in {"exchange", "routing_key", "redelivered", "body", "body_size", "body_text"}
+)
+
+_TIME = pa.timestamp("us", tz="UTC")
+SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("source_cluster", pa.string(), nullable=False),
+        pa.field("source_vhost", pa.string(), nullable=False),
+        pa.field("source_queue", pa.string(), nullable=False),
+        pa.field("position", pa.int64(), nullable=False),
+        pa.field("exchange", pa.string()),
+        pa.field("routing_key", pa.string()),
+        pa.field("redelivered", pa.bool_()),
+        pa.field("consumed_at", _TIME),
+        pa.field("task_attempt", pa.string()),
+        pa.field("schema_version", pa.int32()),
+        pa.field("body_size", pa.int64()),
+        pa.field("body_sha256", pa.string()),
+        pa.field("properties_sha256", pa.string()),
+        pa.field("properties", pa.binary()),
+        pa.field("body", pa.binary()),
+        pa.field("body_excluded", pa.bool_()),
+        *(pa.field(name, BY_NAME[name].type) for name in SELECTION_COLUMNS),
+    ]
+)
+# Data files carry every column but the partition column, as Delta expects.
+DATA_SCHEMA = pa.schema([field for field in SCHEMA if field.name not in PARTITION_BY])
+
+# (exchange, routing key) of a delivery tag: what the source link told (`inbound.OnRoute`);
+# None for a tag it did not tell.
+RouteOf = Callable[[int], tuple[str, str] | None]
+
+
+def run_partition(ledger_path: str, run_id: str) -> Any:
+    """The table's directory of one run's data files (a Path, or a StorePath)."""
+    return store.root(ledger_path) / TABLE / f"run_id={run_id}"
+
+
+def parked_rows(
+    key: TransferKey,
+    task_attempt: str,
+    deliveries: Sequence[Delivery],
+    route_of: RouteOf,
+    *,
+    exclude_body: bool,
+) -> pa.Table:
+    """Data-file rows (every column but run_id) for deliveries that carry their bytes."""
+    messages = []
+    routes = []
+    for delivery in deliveries:
+        if delivery.body is None or delivery.properties is None:
+            raise ValueError(f"position {delivery.position}: no bytes to park")
+        route = route_of(delivery.tag)
+        routes.append(route)
+        messages.append(Message("", "", delivery.redelivered, delivery.properties, delivery.body))
+    decoded = message_table(messages, SELECTION_COLUMNS)
+    count = len(deliveries)
+    columns: dict[str, pa.Array | list[object]] = {
+        "source_cluster": [key.source_cluster] * count,
+        "source_vhost": [key.source_vhost] * count,
+        "source_queue": [key.source_queue] * count,
+        "position": [d.position for d in deliveries],
+        "exchange": [None if route is None else route[0] for route in routes],
+        "routing_key": [None if route is None else route[1] for route in routes],
+        "redelivered": [d.redelivered for d in deliveries],
+        "consumed_at": [d.consumed_at for d in deliveries],
+        "task_attempt": [task_attempt] * count,
+        "schema_version": [SCHEMA_VERSION] * count,
+        "body_size": [d.body_size for d in deliveries],
+        "body_sha256": [d.body_sha256 for d in deliveries],
+        "properties_sha256": [d.properties_sha256 for d in deliveries],
+        "properties": [d.properties for d in deliveries],
+        "body": [None if exclude_body else d.body for d in deliveries],
+        "body_excluded": [exclude_body] * count,
+    }
+    arrays = [
+        decoded.column(field.name).combine_chunks()
+        if field.name in SELECTION_COLUMNS
+        else pa.array(columns[field.name], type=field.type)
+        for field in DATA_SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=DATA_SCHEMA)
+
+
+class ParkedRowsWriter:
+    """Writes one transfer's parked rows: each `write` is one data file, durable on return.
+
+    Files are named after the transfer (`TransferKey.file_prefix`) and the task attempt,
+    so a retried task's files sit beside the earlier attempt's and the commit adds both.
+    """
+
+    def __init__(
+        self,
+        ledger_path: str,
+        run_id: str,
+        key: TransferKey,
+        task_attempt: str,
+        *,
+        exclude_body: bool = False,
+    ) -> None:
+        self._dir = run_partition(ledger_path, run_id)
+        self._key = key
+        self._task_attempt = task_attempt
+        self.exclude_body = exclude_body
+        self.rows_written = 0
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(
+                f"ledger {ledger_path}: cannot create {self._dir} ({exc.strerror})"
+            ) from exc
+
+    def write(self, deliveries: Sequence[Delivery], route_of: RouteOf) -> None:
+        if not deliveries:
+            return
+        rows = parked_rows(
+            self._key, self._task_attempt, deliveries, route_of, exclude_body=self.exclude_body
+        )
+        name = f"{self._key.file_prefix}{self._task_attempt}-{uuid.uuid4().hex}.parquet"
+        try:
+            write_data_file(self._dir, name, rows)
+        except OSError as exc:
+            raise LedgerError(
+                f"ledger {self._dir}: cannot park rows of {self._key.label()} ({exc})"
+            ) from exc
+        self.rows_written += len(deliveries)

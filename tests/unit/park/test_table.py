@@ -1,0 +1,74 @@
+"""park/table.py: the parked Delta table on the driver (delta-rs, no Spark)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from rmq_spark.errors import LedgerError
+from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.park.table import commit_parked, ensure_parked_table, read_parked, table_path
+from rmq_spark.transfer.parked_rows import ParkedRowsWriter
+
+KEY = TransferKey("dr", "a/b=c", "orders", "parked", "a/b=c", "orders")
+
+
+def deliveries(*bodies: bytes, first: int = 0) -> list[Delivery]:
+    found = []
+    for offset, body in enumerate(bodies):
+        delivery = Delivery(
+            tag=offset + 1,
+            seq=offset + 1,
+            position=first + offset,
+            redelivered=False,
+            body_size=len(body),
+            body_sha256="",
+            properties_sha256="",
+            message_id=None,
+            consumed_at=datetime(2026, 1, 1, tzinfo=UTC),
+        )
+        delivery.body, delivery.properties = body, b"\x00\x00"
+        found.append(delivery)
+    return found
+
+
+def park(ledger: Path, run_id: str, *bodies: bytes, first: int = 0) -> None:
+    writer = ParkedRowsWriter(str(ledger), run_id, KEY, "0.0.0")
+    writer.write(deliveries(*bodies, first=first), lambda _tag: ("ex", "rk"))
+
+
+def test_a_runs_files_are_committed_once_and_read_back_by_run(tmp_path: Path) -> None:
+    ensure_parked_table(str(tmp_path))
+    park(tmp_path, "run-1", b"a", b"b")
+    park(tmp_path, "run-1", b"c", first=2)
+    park(tmp_path, "run-2", b"z")
+    assert commit_parked(str(tmp_path), "run-1") == 3
+    assert commit_parked(str(tmp_path), "run-1") == 0  # a re-run adds nothing twice
+    assert commit_parked(str(tmp_path), "run-2") == 1
+    rows = read_parked(str(tmp_path), "run-1").to_pylist()
+    assert sorted((r["position"], r["body"], r["run_id"]) for r in rows) == [
+        (0, b"a", "run-1"),
+        (1, b"b", "run-1"),
+        (2, b"c", "run-1"),
+    ]
+    assert {r["source_vhost"] for r in rows} == {"a/b=c"}  # any vhost name: not a partition
+    assert DeltaTable(table_path(str(tmp_path))).metadata().partition_columns == ["run_id"]
+
+
+def test_a_crashed_commit_is_finished_by_the_next_one(tmp_path: Path) -> None:
+    ensure_parked_table(str(tmp_path))
+    park(tmp_path, "run-1", b"a")
+    commit_parked(str(tmp_path), "run-1")
+    park(tmp_path, "run-1", b"b", first=1)  # a retried task's file, after the first commit
+    assert commit_parked(str(tmp_path), "run-1") == 1
+    assert len(read_parked(str(tmp_path), "run-1")) == 2
+
+
+def test_a_table_of_another_schema_is_refused(tmp_path: Path) -> None:
+    write_deltalake(table_path(str(tmp_path)), pa.table({"run_id": ["x"], "body": [b"b"]}))
+    with pytest.raises(LedgerError, match="expected the parked table's columns"):
+        ensure_parked_table(str(tmp_path))
