@@ -20,6 +20,7 @@ from __future__ import annotations
 import array
 import operator
 import os
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -289,7 +290,8 @@ class MessageLedgerWriter:
     A stream left by a task that died is converted by `tables.commit_run`.
 
     On an object store each `write` is one Parquet data file of its own (one PUT, the
-    durability point; there is no append), which the driver's commit compacts.
+    durability point; there is no append), which the driver's commit compacts; such
+    writes may run on several threads at once (`Settlement`, overlapping flushes).
     """
 
     def __init__(self, ledger_path: str, run_id: str, key: TransferKey, task_attempt: str) -> None:
@@ -308,6 +310,9 @@ class MessageLedgerWriter:
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
         self._stream_rows = 0
         self.rows_written = 0
+        # An object store's writes of one transfer may overlap (`lanes.TransferLanes`):
+        # each is an object of its own, only this count is shared.
+        self._count_lock = threading.Lock()
 
     def write(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
@@ -338,7 +343,8 @@ class MessageLedgerWriter:
             raise LedgerError(
                 f"ledger {self._dir}: cannot write rows for {self._key.label()} ({exc})"
             ) from exc
-        self.rows_written += len(deliveries)
+        with self._count_lock:
+            self.rows_written += len(deliveries)
 
     def close(self) -> None:
         """The transfer ended: what is streamed becomes a Parquet data file."""
