@@ -22,8 +22,9 @@ import operator
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -200,7 +201,8 @@ class IntentLog:
         self._task_attempt = task_attempt
         self._file: BinaryIO | None = None
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
-        self._objects: list[StorePath] = []  # an object store's batches, in order
+        self._objects: list[StorePath] = []  # an object store's batches written
+        self._batches = 0  # an object store's batches numbered so far
         self._log_id = uuid.uuid4().hex
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -220,10 +222,19 @@ class IntentLog:
         return file, stream
 
     def append(self, deliveries: Sequence[Delivery]) -> None:
+        self.append_later(deliveries)()
+
+    def append_later(self, deliveries: Sequence[Delivery]) -> Callable[[], None]:
+        """The append of this batch, numbered now (on an object store the number is
+        the batch's place in the log, and batches of a transfer may be written by
+        several threads at once, `lanes.TransferLanes`)."""
+        if isinstance(self._dir, StorePath) and deliveries:
+            number, self._batches = self._batches, self._batches + 1
+            return partial(self._put, deliveries, number)
+        return partial(self._append_to_file, deliveries)
+
+    def _append_to_file(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
-            return
-        if isinstance(self._dir, StorePath):
-            self._put(deliveries)
             return
         file, stream = self._file, self._stream
         if file is None or stream is None:
@@ -237,11 +248,11 @@ class IntentLog:
                 f"ledger: cannot log intents for {self._key.label()} ({exc})"
             ) from exc
 
-    def _put(self, deliveries: Sequence[Delivery]) -> None:
+    def _put(self, deliveries: Sequence[Delivery], number: int) -> None:
         """One batch as one object; logged once the PUT returned."""
         name = (
             f"{self._key.file_prefix}{self._task_attempt}-{self._log_id}-"
-            f"{len(self._objects):08d}{STREAM_SUFFIX}"
+            f"{number:08d}{STREAM_SUFFIX}"
         )
         content = stream_bytes(rows_table(self._key, self._task_attempt, deliveries))
         try:

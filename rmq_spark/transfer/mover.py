@@ -59,6 +59,9 @@ class NoIntents:
     def append(self, deliveries: Sequence[Delivery]) -> None:
         return None
 
+    def append_later(self, deliveries: Sequence[Delivery]) -> Callable[[], None]:
+        return partial(self.append, deliveries)
+
     def close(self, *, finished: bool) -> None:
         return None
 

@@ -42,6 +42,10 @@ class IntentSink(Protocol):
 
     def append(self, deliveries: Sequence[Delivery]) -> None: ...
 
+    def append_later(self, deliveries: Sequence[Delivery]) -> Callable[[], None]:
+        """`append(deliveries)` as a job for a lane, its place in the log taken now:
+        batches keep the order they were handed out in, whichever thread writes first."""
+
     def close(self, *, finished: bool) -> None:
         """The transfer ended: `finished` when it returned an outcome, not when it died."""
 

@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
@@ -350,6 +351,9 @@ class RecordingIntents:
 
     def append(self, deliveries: Sequence[Delivery]) -> None:
         self.logged.extend(deliveries)
+
+    def append_later(self, deliveries: Sequence[Delivery]) -> Callable[[], None]:
+        return partial(self.append, deliveries)
 
     def close(self, *, finished: bool) -> None:
         self.closed = finished

@@ -282,3 +282,39 @@ def test_without_overlap_a_session_writes_its_rows_one_write_at_a_time() -> None
     assert rig.lanes.waiting("ledger") == 1
     rig.lanes.finish("ledger", 1)
     assert rig.source.acked_tags == [1, 2, 3, 4]
+
+
+def test_overlapping_intent_batches_are_logged_at_once_and_published_in_order() -> None:
+    rig = mover_rig(overlap=2)
+    rig.open_session()
+    rig.source.deliver(1, b"a")
+    rig.timers.run_due()  # the end of a loop iteration: a batch goes to the lane
+    rig.source.deliver(2, b"b")
+    rig.timers.run_due()
+    rig.source.deliver(3, b"c")
+    rig.timers.run_due()
+    assert rig.lanes.waiting("intents") == 2  # the third waits: two are being logged
+    assert rig.destination.published == []  # nothing before its intent is durable
+
+    rig.lanes.finish("intents", 1)
+    assert rig.destination.published == [b"a"]
+    assert [d.position for d in rig.intents.logged] == [0]
+    rig.lanes.finish("intents", 1)
+    assert rig.destination.published == [b"a", b"b"]
+    assert rig.lanes.waiting("intents") == 1  # c went out as soon as a's slot freed
+    rig.lanes.finish("intents")
+    assert rig.destination.published == [b"a", b"b", b"c"]
+
+
+def test_without_overlap_one_intent_batch_is_logged_at_a_time() -> None:
+    rig = mover_rig()
+    rig.open_session()
+    rig.source.deliver(1, b"a")
+    rig.timers.run_due()
+    rig.source.deliver(2, b"b")
+    rig.timers.run_due()
+    assert rig.lanes.waiting("intents") == 1
+    rig.lanes.finish("intents", 1)
+    assert rig.destination.published == [b"a"]
+    rig.lanes.finish("intents")
+    assert rig.destination.published == [b"a", b"b"]
