@@ -20,9 +20,11 @@ from __future__ import annotations
 import array
 import operator
 import os
+import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -199,7 +201,8 @@ class IntentLog:
         self._task_attempt = task_attempt
         self._file: BinaryIO | None = None
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
-        self._objects: list[StorePath] = []  # an object store's batches, in order
+        self._objects: list[StorePath] = []  # an object store's batches written
+        self._batches = 0  # an object store's batches numbered so far
         self._log_id = uuid.uuid4().hex
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -219,10 +222,19 @@ class IntentLog:
         return file, stream
 
     def append(self, deliveries: Sequence[Delivery]) -> None:
+        self.append_later(deliveries)()
+
+    def append_later(self, deliveries: Sequence[Delivery]) -> Callable[[], None]:
+        """The append of this batch, numbered now (on an object store the number is
+        the batch's place in the log, and batches of a transfer may be written by
+        several threads at once, `lanes.TransferLanes`)."""
+        if isinstance(self._dir, StorePath) and deliveries:
+            number, self._batches = self._batches, self._batches + 1
+            return partial(self._put, deliveries, number)
+        return partial(self._append_to_file, deliveries)
+
+    def _append_to_file(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
-            return
-        if isinstance(self._dir, StorePath):
-            self._put(deliveries)
             return
         file, stream = self._file, self._stream
         if file is None or stream is None:
@@ -236,11 +248,11 @@ class IntentLog:
                 f"ledger: cannot log intents for {self._key.label()} ({exc})"
             ) from exc
 
-    def _put(self, deliveries: Sequence[Delivery]) -> None:
+    def _put(self, deliveries: Sequence[Delivery], number: int) -> None:
         """One batch as one object; logged once the PUT returned."""
         name = (
             f"{self._key.file_prefix}{self._task_attempt}-{self._log_id}-"
-            f"{len(self._objects):08d}{STREAM_SUFFIX}"
+            f"{number:08d}{STREAM_SUFFIX}"
         )
         content = stream_bytes(rows_table(self._key, self._task_attempt, deliveries))
         try:
@@ -289,7 +301,8 @@ class MessageLedgerWriter:
     A stream left by a task that died is converted by `tables.commit_run`.
 
     On an object store each `write` is one Parquet data file of its own (one PUT, the
-    durability point; there is no append), which the driver's commit compacts.
+    durability point; there is no append), which the driver's commit compacts; such
+    writes may run on several threads at once (`Settlement`, overlapping flushes).
     """
 
     def __init__(self, ledger_path: str, run_id: str, key: TransferKey, task_attempt: str) -> None:
@@ -308,6 +321,9 @@ class MessageLedgerWriter:
         self._stream: pa.ipc.RecordBatchStreamWriter | None = None
         self._stream_rows = 0
         self.rows_written = 0
+        # An object store's writes of one transfer may overlap (`lanes.TransferLanes`):
+        # each is an object of its own, only this count is shared.
+        self._count_lock = threading.Lock()
 
     def write(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
@@ -338,7 +354,8 @@ class MessageLedgerWriter:
             raise LedgerError(
                 f"ledger {self._dir}: cannot write rows for {self._key.label()} ({exc})"
             ) from exc
-        self.rows_written += len(deliveries)
+        with self._count_lock:
+            self.rows_written += len(deliveries)
 
     def close(self) -> None:
         """The transfer ended: what is streamed becomes a Parquet data file."""

@@ -28,7 +28,7 @@ from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
 from rmq_spark.transfer.amqp091.pool import ConnectionPool
 from rmq_spark.transfer.decisions import BatchDecider, DeciderFactory, SelectDecider
-from rmq_spark.transfer.lanes import run_movers
+from rmq_spark.transfer.lanes import Lanes, run_movers
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.outcomes import outcome_row
 from rmq_spark.transfer.ports import Connector
@@ -113,6 +113,7 @@ def move_queues(
         ioloop=event_loop(),
         concurrent=at_once,
         connections=connections,
+        lanes=Lanes.for_ledger(store.is_object_store(settings.ledger_path)),
     )
 
 

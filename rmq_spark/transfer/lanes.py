@@ -1,9 +1,19 @@
 """Several movers on one I/O loop, and the durability lanes they share.
 
 An executor task moves several queues at once on one thread (`run_movers`).
-Intent-log appends and ledger-row appends are written by two durability threads per
-loop (`MoverLoop`), so an fsync never stalls the loop; acks still wait for the
+Intent-log appends and ledger-row appends are written on durability threads
+(`MoverLoop`), so a slow write never stalls the loop; acks still wait for the
 ledger row and publishes for the intent.
+
+Each lane ("intents", "ledger") has `Lanes.threads` threads. A local-directory ledger
+has one per lane: its writes are appends and fsyncs of one file per transfer, and a
+disk gains nothing from more. On an object store every write is a PUT that costs a
+round trip, so the lanes get several threads: each transfer is bound to one of them
+(`MoverLoop.for_transfer`, round robin), so its jobs still run and finish in order
+while other queues' PUTs overlap; and a caller may mark a job `overlap=True` (a
+ledger flush: its own object, named at random) to let up to `Lanes.overlap` of a
+transfer's jobs be under way at once. Completions always run on the loop in the
+order the transfer submitted its jobs, whichever thread finished first.
 """
 
 from __future__ import annotations
@@ -12,16 +22,48 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
 from rmq_spark.model import MoveOutcome
-from rmq_spark.transfer.ports import Connections, EventLoop
+from rmq_spark.transfer.ports import Connections, EngineLoop, EventLoop
 
 # The durability lanes: intent-log appends (which publishes wait for) and ledger rows
-# (which acks wait for). Each lane is one thread, so its jobs finish in order; the two
-# lanes' fsyncs overlap.
+# (which acks wait for). The two lanes' writes overlap.
 INTENTS, LEDGER = "intents", "ledger"
+_LANES = (INTENTS, LEDGER)
+
+# An object-store ledger's lanes. Threads per lane: a task moves queues_per_task queues
+# at once (2 by default), each with a transfer's overlapping flushes; 8 threads per lane
+# keep that many PUTs in the air while a GIL-bound encoder still gets the CPU.
+OBJECT_STORE_THREADS = 8
+# Ledger flushes of one transfer under way at once: each waits a round trip, and the
+# rows confirmed meanwhile go into the next one instead of waiting for it (measured
+# in docs/performance.md, "The ledger on an object store").
+OBJECT_STORE_OVERLAP = 4
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """How wide the durability lanes are: threads per lane, and how many of one
+    transfer's `overlap=True` jobs may be under way at once (callers read it)."""
+
+    threads: int = 1
+    overlap: int = 1
+
+    def __post_init__(self) -> None:
+        if self.threads < 1 or self.overlap < 1:
+            raise ValueError(
+                f"lanes need >= 1 thread and overlap >= 1, got {self.threads}, {self.overlap}"
+            )
+
+    @classmethod
+    def for_ledger(cls, object_store: bool) -> Lanes:
+        """One thread per lane for a local directory, several for an object store."""
+        if object_store:
+            return cls(threads=OBJECT_STORE_THREADS, overlap=OBJECT_STORE_OVERLAP)
+        return cls()
 
 
 class _DurabilityJob:
@@ -31,65 +73,188 @@ class _DurabilityJob:
         self,
         work: Callable[[], None],
         then: Callable[[BaseException | None], None],
-        run_completions: Callable[[], None],
+        sequence: _Sequence,
+        *,
+        overlap: bool,
     ) -> None:
         self.work = work
         self.then = then
+        self.overlap = overlap
+        self.sequence = sequence
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self.thread: int | None = None  # the lane thread it was sent to; None while held
         self.applied = False
-        self._run_completions = run_completions
 
     def wait(self) -> None:
-        """Block until this job (and every job before it in its lane) is done, and
-        apply completions."""
-        self.done.wait()
-        self._run_completions()
+        """Block until this job, and every job its transfer submitted before it on the
+        lane, is done, and apply their completions (loop thread)."""
+        self.sequence.wait_for(self)
+
+
+class _Sequence:
+    """One transfer's jobs on one lane, oldest first: completions run in this order.
+
+    Jobs run on the transfer's home thread, in order, except `overlap` ones, which go
+    to the lane's threads in turn and may run alongside the transfer's earlier jobs.
+    A job without overlap is held while an earlier one runs on another thread, so it
+    never runs before or alongside an earlier job (a ledger close after its flushes).
+    Only the loop thread touches it; the lane threads only set `done`.
+    """
+
+    def __init__(self, loop: MoverLoop, lane: str, home: int) -> None:
+        self._loop = loop
+        self._lane = lane
+        self._home = home
+        self._turn = 0  # the next thread (after home) an overlapping job goes to
+        self.jobs: deque[_DurabilityJob] = deque()
+
+    def add(self, job: _DurabilityJob) -> None:
+        self.jobs.append(job)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Send every job that may start now to its thread, oldest first."""
+        elsewhere = False  # an earlier job is still under way off the home thread
+        for job in self.jobs:
+            if job.thread is None:
+                if elsewhere and not job.overlap:
+                    return  # held, and everything behind it with it
+                self._send(job)
+            if job.thread != self._home and not job.done.is_set():
+                elsewhere = True
+
+    def _send(self, job: _DurabilityJob) -> None:
+        thread = self._home
+        if job.overlap:
+            thread = (self._home + self._turn) % self._loop.lanes.threads
+            self._turn += 1
+        job.thread = thread
+        self._loop.send(self._lane, thread, job)
+
+    def apply_ready(self) -> None:
+        """Loop: apply the completions of the oldest jobs that are done, in order."""
+        jobs = self.jobs
+        while jobs and jobs[0].done.is_set():
+            job = jobs.popleft()
+            if not job.applied:
+                job.applied = True
+                job.then(job.error)
+        self.dispatch()
+
+    def wait_for(self, target: _DurabilityJob) -> None:
+        """Loop: block until `target` and the jobs before it are done; apply them."""
+        if target.applied:
+            return
+        for job in list(self.jobs):
+            if job.thread is None:
+                self._send(job)  # the jobs before it are done: it may start now
+            job.done.wait()
+            if job is target:
+                break
+        self._loop.run_completions()
+        self.apply_ready()
+
+
+class TransferLanes:
+    """One transfer's view of the loop and its lanes (`ports.EngineLoop`): its jobs on
+    a lane finish, and their completions run, in the order it submitted them."""
+
+    def __init__(self, loop: MoverLoop, home: int) -> None:
+        self._loop = loop
+        self._sequences = {lane: _Sequence(loop, lane, home) for lane in _LANES}
+
+    @property
+    def ioloop(self) -> EventLoop:
+        return self._loop.ioloop
+
+    @property
+    def overlap(self) -> int:
+        """How many `overlap=True` jobs of this transfer may be under way at once."""
+        return self._loop.lanes.overlap
+
+    def submit(
+        self,
+        lane: str,
+        work: Callable[[], None],
+        then: Callable[[BaseException | None], None],
+        *,
+        overlap: bool = False,
+    ) -> _DurabilityJob:
+        """Run `work` on a thread of `lane`, then `then(error)` on the loop.
+
+        `overlap=True`: `work` may run alongside this transfer's earlier jobs of the
+        lane (it must not depend on them); its completion still runs after theirs.
+        """
+        sequence = self._sequences[lane]
+        job = _DurabilityJob(work, then, sequence, overlap=overlap)
+        sequence.add(job)
+        return job
 
 
 class MoverLoop:
-    """One I/O loop and two durability threads, shared by the movers of a task.
+    """One I/O loop and the durability threads, shared by the movers of a task.
 
-    Intent appends and ledger writes (an Arrow append + fsync each) run on their
-    lane's thread in the order they were submitted; completions run back on the loop,
-    in the same order per lane. A mover that must be sure its rows are durable (a
-    session ending) waits for its last jobs (`DurableJob.wait`), which blocks the
+    Intent appends and ledger writes (an Arrow append + fsync, or a PUT) run on their
+    lane's threads; completions run back on the loop, in submission order per
+    transfer and lane (`for_transfer`). A mover that must be sure its rows are durable
+    (a session ending) waits for its last jobs (`DurableJob.wait`), which blocks the
     loop only for those writes.
     """
 
-    def __init__(self, ioloop: EventLoop) -> None:
+    def __init__(self, ioloop: EventLoop, lanes: Lanes | None = None) -> None:
         self._ioloop = ioloop
-        self._completed: deque[_DurabilityJob] = deque()
-        self._jobs: dict[str, queue.SimpleQueue[_DurabilityJob | None]] = {}
+        self.lanes = lanes or Lanes()
+        self._touched: deque[_Sequence] = deque()  # sequences with a job just done
+        self._jobs: dict[tuple[str, int], queue.SimpleQueue[_DurabilityJob | None]] = {}
         self._threads: list[threading.Thread] = []
-        for lane in (INTENTS, LEDGER):
-            jobs: queue.SimpleQueue[_DurabilityJob | None] = queue.SimpleQueue()
-            thread = threading.Thread(
-                target=self._work, args=(jobs,), name=f"rmq-spark-{lane}", daemon=True
-            )
-            thread.start()
-            self._jobs[lane] = jobs
-            self._threads.append(thread)
+        for lane in _LANES:
+            for index in range(self.lanes.threads):
+                jobs: queue.SimpleQueue[_DurabilityJob | None] = queue.SimpleQueue()
+                thread = threading.Thread(
+                    target=self._work, args=(jobs,), name=f"rmq-spark-{lane}-{index}", daemon=True
+                )
+                thread.start()
+                self._jobs[lane, index] = jobs
+                self._threads.append(thread)
+        self._next_home = 0
+        self._own = TransferLanes(self, 0)  # for jobs submitted on the loop itself
 
     @property
     def ioloop(self) -> EventLoop:
         return self._ioloop
 
+    @property
+    def overlap(self) -> int:
+        return self.lanes.overlap
+
+    def for_transfer(self) -> TransferLanes:
+        """A new transfer's lanes, on the next home thread (round robin)."""
+        home = self._next_home
+        self._next_home = (home + 1) % self.lanes.threads
+        return TransferLanes(self, home)
+
     def submit(
-        self, lane: str, work: Callable[[], None], then: Callable[[BaseException | None], None]
+        self,
+        lane: str,
+        work: Callable[[], None],
+        then: Callable[[BaseException | None], None],
+        *,
+        overlap: bool = False,
     ) -> _DurabilityJob:
-        """Run `work` on the lane's thread, then `then(error)` on the loop."""
-        job = _DurabilityJob(work, then, self.run_completions)
-        self._jobs[lane].put(job)
-        return job
+        """Run `work` on the lane, then `then(error)` on the loop; jobs submitted here
+        (not through `for_transfer`) keep one order, as a transfer's do."""
+        return self._own.submit(lane, work, then, overlap=overlap)
 
     def run_completions(self) -> None:
-        """Apply finished jobs' completions, in submission order per lane (loop thread)."""
-        while self._completed:
-            job = self._completed.popleft()
-            if not job.applied:
-                job.applied = True
-                job.then(job.error)
+        """Apply finished jobs' completions, in submission order per transfer and lane
+        (loop thread)."""
+        while self._touched:
+            self._touched.popleft().apply_ready()
+
+    def send(self, lane: str, thread: int, job: _DurabilityJob) -> None:
+        """Queue `job` on one thread of `lane` (`_Sequence` decides which)."""
+        self._jobs[lane, thread].put(job)
 
     def close(self) -> None:
         """Finish queued jobs, stop the threads, close the I/O loop."""
@@ -105,7 +270,8 @@ class MoverLoop:
                 job.work()
             except BaseException as exc:
                 job.error = exc
-            self._completed.append(job)
+            # Noted before `done`, so a waiter that sees it done finds it to apply.
+            self._touched.append(job.sequence)
             job.done.set()
             self._ioloop.add_callback_threadsafe(self.run_completions)
 
@@ -114,7 +280,7 @@ class Startable(Protocol):
     """A transfer that runs on a shared loop (`mover.QueueMover`)."""
 
     def start(
-        self, loop: MoverLoop, on_finished: Callable[[MoveOutcome | BaseException], None]
+        self, loop: EngineLoop, on_finished: Callable[[MoveOutcome | BaseException], None]
     ) -> None: ...
 
 
@@ -124,6 +290,7 @@ def run_movers(
     ioloop: EventLoop,
     concurrent: int = 1,
     connections: Connections | None = None,
+    lanes: Lanes | None = None,
 ) -> list[MoveOutcome]:
     """Run transfers on `ioloop`, at most `concurrent` at a time, in the given order.
 
@@ -132,12 +299,13 @@ def run_movers(
     through every reconnect attempt) no further transfer starts; those running finish,
     then the first error is raised (Spark retries the task; drained queues are quick).
     `connections` (those the movers' links share) close once the last mover is done,
-    before the loop stops.
+    before the loop stops. `lanes`: how wide the durability lanes are
+    (`Lanes.for_ledger`; one thread each by default).
     """
     if concurrent < 1:
         ioloop.close()
         raise ValueError(f"concurrent must be >= 1, got {concurrent}")
-    loop = MoverLoop(ioloop)
+    loop = MoverLoop(ioloop, lanes)
     waiting = deque(enumerate(movers))
     outcomes: dict[int, MoveOutcome] = {}
     errors: list[BaseException] = []
@@ -150,7 +318,7 @@ def run_movers(
             index, make = waiting.popleft()
             active += 1
             try:
-                make().start(loop, partial(finished, index))
+                make().start(loop.for_transfer(), partial(finished, index))
 
             except Exception as exc:
                 finished(index, exc)

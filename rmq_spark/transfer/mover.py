@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 
 from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.errors import TransferError
@@ -32,7 +33,7 @@ from rmq_spark.transfer import stages
 from rmq_spark.transfer.byte_window import ByteWindow
 from rmq_spark.transfer.decisions import BatchDecider
 from rmq_spark.transfer.depth_bound import DepthBound
-from rmq_spark.transfer.lanes import LEDGER, run_movers
+from rmq_spark.transfer.lanes import INTENTS, LEDGER, run_movers
 from rmq_spark.transfer.outbound import backoff_seconds
 from rmq_spark.transfer.ports import Connector, EngineLoop, IntentSink, LedgerSink
 from rmq_spark.transfer.rate_limit import RateBrake
@@ -57,6 +58,9 @@ class NoIntents:
 
     def append(self, deliveries: Sequence[Delivery]) -> None:
         return None
+
+    def append_later(self, deliveries: Sequence[Delivery]) -> Callable[[], None]:
+        return partial(self.append, deliveries)
 
     def close(self, *, finished: bool) -> None:
         return None
@@ -310,7 +314,16 @@ class QueueMover:
             return
 
         def closed(error: BaseException | None) -> None:
-            self._intents.close(finished=error is None)
+            if error is not None:
+                self._intents.close(finished=False)
+                self._on_finished(error)
+                return
+            # On the intents lane, not the loop: on an object store removing a spent
+            # log is a DELETE per batch, a round trip each, which would stall every
+            # other queue of the task.
+            self._loop.submit(INTENTS, partial(self._intents.close, finished=True), intents_removed)
+
+        def intents_removed(error: BaseException | None) -> None:
             self._on_finished(result if error is None else error)
 
         self._loop.submit(LEDGER, self._ledger.close, closed)

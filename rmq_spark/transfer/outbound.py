@@ -130,7 +130,8 @@ class Outbound:
         self._pending_bytes = 0
         self._pending_largest = 0
         self._flush_scheduled = False
-        self.last_intents: DurableJob | None = None  # the lane's jobs finish in order
+        self.last_intents: DurableJob | None = None  # the lane's jobs complete in order
+        self._batches_logging = 0  # batches whose intents are being logged
         # Batches whose intents are being logged; published in this order when durable.
         self._outgoing: list[_Outgoing] = []
         self.holds = Holds()  # why publishing (or reading the source) waits now
@@ -206,11 +207,12 @@ class Outbound:
         each delivery unchanged.
 
         Logging first means a process killed after a publish still leaves a row for it.
-        One batch is logged at a time: what arrives meanwhile waits and goes out as the
-        next batch, so a slow fsync means larger batches, not a queue of small ones
-        (group commit). Dropped or withdrawn batches (the session is ending) are never
-        acked: they go back to the source, and since they are the newest deliveries no
-        multiple ack can cover them.
+        Up to `EngineLoop.overlap` batches are logged at a time (one on a local disk,
+        several on an object store, where each waits a PUT's round trip): what arrives
+        meanwhile waits and goes out as the next batch, so a slow write means larger
+        batches, not a queue of small ones (group commit). Dropped or withdrawn
+        batches (the session is ending) are never acked: they go back to the source,
+        and since they are the newest deliveries no multiple ack can cover them.
         """
         self._flush_scheduled = False
         if self.holds.publishing_held:
@@ -253,9 +255,10 @@ class Outbound:
         ]
         if decisions is not None:
             apply_decisions(batch, decisions)
-        intents = self._intents
-        self.holds.hold(Hold.INTENTS)
-        self._send_when_durable(batch, lambda: intents.append(batch))
+        self._batches_logging += 1
+        if self._batches_logging >= self._loop.overlap:
+            self.holds.hold(Hold.INTENTS)
+        self._send_when_durable(batch, self._intents.append_later(batch))
         self._consumer.follow_sizes()
 
     def _admitted(self) -> list[tuple[int, bool, bytes, bytes]]:
@@ -288,12 +291,17 @@ class Outbound:
         """
         outgoing = _Outgoing(deliveries, logs_intents=log_intents is not _nothing_to_log)
         self._outgoing.append(outgoing)
+        # Overlapping: batches may be logged at once (each its own object, numbered
+        # when handed out); they are still published in this order, as completions
+        # run in submission order.
         self.last_intents = self._loop.submit(
-            INTENTS, log_intents, partial(self._send_logged, outgoing)
+            INTENTS, log_intents, partial(self._send_logged, outgoing), overlap=True
         )
 
     def _send_logged(self, outgoing: _Outgoing, error: BaseException | None) -> None:
         """Loop: the intents of `outgoing` are durable (or failed): publish, in order."""
+        if outgoing.logs_intents:
+            self._batches_logging -= 1
         if outgoing.withdrawn:
             return  # the session ended and withdrew it
         self._outgoing.remove(outgoing)

@@ -42,6 +42,10 @@ class IntentSink(Protocol):
 
     def append(self, deliveries: Sequence[Delivery]) -> None: ...
 
+    def append_later(self, deliveries: Sequence[Delivery]) -> Callable[[], None]:
+        """`append(deliveries)` as a job for a lane, its place in the log taken now:
+        batches keep the order they were handed out in, whichever thread writes first."""
+
     def close(self, *, finished: bool) -> None:
         """The transfer ended: `finished` when it returned an outcome, not when it died."""
 
@@ -68,19 +72,32 @@ class DurableJob(Protocol):
     """A write handed to a durability lane (`lanes.MoverLoop.submit`)."""
 
     def wait(self) -> None:
-        """Block until it (and every job before it in its lane) is done and its
-        completion has run."""
+        """Block until it (and every job its transfer submitted before it in its lane)
+        is done and their completions have run."""
 
 
 class EngineLoop(Protocol):
-    """What a mover runs on: an event loop and two durability lanes (`lanes.MoverLoop`)."""
+    """What a mover runs on: an event loop and two durability lanes
+    (`lanes.TransferLanes`, the transfer's view of `lanes.MoverLoop`)."""
 
     @property
     def ioloop(self) -> EventLoop: ...
 
+    @property
+    def overlap(self) -> int:
+        """How many `overlap=True` jobs of the transfer may be under way at once."""
+
     def submit(
-        self, lane: str, work: Callable[[], None], then: Callable[[BaseException | None], None]
-    ) -> DurableJob: ...
+        self,
+        lane: str,
+        work: Callable[[], None],
+        then: Callable[[BaseException | None], None],
+        *,
+        overlap: bool = False,
+    ) -> DurableJob:
+        """Run `work` on the lane, then `then(error)` on the loop, after the completions
+        of the transfer's earlier jobs of that lane; `overlap=True` lets `work` run
+        alongside them."""
 
 
 class SourceLink(Protocol):

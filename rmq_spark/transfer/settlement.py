@@ -1,9 +1,12 @@
 """Settling one session's confirmed deliveries: ledger rows first, then source acks.
 
 No pika. A confirmed delivery is acked at the source only once its ledger row is
-durable: rows are written on the loop's ledger lane (`lanes.MoverLoop`), one write at
-a time per session, and each durable write lets `window.TransferWindow` hand out the
-acks that are now safe.
+durable: rows are written on the loop's ledger lane (`lanes.MoverLoop`), and each
+durable write lets `window.TransferWindow` hand out the acks that are now safe. Up to
+`EngineLoop.overlap` writes of a session are under way at once (one on a local disk;
+several on an object store, where each is a PUT's round trip); their completions
+arrive in the order they were submitted, so rows become durable, and acks go out,
+in that order.
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ class Settlement:
         self._consumer = consumer
         self._loop = loop
         self._ledger = ledger
-        self._writing_rows = False  # a ledger write of this session is under way
-        self._last_write: DurableJob | None = None  # the lane's jobs finish in order
+        self._writes_under_way = 0  # ledger writes of this session not yet completed
+        self._last_write: DurableJob | None = None  # the lane's jobs complete in order
         self.moved_messages = 0
         self.moved_bytes = 0
         self.moved_with_priority = 0  # of moved_messages, those whose properties set priority
@@ -81,24 +84,30 @@ class Settlement:
     def _write_confirmed_async(self) -> None:
         """Hand the rows of every confirmed delivery to the ledger lane (one write).
 
-        One write at a time per session: confirms arriving meanwhile go into the next
-        write as soon as this one is durable (group commit), so acks flow continuously
-        when writes are fast and writes grow when they are slow.
+        At most `overlap` writes per session at a time: confirms arriving meanwhile go
+        into the next write as soon as one is durable (group commit), so acks flow
+        continuously when writes are fast and writes grow when they are slow. Writes
+        may overlap (each is a file or object of its own, rows handed out once by the
+        window); acks still wait for every earlier write, as completions run in order.
         """
-        if self._writing_rows:
+        if self._writes_under_way >= self._loop.overlap:
             return  # _on_rows_durable settles again
         rows = self._window.rows_to_write()
         if not rows:
             return
         ledger = self._ledger
-        self._writing_rows = True
+        self._writes_under_way += 1
         self._last_write = self._loop.submit(
-            LEDGER, lambda: ledger.write(rows), partial(self._on_rows_durable, rows)
+            LEDGER,
+            lambda: ledger.write(rows),
+            partial(self._on_rows_durable, rows),
+            overlap=True,
         )
 
     def _on_rows_durable(self, rows: list[Delivery], error: BaseException | None) -> None:
-        """Loop: a ledger write is durable (or failed). Its deliveries may now be acked."""
-        self._writing_rows = False
+        """Loop: a ledger write is durable (or failed), and every earlier one of the
+        session completed. Its deliveries may now be acked."""
+        self._writes_under_way -= 1
         if error is not None:
             self._host.write_failed(error)
             return
@@ -118,7 +127,7 @@ class Settlement:
         self.moved_with_priority += sum(row.priority for row in rows)
 
     def write_confirmed_now(self) -> None:
-        """Session end: wait for the write under way, then write the rest here (durable)."""
+        """Session end: wait for the writes under way, then write the rest here (durable)."""
         if self._last_write is not None:
             self._last_write.wait()
         rows = self._window.rows_to_write()

@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
@@ -105,18 +106,30 @@ class _Job:
 class ManualLanes:
     """Durability lanes whose jobs run only when the test finishes them (`ports.EngineLoop`)."""
 
-    def __init__(self, ioloop: ManualTimers) -> None:
+    def __init__(self, ioloop: ManualTimers, overlap: int = 1) -> None:
         self._ioloop = ioloop
+        self._overlap = overlap
         self.jobs: dict[str, list[_Job]] = {"intents": [], "ledger": []}
         self.fail_with: dict[str, BaseException] = {}
+        self.overlapping: dict[str, int] = {"intents": 0, "ledger": 0}  # overlap=True jobs
 
     @property
     def ioloop(self) -> ManualTimers:
         return self._ioloop
 
+    @property
+    def overlap(self) -> int:
+        return self._overlap
+
     def submit(
-        self, lane: str, work: Callable[[], None], then: Callable[[BaseException | None], None]
+        self,
+        lane: str,
+        work: Callable[[], None],
+        then: Callable[[BaseException | None], None],
+        *,
+        overlap: bool = False,
     ) -> _Job:
+        self.overlapping[lane] += overlap
         job = _Job(work, then, self, lane)
         self.jobs[lane].append(job)
         return job
@@ -339,6 +352,9 @@ class RecordingIntents:
     def append(self, deliveries: Sequence[Delivery]) -> None:
         self.logged.extend(deliveries)
 
+    def append_later(self, deliveries: Sequence[Delivery]) -> Callable[[], None]:
+        return partial(self.append, deliveries)
+
     def close(self, *, finished: bool) -> None:
         self.closed = finished
 
@@ -403,10 +419,11 @@ def mover_rig(
     decider: BatchDecider | None = None,
     examine_limit: int | None = None,
     fence_recorded: bool = False,
+    overlap: int = 1,
 ) -> MoverRig:
     clock = FakeClock()
     timers = ManualTimers(clock)
-    lanes = ManualLanes(timers)
+    lanes = ManualLanes(timers, overlap)
     connector = FakeConnector(timers)
     ledger, intents = RecordingLedger(), RecordingIntents()
     mover = QueueMover(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmq_spark.ledger import tables
+import pyarrow.fs as pafs
+import pytest
+
+from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.durable import read_stream
 from rmq_spark.ledger.fences import record_fence
 from rmq_spark.ledger.layout import run_fences_dir, run_intents_dir
@@ -187,3 +190,20 @@ def test_a_recorded_fence_is_found_by_the_next_task_attempt_of_its_run(tmp_path:
     (recorded,) = run_fences_dir(str(tmp_path), "r1").iterdir()
     assert recorded.read_bytes() == b"rmq-spark-fence:r1:orders"
     assert earlier.next_position(KEY) == 0  # a fence is not a row
+
+
+def test_object_store_intent_batches_keep_the_order_they_were_handed_out_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bucket served from a local directory: the same pyarrow calls as S3's, no server.
+    bucket = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    monkeypatch.setitem(store._FILESYSTEMS, "s3://ledger-bucket", bucket)
+    # A local directory, unlike a key prefix, must exist before an object is put in it.
+    (tmp_path / "ledger-bucket" / "ledger" / "intents" / "run_id=r1").mkdir(parents=True)
+    intents = IntentLog("s3://ledger-bucket/ledger", "r1", KEY, "0.0.0")
+    first = intents.append_later([delivery(0, confirmed=False)])
+    second = intents.append_later([delivery(1, confirmed=False)])
+    second()  # a lane thread may write the later batch first
+    first()
+    objects = sorted((tmp_path / "ledger-bucket").rglob("*.arrows"))
+    assert [read_stream(path)["position"].to_pylist() for path in objects] == [[0], [1]]

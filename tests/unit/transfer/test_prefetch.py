@@ -190,6 +190,7 @@ def test_a_failure_during_a_prefetch_change_ends_the_session_without_consuming_a
     rig.timers.advance(TICK_SECONDS)
     rig.timers.run_due()
     rig.lanes.finish("ledger")
+    rig.lanes.finish("intents")  # the spent intent log goes on its lane
     (outcome,) = rig.results
     assert isinstance(outcome, MoveOutcome)
     assert outcome.status == "failed"

@@ -58,6 +58,7 @@ def end(rig: MoverRig) -> MoveOutcome:
     rig.timers.advance(TICK_SECONDS)
     rig.timers.run_due()  # the three links report closed
     rig.lanes.finish("ledger")
+    rig.lanes.finish("intents")  # the spent intent log goes on its lane
     (outcome,) = rig.results
     assert isinstance(outcome, MoveOutcome)
     return outcome

@@ -19,6 +19,7 @@ def finish_drain(rig: MoverRig) -> MoveOutcome:
     rig.timers.advance(TICK_SECONDS)
     rig.timers.run_due()  # both connections report closed
     rig.lanes.finish("ledger")  # the ledger closes on its lane
+    rig.lanes.finish("intents")  # the spent intent log goes on its lane
     (outcome,) = rig.results
     assert isinstance(outcome, MoveOutcome)
     return outcome
@@ -72,6 +73,7 @@ def test_nacked_publish_is_sent_again_after_backoff_then_refused() -> None:
     rig.timers.advance(TICK_SECONDS)
     rig.timers.run_due()
     rig.lanes.finish("ledger")
+    rig.lanes.finish("intents")  # the spent intent log goes on its lane
     (outcome,) = rig.results
     assert isinstance(outcome, MoveOutcome)
     assert outcome.status == "failed"
@@ -194,6 +196,7 @@ def test_a_message_too_large_for_the_destination_is_refused_and_fails_the_queue(
     )
     rig.timers.run_due()
     rig.lanes.finish("ledger")
+    rig.lanes.finish("intents")  # the spent intent log goes on its lane
     (outcome,) = rig.results
     assert isinstance(outcome, MoveOutcome)
     assert outcome.status == "failed"
@@ -243,3 +246,75 @@ def test_a_graver_cause_replaces_an_earlier_one_while_the_session_closes() -> No
     assert fatal.fatal is refused
     assert fatal.graver(Ending(Stage.LOST, lost=reset)) is fatal
     assert fatal.graver(FINISHING) is fatal
+
+
+def test_overlapping_ledger_writes_ack_rows_only_once_they_and_earlier_rows_are_durable() -> None:
+    rig = mover_rig(overlap=2)  # an object-store ledger's lanes let writes overlap
+    rig.open_session()
+    rig.receive(b"a", b"b")
+    rig.confirm(2)
+    rig.receive(b"c", b"d", first_tag=3)
+    rig.confirm(4)
+    assert rig.lanes.waiting("ledger") == 2  # the second write did not wait for the first
+    assert rig.lanes.overlapping["ledger"] == 2
+    assert rig.source.acks == []
+
+    rig.lanes.finish("ledger", 1)
+    assert [row.position for row in rig.ledger.rows] == [0, 1]
+    assert rig.source.acked_tags == [1, 2]  # not 3 and 4: their row is not durable yet
+
+    rig.lanes.finish("ledger", 1)
+    assert rig.source.acked_tags == [1, 2, 3, 4]
+    outcome = finish_drain(rig)
+    assert (outcome.status, outcome.messages) == ("moved", 4)
+
+
+def test_without_overlap_a_session_writes_its_rows_one_write_at_a_time() -> None:
+    rig = mover_rig()  # a local ledger's lanes
+    rig.open_session()
+    rig.receive(b"a", b"b")
+    rig.confirm(2)
+    rig.receive(b"c", b"d", first_tag=3)
+    rig.confirm(4)
+    assert rig.lanes.waiting("ledger") == 1  # rows 2 and 3 wait for the next write
+    rig.lanes.finish("ledger", 1)
+    assert rig.source.acked_tags == [1, 2]
+    assert rig.lanes.waiting("ledger") == 1
+    rig.lanes.finish("ledger", 1)
+    assert rig.source.acked_tags == [1, 2, 3, 4]
+
+
+def test_overlapping_intent_batches_are_logged_at_once_and_published_in_order() -> None:
+    rig = mover_rig(overlap=2)
+    rig.open_session()
+    rig.source.deliver(1, b"a")
+    rig.timers.run_due()  # the end of a loop iteration: a batch goes to the lane
+    rig.source.deliver(2, b"b")
+    rig.timers.run_due()
+    rig.source.deliver(3, b"c")
+    rig.timers.run_due()
+    assert rig.lanes.waiting("intents") == 2  # the third waits: two are being logged
+    assert rig.destination.published == []  # nothing before its intent is durable
+
+    rig.lanes.finish("intents", 1)
+    assert rig.destination.published == [b"a"]
+    assert [d.position for d in rig.intents.logged] == [0]
+    rig.lanes.finish("intents", 1)
+    assert rig.destination.published == [b"a", b"b"]
+    assert rig.lanes.waiting("intents") == 1  # c went out as soon as a's slot freed
+    rig.lanes.finish("intents")
+    assert rig.destination.published == [b"a", b"b", b"c"]
+
+
+def test_without_overlap_one_intent_batch_is_logged_at_a_time() -> None:
+    rig = mover_rig()
+    rig.open_session()
+    rig.source.deliver(1, b"a")
+    rig.timers.run_due()
+    rig.source.deliver(2, b"b")
+    rig.timers.run_due()
+    assert rig.lanes.waiting("intents") == 1
+    rig.lanes.finish("intents", 1)
+    assert rig.destination.published == [b"a"]
+    rig.lanes.finish("intents")
+    assert rig.destination.published == [b"a", b"b"]
