@@ -94,7 +94,11 @@ class StoreOptions:
             if self.session_token:
                 kwargs["session_token"] = self.session_token
         # No retries beyond the default: a failed PUT fails the flush (and so the ack).
-        return pafs.S3FileSystem(**kwargs)
+        # allow_delayed_open: an object smaller than a part is one PutObject when the
+        # stream closes (apache/arrow#40557); without it every write, however small, was
+        # a three-request multipart upload (create, part, complete), three round trips
+        # on the path an ack waits on. Durable when `close` returns, as before.
+        return pafs.S3FileSystem(allow_delayed_open=True, **kwargs)
 
     def _azure_filesystem(self) -> pafs.FileSystem:
         kwargs: dict[str, Any] = {"account_name": self.account_name}

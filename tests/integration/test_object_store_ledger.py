@@ -121,6 +121,23 @@ def test_rows_and_intents_are_objects_and_the_commit_reads_them_back(ledger_uri:
     assert EarlierFiles(ledger_uri, "r1").next_position(KEY) == 7
 
 
+def test_a_ledger_row_flush_is_one_put_request_not_a_multipart_upload(
+    s3_keys: S3Server, ledger_uri: str
+) -> None:
+    """The ack waits on this write: one PutObject (allow_delayed_open), where pyarrow's
+    default made every object a create, a part and a complete (three round trips). Read
+    off the server's own request log."""
+    tables.ensure_tables(ledger_uri)
+    writer = MessageLedgerWriter(ledger_uri, "r1", KEY, "0.0.0")
+    logged_before = s3_keys.log_path.read_text(encoding="utf-8", errors="replace")
+    writer.write([delivery(p) for p in range(3)])
+    requests = s3_keys.log_path.read_text(encoding="utf-8", errors="replace")[len(logged_before) :]
+    flush = [line for line in requests.splitlines() if "/messages/run_id=r1/part-" in line]
+    assert len(flush) == 1, flush
+    assert '"PUT ' in flush[0]
+    assert "uploadId" not in flush[0]
+
+
 def test_wrong_credentials_are_refused_naming_the_store(s3_keys: S3Server) -> None:
     uri = f"s3://{s3_keys.bucket}/wrong-{secrets.token_hex(4)}"
     store.configure(uri, options(s3_keys, "not-the-secret"))
