@@ -28,6 +28,7 @@ from rmq_spark.demo_command import add_demo_arguments, run_demo_command
 from rmq_spark.errors import RmqSparkError
 from rmq_spark.logs import mask_known_secrets, mask_secrets_in_logs, setup_logging
 from rmq_spark.park.command import add_park_arguments, run_park_command
+from rmq_spark.park.replay.command import add_replay_arguments, run_replay_command
 from rmq_spark.redrive.command import add_redrive_arguments, run_redrive_command
 from rmq_spark.run_id import resolve_run_id
 
@@ -501,6 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_park_arguments(
         commands.add_parser("park", help="a queue's messages into the ledger's parked table")
     )
+    add_replay_arguments(
+        commands.add_parser("replay", help="a parked run's rows back into queues, byte-exact")
+    )
     add_demo_arguments(
         commands.add_parser("demo", help="local brokers + demo data + spark-submit + verification")
     )
@@ -518,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "migrate": run_migrate_command,
         "redrive": partial(run_redrive_command, session=redrive_session),
         "park": partial(run_park_command, session=park_session),
+        "replay": partial(run_replay_command, session=replay_session),
         "demo": run_demo_command,
         "config-schema": run_config_schema_command,
     }
@@ -534,6 +539,12 @@ def redrive_session(app_name: str) -> AbstractContextManager[SparkSession]:
 def park_session(app_name: str) -> AbstractContextManager[SparkSession]:
     """A park's Spark session, chosen as `transfer`'s."""
     require_spark("park")
+    return command_session(app_name, None)
+
+
+def replay_session(app_name: str) -> AbstractContextManager[SparkSession]:
+    """A replay's Spark session (for --where only), chosen as `transfer`'s."""
+    require_spark("replay")
     return command_session(app_name, None)
 
 

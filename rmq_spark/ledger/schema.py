@@ -101,8 +101,9 @@ MESSAGES: tuple[Column, ...] = (
         "decision",
         _STRING,
         "moved (published to the destination) | kept (a selective move published it back "
-        "to the tail of its source queue; its publish_seq numbers that link's confirms). "
-        "Null in rows written before the column existed: moved.",
+        "to the tail of its source queue; its publish_seq numbers that link's confirms) | "
+        "replayed (`rmq-spark replay` published a parked row; source and position are the "
+        "parked row's). Null in rows written before the column existed: moved.",
         nullable=True,
     ),
     _c(
@@ -126,8 +127,8 @@ MESSAGES: tuple[Column, ...] = (
         _STRING,
         "Why a decision kept it (not selected, no x-death, origin queue gone, unreadable "
         "properties), or a redriven message's death reason (rejected, expired, maxlen, "
-        "delivery_limit). Null for a plain move's rows and rows written before the column "
-        "existed.",
+        "delivery_limit), or a replayed row's parked run id. Null for a plain move's rows "
+        "and rows written before the column existed.",
         nullable=True,
     ),
 )

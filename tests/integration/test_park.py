@@ -23,75 +23,24 @@ from typing import Any
 
 import duckdb
 import pytest
-import yaml
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from rmq_spark.config import JobConfig, load_config
-from rmq_spark.devtools.demo import wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.devtools.s3_server import REGION, S3Server
 from rmq_spark.ledger import tables
 from rmq_spark.park.command import format_result
 from rmq_spark.park.run import ParkResult, run_park
 from rmq_spark.park.table import parked_files, read_parked, read_parked_spark
-from tests.support.brokers import Brokers, depth, fresh_vhost, write_config
+from tests.support.brokers import Brokers, depth, fresh_vhost
 from tests.support.fault_scenarios import worker_pid_of
-from tests.support.faults import key_ordered_messages, mover_connections, wait_until
+from tests.support.faults import mover_connections, wait_until
+from tests.support.parking import EXCHANGE, QUEUE, ROUTING_KEY, park_config, published, seed
 
 MESSAGES = 2_000
 KILLED_MESSAGES = 12_000
-QUEUE = "orders.parked"
-EXCHANGE = "orders-in"
-ROUTING_KEY = "order.created"
 SELECTED_TENANTS = ("tenant-07", "tenant-21", "tenant-33")
 SELECT = "headers['tenant'] IN ('tenant-07', 'tenant-21', 'tenant-33')"
-
-
-def seed(node: LocalNode, vhost: str, count: int) -> None:
-    """`count` key-ordered demo messages, published through a direct exchange."""
-    connection = node.connect(vhost)
-    try:
-        channel = connection.channel()
-        channel.exchange_declare(EXCHANGE, "direct", durable=True)
-        channel.queue_declare(QUEUE, durable=True)
-        channel.queue_bind(QUEUE, EXCHANGE, ROUTING_KEY)
-        channel.confirm_delivery()
-        for message in key_ordered_messages(vhost, QUEUE, count):
-            channel.basic_publish(EXCHANGE, ROUTING_KEY, message.body, message.properties)
-        wait_for_depth(channel, QUEUE, count)
-    finally:
-        connection.close()
-
-
-def published(vhost: str, count: int) -> list[dict[str, Any]]:
-    """What was published, in order: checksums of the body and the property bytes."""
-    return [
-        {
-            "body_sha256": hashlib.sha256(m.body).hexdigest(),
-            "properties_sha256": hashlib.sha256(b"".join(m.properties.encode())).hexdigest(),
-            "message_id": m.properties.message_id,
-            "tenant": (m.properties.headers or {})["tenant"],
-        }
-        for m in key_ordered_messages(vhost, QUEUE, count)
-    ]
-
-
-def park_config(tmp_path: Path, brokers: Brokers, vhost: str, **route: Any) -> JobConfig:
-    path = write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    park = route.pop("park", None)
-    ledger = route.pop("ledger", None)
-    raw["routes"][0]["destination"] = {"table": "parked"}
-    raw["routes"][0]["source"]["queues"] = [QUEUE]
-    del raw["routes"][0]["source"]["queue_pattern"]
-    raw["routes"][0].update(route)
-    if park is not None:
-        raw["park"] = park
-    if ledger is not None:
-        raw["ledger"] = ledger
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return load_config(path)
 
 
 def table_rows(tmp_path: Path, run_id: str) -> list[dict[str, Any]]:

@@ -1,0 +1,1 @@
+"""`rmq-spark replay`: parked rows back into queues (docs/parking.md, "Replaying")."""

@@ -1,0 +1,127 @@
+"""`rmq-spark replay`: a parked run's rows back into queues.
+
+    rmq-spark replay --config FILE --parked RUN_ID --to source|CLUSTER:VHOST:QUEUE
+        [--where SQL] [--messages-per-second N] [--run-id ID]
+
+The config gives the clusters and the ledger (a park's config does). Exit 0 every
+selected row is confirmed in its destination once (published now, or by an earlier
+replay of the same parked run to the same queue), 1 not so, 2 bad input or a broker
+refused (nothing published, or the rows before the refusal), 3 internal error. Spark
+starts only for `--where`. docs/parking.md ("Replaying") is the user's page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from rmq_spark.config import load_config, validate_run_id
+from rmq_spark.errors import ConfigError
+from rmq_spark.logs import mask_secrets_in_logs
+
+if TYPE_CHECKING:
+    from rmq_spark.park.replay.run import ReplayResult
+
+EXIT_OK, EXIT_UNVERIFIED = 0, 1
+# The CLI's Spark session for a command (cli.command_session): app name -> session.
+SessionFactory = Callable[[str], AbstractContextManager[Any]]
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="YAML config file (its clusters, ledger)")
+    parser.add_argument(
+        "--parked", required=True, metavar="RUN_ID", help="the park's run id whose rows to replay"
+    )
+    parser.add_argument(
+        "--to",
+        required=True,
+        metavar="TARGET",
+        help="'source' (each row back to the queue it was parked from) or one queue, "
+        "CLUSTER:VHOST:QUEUE, e.g. main:/:orders (it must exist)",
+    )
+    parser.add_argument(
+        "--where",
+        metavar="SQL",
+        help="only the parked rows this selection expression is TRUE for, in Spark SQL over "
+        "the parked table's columns, e.g. \"last_death.reason = 'rejected'\"",
+    )
+    parser.add_argument(
+        "--messages-per-second", type=float, metavar="N", help="publish at most N a second"
+    )
+    parser.add_argument(
+        "--run-id", help="the ledger's run id of this replay (default: replay-<UTC time>-<random>)"
+    )
+
+
+def run_replay_command(args: argparse.Namespace, session: SessionFactory) -> int:
+    """Replay a parked run; print where its rows went and the RESULT."""
+    from rmq_spark.park.replay.plan import parse_target
+    from rmq_spark.park.replay.run import compile_where, run_replay, selected_keys
+    from rmq_spark.run_id import new_run_id
+
+    config = load_config(args.config)
+    mask_secrets_in_logs(config)
+    target = parse_target(args.to, config)
+    selection = compile_where(args.where)
+    validate_run_id(args.parked)
+    if args.run_id is not None:
+        validate_run_id(args.run_id)
+    if args.messages_per_second is not None and not args.messages_per_second > 0:
+        raise ConfigError(f"--messages-per-second {args.messages_per_second}: must be above 0")
+    run_id = args.run_id or f"replay-{new_run_id()}"
+    keys = None
+    if selection is not None:
+        from rmq_spark.ledger import store
+
+        with session("rmq-spark replay") as spark:
+            keys = selected_keys(spark, store.use_ledger(config.ledger), args.parked, selection)
+    result = run_replay(
+        config,
+        parked_run_id=args.parked,
+        target=target,
+        run_id=run_id,
+        keys=keys,
+        messages_per_second=args.messages_per_second,
+    )
+    print(format_result(result), flush=True)
+    return EXIT_OK if result.verified else EXIT_UNVERIFIED
+
+
+def format_result(result: ReplayResult) -> str:
+    """One line per destination queue, then RESULT."""
+    lines = [
+        f"replay {result.run_id} of parked run {result.parked_run_id} to {result.target}: "
+        f"{result.selected} selected, {result.skipped} already replayed, "
+        f"{result.published} published"
+    ]
+    if result.by_queue:
+        labels = [":".join(queue) for queue, _ in result.by_queue]
+        width = max(len("destination"), *map(len, labels))
+        lines.append(f"  {'destination':<{width}}  {'published':>9}")
+        for label, (_, count) in zip(labels, result.by_queue, strict=True):
+            lines.append(f"  {label:<{width}}  {count:>9}")
+    if not result.verified:
+        lines.append(
+            f"  {result.missing} selected row(s) not confirmed by any replay, "
+            f"{result.duplicates} confirmed more than once"
+        )
+    rate = result.published / result.seconds if result.seconds > 0 else 0.0
+    summary = {
+        "run_id": result.run_id,
+        "parked_run_id": result.parked_run_id,
+        "to": result.target,
+        "verified": result.verified,
+        "selected": result.selected,
+        "skipped": result.skipped,
+        "published": result.published,
+        "missing": result.missing,
+        "duplicates": result.duplicates,
+        "bytes": result.bytes,
+        "seconds": round(result.seconds, 2),
+        "messages_per_second": round(rate, 1),
+    }
+    lines.append(f"RESULT {json.dumps(summary)}")
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""What a replay publishes where, and what it skips: pure, no broker, no Spark.
+
+**How a replay names what it did.** Each published row gets one row in the ledger's
+`messages` table under the replay's own run id: the parked row's source cluster, vhost,
+queue and position, the queue it was published to as destination, decision
+`replayed`, and `reason` the parked run id. A replay of parked run P to target T first
+reads the confirmed `replayed` rows whose reason is P, across every run, and skips each
+parked row whose (source, position, destination) is among them. So a re-run, with any
+run id, publishes only what no earlier replay of P to the same queues confirmed; a
+replay to another queue is another replay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rmq_spark.config import JobConfig
+from rmq_spark.errors import ConfigError
+
+REPLAYED = "replayed"
+SOURCE = "source"
+# (source cluster, vhost, queue, position) of a parked row.
+ParkedKey = tuple[str, str, str, int]
+# (cluster, vhost, queue) a row is replayed to.
+Queue = tuple[str, str, str]
+# A parked key and where it went: what the ledger says a replay did.
+ReplayKey = tuple[str, str, str, int, str, str, str]
+
+
+@dataclass(frozen=True)
+class Target:
+    """`--to`: `source` (None) or one queue, `cluster:vhost:queue`."""
+
+    queue: Queue | None = None
+
+    @property
+    def label(self) -> str:
+        return SOURCE if self.queue is None else ":".join(self.queue)
+
+    def destination(self, row: Mapping[str, Any]) -> Queue:
+        """Where a parked row goes."""
+        if self.queue is not None:
+            return self.queue
+        return (row["source_cluster"], row["source_vhost"], row["source_queue"])
+
+
+def parse_target(text: str, config: JobConfig) -> Target:
+    """`source` or CLUSTER:VHOST:QUEUE (the vhost may hold ':'; the queue is after the
+    last one). Templates with placeholders are not supported."""
+    if text == SOURCE:
+        return Target()
+    cluster, _, rest = text.partition(":")
+    vhost, _, queue = rest.rpartition(":")
+    if not cluster or not vhost or not queue:
+        raise ConfigError(
+            f"--to {text!r}: expected 'source' or CLUSTER:VHOST:QUEUE, e.g. main:/:orders"
+        )
+    if "{" in text:
+        raise ConfigError(f"--to {text!r}: placeholders are not supported; name one queue")
+    if cluster not in config.clusters:
+        known = ", ".join(sorted(config.clusters))
+        raise ConfigError(f"--to {text!r}: no cluster {cluster!r} in the config (it has {known})")
+    return Target((cluster, vhost, queue))
+
+
+def parked_key(row: Mapping[str, Any]) -> ParkedKey:
+    return (row["source_cluster"], row["source_vhost"], row["source_queue"], row["position"])
+
+
+def replay_key(row: Mapping[str, Any], destination: Queue) -> ReplayKey:
+    return (*parked_key(row), *destination)
+
+
+def ledger_replay_key(row: Mapping[str, Any]) -> ReplayKey:
+    """The replay key a ledger `messages` row of a replay records."""
+    return (
+        row["source_cluster"],
+        row["source_vhost"],
+        row["source_queue"],
+        row["position"],
+        row["destination_cluster"],
+        row["destination_vhost"],
+        row["destination_queue"],
+    )
+
+
+def in_replay_order(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Each source queue's rows in position order (queues one after another)."""
+    return sorted(rows, key=parked_key)
+
+
+def check_replayable(run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """One error when a selected row was parked without its body."""
+    excluded = sum(1 for row in rows if row["body_excluded"])
+    if excluded:
+        raise ConfigError(
+            f"parked run {run_id!r}: {excluded} of the {len(rows)} selected rows were parked "
+            "with park.exclude_body (no body kept): such rows cannot be replayed; nothing "
+            "was published"
+        )
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """The selected rows in replay order: those to publish, and those an earlier replay
+    of the same parked run to the same queue already confirmed."""
+
+    publish: tuple[Mapping[str, Any], ...]
+    skipped: int
+
+    @property
+    def destinations(self) -> list[Queue]:
+        return sorted({(r["_to"][0], r["_to"][1], r["_to"][2]) for r in self.publish})
+
+
+def plan_replay(
+    rows: Iterable[Mapping[str, Any]], target: Target, confirmed: set[ReplayKey]
+) -> ReplayPlan:
+    """What to publish: each row with its destination (`_to`), in replay order."""
+    publish, skipped = [], 0
+    for row in in_replay_order(rows):
+        to = target.destination(row)
+        if replay_key(row, to) in confirmed:
+            skipped += 1
+            continue
+        publish.append({**row, "_to": to})
+    return ReplayPlan(tuple(publish), skipped)
+
+
+def ledger_row(
+    row: Mapping[str, Any],
+    *,
+    run_id: str,
+    parked_run_id: str,
+    publish_seq: int,
+    message_id: str | None,
+    read_at: datetime,
+    confirmed_at: datetime,
+) -> dict[str, Any]:
+    """The `messages` row of one confirmed replayed publish (checksums of the bytes sent)."""
+    cluster, vhost, queue = row["_to"]
+    body: bytes = row["body"]
+    return {
+        "run_id": run_id,
+        "source_cluster": row["source_cluster"],
+        "source_vhost": row["source_vhost"],
+        "source_queue": row["source_queue"],
+        "destination_cluster": cluster,
+        "destination_vhost": vhost,
+        "destination_queue": queue,
+        "position": row["position"],
+        "publish_seq": publish_seq,
+        "publish_attempts": 1,
+        "redelivered": bool(row["redelivered"]),
+        "body_size": len(body),
+        "body_sha256": hashlib.sha256(body).hexdigest(),
+        "properties_sha256": hashlib.sha256(row["properties"]).hexdigest(),
+        "message_id": message_id,
+        "consumed_at": read_at,
+        "confirmed_at": confirmed_at,
+        "task_attempt": "driver",
+        "session": 0,
+        "decision": REPLAYED,
+        "publish_exchange": "",
+        "publish_routing_key": queue,
+        "reason": parked_run_id,
+    }
+
+
+def replay_counts(
+    selected: Iterable[Mapping[str, Any]], target: Target, ledger_keys: Iterable[ReplayKey]
+) -> tuple[int, int]:
+    """(selected rows no replay confirmed, selected rows confirmed more than once), from
+    the ledger's confirmed replayed rows of this parked run read back after the replay."""
+    seen: dict[ReplayKey, int] = {}
+    for key in ledger_keys:
+        seen[key] = seen.get(key, 0) + 1
+    missing = duplicates = 0
+    for row in selected:
+        count = seen.get(replay_key(row, target.destination(row)), 0)
+        missing += count == 0
+        duplicates += max(count - 1, 0)
+    return missing, duplicates

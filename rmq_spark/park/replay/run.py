@@ -1,0 +1,310 @@
+"""A replay: one parked run's rows back into queues, from the driver.
+
+The stages: the parked run's rows (delta-rs and pyarrow, no Spark); with `--where`, the
+keys Spark SQL selects (`selected_keys`, the only Spark step); the checks (rows exist,
+bodies kept, every destination queue exists) before anything is published; the ledger's
+confirmed replays of the same parked run (`plan.py` says how a replay names what it
+did), whose rows are skipped; then each source queue's rows in position order, each
+published and confirmed (`broker/confirmed_publisher.py`), their `messages` rows
+appended every `LEDGER_BATCH` confirms and at the end; the ledger read back (every
+selected row confirmed once); the run's `runs` row.
+
+**On the driver, not in a Spark task.** A replay is one confirm stream per queue in
+position order; the rows are read where they are already (the driver's Arrow reader),
+so no body is shipped to an executor and back. The price: the run's selected rows are
+held in the driver's memory, and one blocking channel confirms one message at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from rmq_spark.broker.confirmed_publisher import ConfirmedPublisher
+from rmq_spark.config import JobConfig
+from rmq_spark.errors import ConfigError
+from rmq_spark.ledger import store, tables
+from rmq_spark.park.replay.plan import (
+    REPLAYED,
+    ParkedKey,
+    Queue,
+    ReplayKey,
+    Target,
+    check_replayable,
+    ledger_replay_key,
+    ledger_row,
+    parked_key,
+    plan_replay,
+    replay_counts,
+)
+from rmq_spark.park.table import read_parked, read_parked_spark
+from rmq_spark.selection.expression import Selection
+from rmq_spark.transfer.parked_rows import SCHEMA
+from rmq_spark.transfer.rate_limit import bucket_for
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+# Confirmed publishes per ledger append (one Delta commit each). A driver that dies
+# between a confirm and its append leaves up to this many rows that a re-run publishes
+# again: the ledger never showed them confirmed.
+LEDGER_BATCH = 500
+WHERE = "--where"
+_LEDGER_COLUMNS = [
+    "source_cluster",
+    "source_vhost",
+    "source_queue",
+    "position",
+    "destination_cluster",
+    "destination_vhost",
+    "destination_queue",
+]
+
+
+class Publisher(Protocol):
+    def require_queue(self, queue: str) -> None: ...
+    def publish(self, queue: str, property_bytes: bytes, body: bytes) -> None: ...
+    def close(self) -> None: ...
+
+
+# (cluster name, vhost) -> a publisher for that vhost (ConfirmedPublisher by default).
+PublisherFactory = Callable[[str, str], Publisher]
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What a replay did (`command.py` prints it)."""
+
+    run_id: str
+    parked_run_id: str
+    target: str
+    selected: int
+    skipped: int
+    published: int
+    bytes: int
+    missing: int
+    duplicates: int
+    by_queue: tuple[tuple[Queue, int], ...]
+    seconds: float
+
+    @property
+    def verified(self) -> bool:
+        """Every selected row is confirmed in its destination by a replay, once."""
+        return self.missing == 0 and self.duplicates == 0
+
+
+def compile_where(where: str | None) -> Selection | None:
+    """`--where`, checked; a column the parked table does not hold is refused."""
+    if where is None:
+        return None
+    selection = Selection.compile(where, where=WHERE)
+    absent = sorted(set(selection.columns) - set(SCHEMA.names))
+    if absent:
+        raise ConfigError(
+            f"{WHERE} {where!r}: column {absent[0]!r} is not in the parked table "
+            "(body_text is not stored: CAST(body AS STRING) gives it)"
+        )
+    return selection
+
+
+def selected_keys(
+    spark: SparkSession, ledger_path: str, parked_run_id: str, selection: Selection
+) -> set[ParkedKey]:
+    """The (source, position) of each row of the run that Spark SQL selects."""
+    from pyspark.sql import functions as F
+
+    from rmq_spark.selection.spark import where
+
+    frame = read_parked_spark(spark, ledger_path).where(F.col("run_id") == parked_run_id)
+    picked = where(frame, selection).select(
+        "source_cluster", "source_vhost", "source_queue", "position"
+    )
+    return {(r[0], r[1], r[2], int(r[3])) for r in picked.toLocalIterator()}
+
+
+def parked_rows(ledger_path: str, parked_run_id: str) -> list[dict[str, Any]]:
+    """The run's rows; one error naming the runs there when it has none."""
+    rows: list[dict[str, Any]] = read_parked(ledger_path, parked_run_id).to_pylist()
+    if rows:
+        return rows
+    runs = pc.unique(read_parked(ledger_path, None, ["run_id"]).column("run_id")).to_pylist()
+    shown = ", ".join(sorted(runs)[:10]) or "none"
+    raise ConfigError(
+        f"--parked {parked_run_id!r}: no such parked run in the ledger's parked table "
+        f"(its runs: {shown}); nothing was published"
+    )
+
+
+def confirmed_replays(ledger_path: str, parked_run_id: str) -> set[ReplayKey]:
+    """What every earlier replay of the parked run confirmed (any run id, any target)."""
+    return set(map(ledger_replay_key, _confirmed_rows(ledger_path, parked_run_id)))
+
+
+def _confirmed_rows(ledger_path: str, parked_run_id: str) -> list[dict[str, Any]]:
+    dataset = tables.arrow_dataset(ledger_path, "messages")
+    rows: list[dict[str, Any]] = dataset.to_table(
+        columns=_LEDGER_COLUMNS,
+        filter=(
+            (ds.field("decision") == REPLAYED)
+            & (ds.field("reason") == parked_run_id)
+            & ds.field("confirmed_at").is_valid()
+        ),
+    ).to_pylist()
+    return rows
+
+
+def run_replay(
+    config: JobConfig,
+    *,
+    parked_run_id: str,
+    target: Target,
+    run_id: str,
+    keys: set[ParkedKey] | None = None,
+    messages_per_second: float | None = None,
+    publisher_for: PublisherFactory | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ReplayResult:
+    """Replay the parked run's rows (those in `keys`, when given) to `target`.
+
+    Raises RmqSparkError subclasses before anything is published when the run has no
+    rows, a selected row has no body, or a destination queue does not exist; a broker
+    that returns or nacks a message stops the replay (the rows confirmed before it are
+    in the ledger).
+    """
+    started, started_at = clock(), datetime.now(UTC)
+    ledger_path = store.use_ledger(config.ledger)
+    tables.ensure_tables(config.ledger.path)
+    rows = parked_rows(ledger_path, parked_run_id)
+    if keys is not None:
+        rows = [row for row in rows if parked_key(row) in keys]
+    check_replayable(parked_run_id, rows)
+    plan = plan_replay(rows, target, confirmed_replays(ledger_path, parked_run_id))
+    factory = publisher_for or (
+        lambda cluster, vhost: ConfirmedPublisher(cluster, config.clusters[cluster], vhost)
+    )
+    by_queue: dict[Queue, int] = {}
+    published_bytes = 0
+    with ExitStack() as stack:
+        publishers: dict[tuple[str, str], Publisher] = {}
+        # A named target is checked even when nothing is left to publish to it.
+        queues = sorted({*plan.destinations, *([target.queue] if target.queue else [])})
+        for cluster, vhost, queue in queues:
+            if (cluster, vhost) not in publishers:
+                publisher = factory(cluster, vhost)
+                stack.callback(publisher.close)
+                publishers[(cluster, vhost)] = publisher
+            publishers[(cluster, vhost)].require_queue(queue)
+        log.info(
+            "replay %s of parked run %s to %s: %d to publish, %d already replayed",
+            run_id,
+            parked_run_id,
+            target.label,
+            len(plan.publish),
+            plan.skipped,
+        )
+        for batch in _batches(plan.publish, LEDGER_BATCH):
+            done: list[dict[str, Any]] = []
+            read_at = datetime.now(UTC)
+            try:
+                for row in _braked(batch, messages_per_second, clock, sleep):
+                    cluster, vhost, queue = row["_to"]
+                    publishers[(cluster, vhost)].publish(queue, row["properties"], row["body"])
+                    by_queue[row["_to"]] = by_queue.get(row["_to"], 0) + 1
+                    published_bytes += len(row["body"])
+                    done.append(
+                        ledger_row(
+                            row,
+                            run_id=run_id,
+                            parked_run_id=parked_run_id,
+                            publish_seq=sum(by_queue.values()),
+                            message_id=row.get("message_id"),
+                            read_at=read_at,
+                            confirmed_at=datetime.now(UTC),
+                        )
+                    )
+            finally:
+                tables.append_rows(ledger_path, "messages", done)
+    missing, duplicates = replay_counts(
+        rows, target, map(ledger_replay_key, _confirmed_rows(ledger_path, parked_run_id))
+    )
+    result = ReplayResult(
+        run_id=run_id,
+        parked_run_id=parked_run_id,
+        target=target.label,
+        selected=len(rows),
+        skipped=plan.skipped,
+        published=sum(by_queue.values()),
+        bytes=published_bytes,
+        missing=missing,
+        duplicates=duplicates,
+        by_queue=tuple(sorted(by_queue.items())),
+        seconds=clock() - started,
+    )
+    _record(ledger_path, result, config, started_at, rows)
+    log.info("replay %s: published %d, skipped %d", run_id, result.published, result.skipped)
+    return result
+
+
+def _batches(rows: Sequence[Mapping[str, Any]], size: int) -> Iterator[Sequence[Mapping[str, Any]]]:
+    for start in range(0, len(rows), size):
+        yield rows[start : start + size]
+
+
+def _braked(
+    rows: Iterable[Mapping[str, Any]],
+    rate: float | None,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> Iterator[Mapping[str, Any]]:
+    """The rows, at most `rate` a second (the mover's token bucket), when asked."""
+    bucket = bucket_for(rate, now=clock(), minimum_burst=1.0)
+    for row in rows:
+        if bucket is not None:
+            while not bucket.fits(clock()):
+                sleep(bucket.seconds_until_fits(clock()))
+            bucket.spend(1.0, clock())
+        yield row
+
+
+def _record(
+    ledger_path: str,
+    result: ReplayResult,
+    config: JobConfig,
+    started_at: datetime,
+    rows: Sequence[Mapping[str, Any]],
+) -> None:
+    """The replay's `runs` row: messages are this run's publishes."""
+    tables.append_rows(
+        ledger_path,
+        "runs",
+        [
+            {
+                "run_id": result.run_id,
+                "started_at": started_at,
+                "finished_at": datetime.now(UTC),
+                "config_digest": config.digest(),
+                "spark_app_id": "",
+                "queues": len({parked_key(row)[:3] for row in rows}),
+                "messages": result.published,
+                "bytes": result.bytes,
+                "lost": result.missing,
+                "duplicates": result.duplicates,
+                "unexpected": 0,
+                "verified": result.verified,
+                "seconds": result.seconds,
+                "verification_path": "",
+                "rabbitmq_versions": None,
+            }
+        ],
+    )

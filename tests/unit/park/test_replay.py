@@ -1,0 +1,282 @@
+"""park/replay: what a replay publishes where, what it skips, and what it refuses.
+
+No broker and no Spark: parked rows are written and committed as a park's executors
+and driver do (delta-rs, under tmp_path), the broker is a fake publisher that records
+what it was given, and the ledger is read back with delta-rs.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rmq_spark.config import JobConfig, parse_config
+from rmq_spark.errors import ConfigError, DestinationIncompatibleError, TransferError
+from rmq_spark.ledger import tables
+from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.park.replay.plan import Target, parse_target, plan_replay
+from rmq_spark.park.replay.run import compile_where, run_replay
+from rmq_spark.park.table import commit_parked, ensure_parked_table
+from rmq_spark.transfer.parked_rows import ParkedRowsWriter
+
+ENV = {"DR_PASSWORD": "secret"}
+ORDERS = TransferKey("dr", "shop", "orders", "parked", "shop", "orders")
+REFUNDS = TransferKey("dr", "shop", "refunds", "parked", "shop", "refunds")
+PROPERTIES = b"\x10\x00\x02"  # delivery_mode 2: any exact bytes
+
+
+def job_config(ledger: Path) -> JobConfig:
+    text = yaml.safe_dump(
+        {
+            "clusters": {
+                "dr": {
+                    "amqp": ["amqp://127.0.0.1:5672"],
+                    "management": "http://127.0.0.1:15672",
+                    "password_env": "DR_PASSWORD",
+                }
+            },
+            "routes": [
+                {
+                    "name": "park",
+                    "source": {"cluster": "dr", "queues": ["orders"]},
+                    "destination": {"table": "parked"},
+                }
+            ],
+            "ledger": {"path": str(ledger)},
+        }
+    )
+    return parse_config(text, ENV)
+
+
+def park(
+    ledger: Path, run_id: str, key: TransferKey, bodies: list[bytes], *, exclude: bool = False
+) -> None:
+    ensure_parked_table(str(ledger))
+    tables.ensure_tables(str(ledger))
+    writer = ParkedRowsWriter(str(ledger), run_id, key, "0.0.0", exclude_body=exclude)
+    found = []
+    for position, body in enumerate(bodies):
+        delivery = Delivery(
+            tag=position + 1,
+            seq=position + 1,
+            position=position,
+            redelivered=False,
+            body_size=len(body),
+            body_sha256="",
+            properties_sha256="",
+            message_id=None,
+            consumed_at=datetime(2026, 1, 1, tzinfo=UTC),
+        )
+        delivery.body, delivery.properties = body, PROPERTIES
+        found.append(delivery)
+    # Two files in reverse order: the replay orders by position, not by file.
+    half = len(found) // 2
+    writer.write(found[half:], lambda _tag: ("", key.source_queue))
+    writer.write(found[:half], lambda _tag: ("", key.source_queue))
+    commit_parked(str(ledger), run_id)
+
+
+class FakePublisher:
+    """Records each publish; refuses queues it does not hold, or the n-th publish."""
+
+    def __init__(
+        self,
+        log: list[tuple[str, str, str, bytes, bytes]],
+        cluster: str,
+        vhost: str,
+        queues: set[str],
+        refuse_at: int | None = None,
+    ) -> None:
+        self.log, self.cluster, self.vhost = log, cluster, vhost
+        self.queues, self.refuse_at = queues, refuse_at
+
+    def require_queue(self, queue: str) -> None:
+        if queue not in self.queues:
+            raise DestinationIncompatibleError(f"queue {queue!r}: none")
+
+    def publish(self, queue: str, property_bytes: bytes, body: bytes) -> None:
+        if self.refuse_at is not None and len(self.log) == self.refuse_at:
+            raise TransferError(f"queue {queue!r}: nack")
+        self.log.append((self.cluster, self.vhost, queue, property_bytes, body))
+
+    def close(self) -> None:
+        pass
+
+
+class Broker:
+    def __init__(self, queues: set[str], refuse_at: int | None = None) -> None:
+        self.published: list[tuple[str, str, str, bytes, bytes]] = []
+        self.queues, self.refuse_at = queues, refuse_at
+
+    def __call__(self, cluster: str, vhost: str) -> FakePublisher:
+        return FakePublisher(self.published, cluster, vhost, self.queues, self.refuse_at)
+
+
+def bodies(prefix: str, count: int) -> list[bytes]:
+    return [f"{prefix}-{i}".encode() for i in range(count)]
+
+
+def test_targets_are_source_or_one_queue_of_a_configured_cluster(tmp_path: Path) -> None:
+    config = job_config(tmp_path)
+    assert parse_target("source", config) == Target()
+    assert parse_target("dr:a:b:orders", config).queue == ("dr", "a:b", "orders")
+    for bad, said in [
+        ("orders", "expected 'source' or CLUSTER:VHOST:QUEUE"),
+        ("main:/:orders", "no cluster 'main'"),
+        ("dr:/:{source_queue}", "placeholders are not supported"),
+    ]:
+        with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
+            parse_target(bad, config)
+
+
+def test_the_plan_orders_by_queue_and_position_and_skips_what_was_confirmed() -> None:
+    rows = [
+        {"source_cluster": "dr", "source_vhost": "v", "source_queue": q, "position": p}
+        for q, p in [("b", 1), ("a", 2), ("b", 0), ("a", 0), ("a", 1)]
+    ]
+    plan = plan_replay(rows, Target(), {("dr", "v", "a", 1, "dr", "v", "a")})
+    assert [(r["source_queue"], r["position"]) for r in plan.publish] == [
+        ("a", 0),
+        ("a", 2),
+        ("b", 0),
+        ("b", 1),
+    ]
+    assert plan.skipped == 1
+    # The same rows to another queue: another replay, nothing skipped.
+    other = plan_replay(rows, Target(("dr", "v", "x")), {("dr", "v", "a", 1, "dr", "v", "a")})
+    assert other.skipped == 0
+    assert other.destinations == [("dr", "v", "x")]
+
+
+def test_a_replay_publishes_each_queue_in_order_and_a_rerun_publishes_nothing(
+    tmp_path: Path,
+) -> None:
+    park(tmp_path, "park-1", ORDERS, bodies("o", 7))
+    park(tmp_path, "park-1", REFUNDS, bodies("r", 3))
+    broker = Broker({"orders", "refunds"})
+    config = job_config(tmp_path)
+
+    first = run_replay(
+        config, parked_run_id="park-1", target=Target(), run_id="replay-1", publisher_for=broker
+    )
+
+    assert first.verified
+    assert (first.selected, first.published, first.skipped) == (10, 10, 0)
+    assert broker.published == [
+        ("dr", "shop", q, PROPERTIES, body)
+        for q, body in [("orders", b) for b in bodies("o", 7)]
+        + [("refunds", b) for b in bodies("r", 3)]
+    ]
+    ledger = tables.read_arrow(str(tmp_path), "messages", run_id="replay-1").to_pylist()
+    assert sorted((r["destination_queue"], r["position"]) for r in ledger) == sorted(
+        [("orders", p) for p in range(7)] + [("refunds", p) for p in range(3)]
+    )
+    assert {(r["decision"], r["reason"], r["source_cluster"]) for r in ledger} == {
+        ("replayed", "park-1", "dr")
+    }
+
+    again = run_replay(
+        config, parked_run_id="park-1", target=Target(), run_id="replay-2", publisher_for=broker
+    )
+
+    assert again.verified
+    assert (again.published, again.skipped) == (0, 10)
+    assert len(broker.published) == 10
+    assert tables.read_arrow(str(tmp_path), "messages", run_id="replay-2").num_rows == 0
+    runs = {r["run_id"]: r for r in tables.read_arrow(str(tmp_path), "runs").to_pylist()}
+    assert (runs["replay-2"]["messages"], runs["replay-2"]["verified"]) == (0, True)
+
+
+def test_a_refused_publish_stops_the_replay_and_the_rerun_publishes_only_the_rest(
+    tmp_path: Path,
+) -> None:
+    park(tmp_path, "park-1", ORDERS, bodies("o", 6))
+    config = job_config(tmp_path)
+    refusing = Broker({"orders"}, refuse_at=4)
+
+    with pytest.raises(TransferError, match="nack"):
+        run_replay(
+            config, parked_run_id="park-1", target=Target(), run_id="r1", publisher_for=refusing
+        )
+
+    assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 4
+    broker = Broker({"orders"})
+    result = run_replay(
+        config, parked_run_id="park-1", target=Target(), run_id="r2", publisher_for=broker
+    )
+    assert (result.published, result.skipped, result.verified) == (2, 4, True)
+    assert [p[4] for p in broker.published] == bodies("o", 6)[4:]
+
+
+def test_a_replay_to_one_queue_and_of_some_keys(tmp_path: Path) -> None:
+    park(tmp_path, "park-1", ORDERS, bodies("o", 5))
+    park(tmp_path, "park-1", REFUNDS, bodies("r", 5))
+    broker = Broker({"all"})
+    result = run_replay(
+        job_config(tmp_path),
+        parked_run_id="park-1",
+        target=Target(("dr", "shop", "all")),
+        run_id="r1",
+        keys={("dr", "shop", "refunds", 4), ("dr", "shop", "orders", 1)},
+        publisher_for=broker,
+    )
+    assert result.verified
+    assert [(p[2], p[4]) for p in broker.published] == [("all", b"o-1"), ("all", b"r-4")]
+
+
+def test_bad_input_is_one_error_and_nothing_is_published(tmp_path: Path) -> None:
+    park(tmp_path, "park-1", ORDERS, bodies("o", 3))
+    park(tmp_path, "park-meta", ORDERS, bodies("o", 3), exclude=True)
+    config = job_config(tmp_path)
+    broker = Broker({"orders"})
+    cases = [
+        ("park-9", Target(), ConfigError, r"--parked 'park-9': no such parked run .*park-1"),
+        (
+            "park-meta",
+            Target(),
+            ConfigError,
+            "3 of the 3 selected rows were parked with park.exclude_body",
+        ),
+        ("park-1", Target(("dr", "shop", "gone")), DestinationIncompatibleError, "'gone'"),
+    ]
+    for parked, target, error, said in cases:
+        with pytest.raises(error, match=said):
+            run_replay(
+                config, parked_run_id=parked, target=target, run_id="r", publisher_for=broker
+            )
+    assert broker.published == []
+    assert tables.read_arrow(str(tmp_path), "messages", run_id="r").num_rows == 0
+
+
+def test_where_refuses_a_column_the_parked_table_does_not_hold() -> None:
+    assert compile_where(None) is None
+    assert compile_where("headers['tenant'] = 'a'") is not None
+    with pytest.raises(ConfigError, match="body_text"):
+        compile_where("body_text LIKE '%x%'")
+
+
+def test_the_brake_spaces_publishes_by_the_rate(tmp_path: Path) -> None:
+    park(tmp_path, "park-1", ORDERS, bodies("o", 21))
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    broker = Broker({"orders"})
+    run_replay(
+        job_config(tmp_path),
+        parked_run_id="park-1",
+        target=Target(),
+        run_id="r1",
+        messages_per_second=10,
+        publisher_for=broker,
+        clock=lambda: now[0],
+        sleep=sleep,
+    )
+    assert len(broker.published) == 21
+    # A publish goes while the bucket (one token, full at the start) is not in debt:
+    # two at once, then one every 0.1 s.
+    assert now[0] == pytest.approx(1.9)
