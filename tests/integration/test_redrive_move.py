@@ -55,6 +55,26 @@ def _decoded(properties: bytes) -> dict[str, Any]:
     return {name: value for name, value in vars(found).items() if value is not None}
 
 
+def redrive(
+    brokers: Brokers,
+    vhost: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    *options: str,
+) -> tuple[int, str, str]:
+    """`rmq-spark redrive` of the vhost's DLQ with these options, as a user runs it: its
+    exit code, all it printed (shown by `pytest -rP`) and its RESULT line ("" if none)."""
+    config = write_config(
+        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+    code = main(["redrive", "--config", str(config), "--queue", f"dr:{vhost}:{DLQ}", *options])
+    out = capsys.readouterr().out
+    print(out)
+    results = [line for line in out.splitlines() if line.startswith("RESULT")]
+    assert len(results) <= 1, out
+    return code, out, results[0] if results else ""
+
+
 def _selected(message: Published) -> bool:
     return message.reason == "rejected" and message.tenant == "acme"
 
@@ -112,34 +132,20 @@ def test_rmq_spark_redrive_moves_the_selected_ones_verified_with_counts_per_dest
     node = brokers_of_version.dr
     vhost = fresh_vhost(brokers_of_version, "redrive-cli")
     published = make_dead_letters(node, vhost, DLQ, per_queue=PER_QUEUE)
-    config = write_config(
-        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    code, out, result = redrive(
+        brokers_of_version,
+        vhost,
+        tmp_path,
+        capsys,
+        *("--where", WHERE, "--messages-per-second", str(RATE), "--run-id", "redrive-cli-1"),
     )
 
-    code = main(
-        [
-            "redrive",
-            "--config",
-            str(config),
-            "--queue",
-            f"dr:{vhost}:{DLQ}",
-            "--where",
-            WHERE,
-            "--messages-per-second",
-            str(RATE),
-            "--run-id",
-            "redrive-cli-1",
-        ]
-    )
-
-    out = capsys.readouterr().out
-    print(out)  # shown by `pytest -rP`: docs/redrive.md's example is this output
+    # docs/redrive.md's example is this output (`pytest -rP` shows it)
     assert code == 0, out
     half, rest = PER_QUEUE // 2, 2 * PER_QUEUE + 1
-    result = [line for line in out.splitlines() if line.startswith("RESULT")]
-    assert result == [line for line in result if line.startswith("RESULT verified: ")], out
-    assert f"examined {len(published)}, moved {PER_QUEUE}, kept {rest}, lost 0," in result[0]
-    assert "unproven" not in result[0]
+    assert result.startswith("RESULT verified: "), out
+    assert f"examined {len(published)}, moved {PER_QUEUE}, kept {rest}, lost 0," in result
+    assert "unproven" not in result
     tables_printed = [line.split() for line in out.splitlines() if line.startswith("  ")]
     # The plan (the dry run's read), then the run's decisions, then each destination.
     # The stray has no x-death, so no last_death: --where is NULL for it, not selected.
@@ -260,14 +266,11 @@ def test_an_origin_with_a_consumer_is_reported_unproven_never_clean_nor_missing(
     node = brokers_of_version.dr
     vhost = fresh_vhost(brokers_of_version, "redrive-consumed")
     published = make_dead_letters(node, vhost, DLQ, per_queue=4)
-    config = write_config(
-        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
-    )
     consumer = OriginConsumer(node, vhost, "orders")
     consumer.start()
     assert consumer.ready.wait(10)
     try:
-        code = main(["redrive", "--config", str(config), "--queue", f"dr:{vhost}:{DLQ}"])
+        code, out, result = redrive(brokers_of_version, vhost, tmp_path, capsys)
         expected = [m.body for m in published if m.origin == "orders"]
         deadline = time.monotonic() + 10
         while len(consumer.bodies) < len(expected) and time.monotonic() < deadline:
@@ -276,11 +279,8 @@ def test_an_origin_with_a_consumer_is_reported_unproven_never_clean_nor_missing(
         consumer.stop.set()
         consumer.join(10)
 
-    out = capsys.readouterr().out
-    print(out)
     assert code == 0, out
     assert consumer.bodies == expected
-    [result] = [line for line in out.splitlines() if line.startswith("RESULT")]
     assert result.startswith("RESULT verified: "), out
     assert result.endswith("destinations unproven (confirms only): orders"), out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
@@ -312,29 +312,15 @@ def test_to_exchange_routes_through_the_recorded_exchange_and_key_so_every_bound
         channel.queue_bind("orders.audit", EXCHANGE, routing_key="orders")
     finally:
         connection.close()
-    config = write_config(
-        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    code, out, result = redrive(
+        brokers_of_version,
+        vhost,
+        tmp_path,
+        capsys,
+        *("--where", WHERE, "--to-exchange", "--run-id", "redrive-exchange-1"),
     )
 
-    code = main(
-        [
-            "redrive",
-            "--config",
-            str(config),
-            "--queue",
-            f"dr:{vhost}:{DLQ}",
-            "--where",
-            WHERE,
-            "--to-exchange",
-            "--run-id",
-            "redrive-exchange-1",
-        ]
-    )
-
-    out = capsys.readouterr().out
-    print(out)
     assert code == 0, out
-    [result] = [line for line in out.splitlines() if line.startswith("RESULT")]
     assert result.startswith("RESULT verified: "), out
     selected = [m for m in published if _selected(m)]
     for queue, origin in [
@@ -374,16 +360,8 @@ def test_dead_letters_whose_origin_queue_is_gone_stay_in_the_dlq_in_order_with_t
         connection.channel().queue_delete("payments")
     finally:
         connection.close()
-    config = write_config(
-        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
-    )
+    code, out, _result = redrive(brokers_of_version, vhost, tmp_path, capsys, "--run-id", "gone-1")
 
-    code = main(
-        ["redrive", "--config", str(config), "--queue", f"dr:{vhost}:{DLQ}", "--run-id", "gone-1"]
-    )
-
-    out = capsys.readouterr().out
-    print(out)
     assert code == 0, out
     for queue in ("orders", "invoices"):
         arrived = read_queue(node, vhost, queue)
@@ -417,18 +395,9 @@ def test_an_origin_whose_ttl_drops_what_arrived_is_unproven_naming_it_never_miss
         f"/api/policies/{quote(vhost, safe='')}/orders-ttl",
         json={"pattern": "^orders$", "definition": {"message-ttl": 0}, "apply-to": "queues"},
     )
-    config = write_config(
-        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
-    )
+    code, out, result = redrive(brokers_of_version, vhost, tmp_path, capsys, "--run-id", "ttl-1")
 
-    code = main(
-        ["redrive", "--config", str(config), "--queue", f"dr:{vhost}:{DLQ}", "--run-id", "ttl-1"]
-    )
-
-    out = capsys.readouterr().out
-    print(out)
     assert code == 0, out
-    [result] = [line for line in out.splitlines() if line.startswith("RESULT")]
     assert result.startswith("RESULT verified: "), out
     assert result.endswith("destinations unproven (confirms only): orders (message-ttl)"), out
     assert "missing" not in out
