@@ -66,7 +66,7 @@ def test_every_key_has_a_description() -> None:
     assert undescribed == []
 
 
-@pytest.mark.parametrize("name", ["example.yaml", "demo.yaml"])
+@pytest.mark.parametrize("name", ["example.yaml", "demo.yaml", "park.yaml"])
 def test_shipped_configs_validate_and_name_the_schema(name: str) -> None:
     text = (REPO / "conf" / name).read_text(encoding="utf-8")
     assert text.startswith("# yaml-language-server: $schema=../docs/reference/config.schema.json\n")
