@@ -279,7 +279,7 @@ def test_a_killed_driver_resumes_the_run_from_the_objects(
     second = submit_as_scheduled(config, arguments, {}, tmp_path / "second")
     stdout, stderr = second.communicate(timeout=600)
 
-    assert second.returncode == 0, stderr[-4000:]
+    assert second.returncode == 0, stdout[-4000:] + stderr[-4000:]
     result = result_of(stdout)
     assert (result["verified"], result["messages"]) == (True, RESUME_MESSAGES)
     assert (result["lost"], result["unexpected"]) == (0, 0)

@@ -243,6 +243,6 @@ def test_a_local_ledger_gets_one_thread_per_lane_and_an_object_store_several() -
     assert Lanes.for_ledger(object_store=False) == Lanes(threads=1, overlap=1)
     wide = Lanes.for_ledger(object_store=True)
     assert wide.threads > 1
-    assert wide.overlap > 1
+    assert wide.overlap == 1  # a transfer's own writes one at a time (lanes.py says why)
     with pytest.raises(ValueError, match="lanes need >= 1 thread"):
         Lanes(threads=0)
