@@ -358,6 +358,28 @@ def record_plan(
     return [*earlier.values(), *new]
 
 
+def executor_settings(
+    spark: SparkSession, config: JobConfig, run_id: str, ledger_path: str, **own: Any
+) -> ExecutorSettings:
+    """What every run's movers take from the config (a transfer's, a park's, a redrive's):
+    the ledger, the clusters, the window, the mover's limits and Spark's task attempts;
+    `own` adds the kind of run's own (rate limits, selections, deciders, park)."""
+    return ExecutorSettings(
+        run_id=run_id,
+        ledger_path=ledger_path,
+        ledger_store=(
+            store.options_of(config.ledger.path) if config.ledger.on_object_store else None
+        ),
+        clusters=dict(config.clusters),
+        window_messages=config.window.messages,
+        window_bytes=config.window.bytes,
+        mover=config.mover,
+        max_active=config.max_active,
+        task_attempts=spark_task_attempts(spark),
+        **own,
+    )
+
+
 def move(
     spark: SparkSession,
     plan: Sequence[Sequence[dict[str, object]]],
@@ -373,18 +395,11 @@ def move(
     hosts its queues first (rmq_spark.broker.colocation). The settings and the groups
     travel in the tasks' closure (128 KB pickled for 1,000 queues), not in a broadcast.
     """
-    settings = ExecutorSettings(
-        run_id=run_id,
-        ledger_path=store.use_ledger(config.ledger),
-        ledger_store=(
-            store.options_of(config.ledger.path) if config.ledger.on_object_store else None
-        ),
-        clusters=dict(config.clusters),
-        window_messages=config.window.messages,
-        window_bytes=config.window.bytes,
-        mover=config.mover,
-        max_active=config.max_active,
-        task_attempts=spark_task_attempts(spark),
+    settings = executor_settings(
+        spark,
+        config,
+        run_id,
+        store.use_ledger(config.ledger),
         node_uris=nodes or {},
         rate_limits=rate_limits or {},
         selections=route_selections(config),

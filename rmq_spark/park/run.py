@@ -29,11 +29,11 @@ from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey, task_count
 from rmq_spark.park.table import commit_parked, ensure_parked_table, read_parked
 from rmq_spark.park.verdicts import ParkVerdict, Reading, park_verdict
 from rmq_spark.partition_tasks import run_tasks
-from rmq_spark.pipeline import spark_task_attempts
+from rmq_spark.pipeline import executor_settings
 from rmq_spark.planning.discovery import discover_parked
 from rmq_spark.planning.rate_limits import route_rate_limits
 from rmq_spark.planning.selections import route_selections
-from rmq_spark.transfer.executor import ExecutorSettings, ParkSettings, move_partition
+from rmq_spark.transfer.executor import ParkSettings, move_partition
 from rmq_spark.transfer.outcomes import OUTCOME_SCHEMA, outcome_of
 
 if TYPE_CHECKING:
@@ -145,18 +145,11 @@ def run_park(spark: SparkSession, config: JobConfig, *, run_id: str) -> ParkResu
         log.info("park %s: no queue to park", run_id)
         return ParkResult(run_id, (), time.monotonic() - started, config.park.exclude_body)
     before = _readings(config, transfers)
-    settings = ExecutorSettings(
-        run_id=run_id,
-        ledger_path=ledger_path,
-        ledger_store=(
-            store.options_of(config.ledger.path) if config.ledger.on_object_store else None
-        ),
-        clusters=dict(config.clusters),
-        window_messages=config.window.messages,
-        window_bytes=config.window.bytes,
-        mover=config.mover,
-        max_active=config.max_active,
-        task_attempts=spark_task_attempts(spark),
+    settings = executor_settings(
+        spark,
+        config,
+        run_id,
+        ledger_path,
         rate_limits=route_rate_limits(config, len(transfers)),
         selections=route_selections(config),
         park=ParkSettings(exclude_body=config.park.exclude_body),

@@ -34,7 +34,7 @@ from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.model import MoveOutcome, TransferKey
 from rmq_spark.partition_tasks import run_tasks
-from rmq_spark.pipeline import spark_task_attempts
+from rmq_spark.pipeline import executor_settings
 from rmq_spark.redrive.decider import RedriveSpec
 from rmq_spark.redrive.preflight import DeadLetterQueue
 from rmq_spark.redrive.readings import read_queues, starting_readings
@@ -45,7 +45,7 @@ from rmq_spark.redrive.tally import (
     destination_verdicts,
     source_verdict,
 )
-from rmq_spark.transfer.executor import ExecutorSettings, move_partition
+from rmq_spark.transfer.executor import move_partition
 from rmq_spark.transfer.outcomes import OUTCOME_SCHEMA, outcome_of
 
 if TYPE_CHECKING:
@@ -131,19 +131,9 @@ def run_redrive(
     origins = [queue for queue in watched if queue != dlq.queue]
     rate = messages_per_second
     limits = {} if rate is None else {ROUTE: Limits(messages_per_second=rate)}
-    settings = ExecutorSettings(
-        run_id=run_id,
-        ledger_path=ledger_path,
-        ledger_store=(
-            store.options_of(config.ledger.path) if config.ledger.on_object_store else None
-        ),
-        clusters=dict(config.clusters),
-        window_messages=config.window.messages,
-        window_bytes=config.window.bytes,
-        mover=config.mover,
-        task_attempts=spark_task_attempts(spark),
-        rate_limits=limits,
-        deciders={ROUTE: spec},
+    # One transfer: max_active (queues at once per task) cannot change what it does.
+    settings = executor_settings(
+        spark, config, run_id, ledger_path, rate_limits=limits, deciders={ROUTE: spec}
     )
     row: dict[str, object] = {
         "route": ROUTE,
