@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from rmq_spark.config import JobConfig, load_config, validate_run_id
 from rmq_spark.errors import ConfigError
 from rmq_spark.logs import mask_secrets_in_logs
+from rmq_spark.redrive.header_options import add_header_policy_arguments, header_policy
 
 if TYPE_CHECKING:
     from rmq_spark.redrive.preflight import DeadLetterQueue
@@ -32,9 +33,6 @@ log = logging.getLogger(__name__)
 EXIT_OK, EXIT_UNVERIFIED, EXIT_ERROR = 0, 1, 2
 # The CLI's Spark session for a command (cli.command_session): app name -> session.
 SessionFactory = Callable[[str], AbstractContextManager[Any]]
-# headers.HeaderAction's values, default first (not imported: `rmq-spark --help` need not
-# load the selection language; tests/unit/redrive/test_command.py checks they agree).
-BROKER_HEADER_ACTIONS = ("move", "remove", "keep")
 
 
 def add_redrive_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,19 +72,7 @@ def add_redrive_arguments(parser: argparse.ArgumentParser) -> None:
         help="publish through the exchange and routing key x-death recorded (every queue "
         "bound there gets a copy) instead of straight to the origin queue",
     )
-    parser.add_argument(
-        "--broker-headers",
-        choices=BROKER_HEADER_ACTIONS,
-        default=BROKER_HEADER_ACTIONS[0],
-        help="x-death, x-first-death-*, x-last-death-*, x-delivery-count, x-acquired-count: "
-        "move them under one 'rmq-spark-death' table header (default), remove or keep them",
-    )
-    parser.add_argument(
-        "--restore-expiration",
-        action="store_true",
-        help="put the origin x-death entry's original-expiration back as the expiration "
-        "property (default: a redriven message has no TTL)",
-    )
+    add_header_policy_arguments(parser)
 
 
 def run_redrive_command(args: argparse.Namespace, session: SessionFactory | None = None) -> int:
@@ -95,7 +81,6 @@ def run_redrive_command(args: argparse.Namespace, session: SessionFactory | None
     `session` opens the Spark session a moving redrive runs on (the CLI's); none is
     needed for a dry run."""
     # Imported here: `rmq-spark --help` need not load DuckDB, sqlglot and pika.
-    from rmq_spark.redrive.headers import HeaderAction, HeaderPolicy
     from rmq_spark.redrive.preflight import (
         compile_where,
         existing_queues,
@@ -113,7 +98,7 @@ def run_redrive_command(args: argparse.Namespace, session: SessionFactory | None
         validate_run_id(args.run_id)
     if args.messages_per_second is not None and not args.messages_per_second > 0:
         raise ConfigError(f"--messages-per-second {args.messages_per_second}: must be above 0")
-    policy = HeaderPolicy(HeaderAction(args.broker_headers), args.restore_expiration)
+    policy = header_policy(args)
     existing = existing_queues(config, dlq)
     decider = redrive_decider(dlq, existing, selection, policy, args.to_exchange)
     try:

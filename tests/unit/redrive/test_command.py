@@ -9,7 +9,7 @@ import pytest
 from rmq_spark.cli import build_parser, main
 from rmq_spark.config import load_config
 from rmq_spark.errors import ConfigError
-from rmq_spark.redrive.command import BROKER_HEADER_ACTIONS
+from rmq_spark.redrive.header_options import BROKER_HEADER_ACTIONS
 from rmq_spark.redrive.headers import HeaderAction
 from rmq_spark.redrive.preflight import compile_where, parse_queue
 
