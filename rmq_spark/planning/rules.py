@@ -25,9 +25,9 @@ from rmq_spark.errors import (
     RmqSparkError,
 )
 from rmq_spark.model import QueueTransfer
+from rmq_spark.planning import queue_room
 from rmq_spark.planning.topology_rules import Decision, translate_queue_arguments
 
-_REFUSING_OVERFLOW = ("reject-publish", "reject-publish-dlx")
 # Queue arguments a destination created by rmq-spark inherits from its source
 # (all of them with destination.topology: copy), translated for the destination's
 # type and RabbitMQ version by topology_rules.translate_queue_arguments.
@@ -394,7 +394,7 @@ def _incompatibilities(
     """Why an existing destination queue cannot take its source's messages as they are."""
     reasons = []
     if existing.get("exclusive"):
-        reasons.append("exclusive to another connection, cannot publish reliably")
+        reasons.append(queue_room.EXCLUSIVE)
     found_type = queue_type(existing)
     if found_type != expected_type:
         reasons.append(f"is a {found_type} queue, expected {expected_type} ({type_origin})")
@@ -409,31 +409,20 @@ def _incompatibilities(
             )
     if source.get("durable", True) and not existing.get("durable", True):
         reasons.append("is not durable but the source is; its messages would not survive a restart")
-    overflow = _overflow(existing)
-    consequence = (
-        "the rest would be refused and stay in the source"
-        if overflow in _REFUSING_OVERFLOW
-        else "the oldest would be dropped and lost"
-    )
     depth = (
         destination_depth
         if destination_depth is not None
         else int(existing.get("messages_ready") or 0)
     )
-    max_length = _limit(existing, "x-max-length", "max-length")
-    if max_length is not None and max_length - depth < transfer.messages:
-        reasons.append(
-            f"holds at most {max_length} messages (max-length, overflow {overflow}) and has "
-            f"{depth}; expected room for the source's {transfer.messages} ({consequence})"
-        )
-    max_bytes = _limit(existing, "x-max-length-bytes", "max-length-bytes")
-    held = int(existing.get("message_bytes_ready") or 0)
-    if max_bytes is not None and max_bytes - held < transfer.message_bytes:
-        reasons.append(
-            f"holds at most {max_bytes} bytes (max-length-bytes, overflow {overflow}) and has "
-            f"about {held}; expected room for the source's about {transfer.message_bytes} "
-            f"({consequence})"
-        )
+    reasons += queue_room.room_problems(
+        existing,
+        depth=depth,
+        messages=transfer.messages,
+        message_bytes=transfer.message_bytes,
+        wanted_messages=f"the source's {transfer.messages}",
+        wanted_bytes=f"the source's about {transfer.message_bytes}",
+        refused="the rest would be refused and stay in the source",
+    )
     return reasons
 
 
@@ -458,24 +447,6 @@ def queue_type(queue: Mapping[str, Any]) -> str:
 def _int_argument(queue: Mapping[str, Any], key: str) -> int | None:
     value = (queue.get("arguments") or {}).get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _limit(queue: Mapping[str, Any], argument: str, policy_key: str) -> int | None:
-    """A length limit from the queue's argument or its policies: the lower one applies."""
-    policy = queue.get("effective_policy_definition") or {}
-    values = [
-        v
-        for v in ((queue.get("arguments") or {}).get(argument), policy.get(policy_key))
-        if isinstance(v, int) and not isinstance(v, bool)
-    ]
-    return min(values) if values else None
-
-
-def _overflow(queue: Mapping[str, Any]) -> str:
-    policy = queue.get("effective_policy_definition") or {}
-    return str(
-        (queue.get("arguments") or {}).get("x-overflow") or policy.get("overflow") or "drop-head"
-    )
 
 
 def allows(pattern: str, name: str) -> bool:
