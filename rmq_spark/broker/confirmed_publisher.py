@@ -73,10 +73,11 @@ class ConfirmedPublisher:
     def _where(self, queue: str) -> str:
         return f"cluster {self.cluster_name} vhost {self.vhost!r} queue {queue!r}"
 
-    def require_queue(self, queue: str) -> None:
-        """The queue exists (a passive declare), else DestinationIncompatibleError."""
+    def require_queue(self, queue: str) -> int:
+        """The queue's exact ready count (a passive declare); DestinationIncompatibleError
+        when it does not exist."""
         try:
-            self._channel.queue_declare(queue, passive=True)
+            declared = self._channel.queue_declare(queue, passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code != _NOT_FOUND:
                 raise DestinationIncompatibleError(
@@ -91,6 +92,7 @@ class ConfirmedPublisher:
             if self._channel.is_closed:
                 self._channel = self._connection.channel()
                 self._channel.confirm_delivery()
+        return int(declared.method.message_count)
 
     def publish(self, queue: str, property_bytes: bytes, body: bytes) -> None:
         """Publish one message to `queue` and wait for the broker's confirm."""

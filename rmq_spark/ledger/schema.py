@@ -76,7 +76,9 @@ MESSAGES: tuple[Column, ...] = (
     _c(
         "properties_sha256",
         _STRING,
-        "Hex sha256 of the content-header property bytes exactly as received.",
+        "Hex sha256 of the content-header property bytes exactly as received; a replayed "
+        "row's, as published (the parked bytes, or with `--to origin` the header policy's "
+        "rewrite of them).",
     ),
     _c("message_id", _STRING, "The message-id property, if set.", nullable=True),
     _c("consumed_at", _TIMESTAMP, "When the delivery reached the mover (UTC)."),

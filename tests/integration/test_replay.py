@@ -24,8 +24,8 @@ from rmq_spark.cli import main
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.errors import ConfigError, DestinationIncompatibleError
 from rmq_spark.ledger import tables
-from rmq_spark.park.replay.plan import Target
 from rmq_spark.park.replay.run import compile_where, run_replay, selected_keys
+from rmq_spark.park.replay.targets import parse_template
 from rmq_spark.park.run import run_park
 from rmq_spark.park.table import read_parked_spark
 from rmq_spark.transfer.amqp091 import wire
@@ -77,7 +77,9 @@ def test_a_parked_queue_replayed_to_its_source_is_byte_identical_in_order_and_on
     assert run_park(spark, config, run_id="park-1").verified
     assert depth(brokers.dr, vhost, QUEUE) == 0
 
-    first = run_replay(config, parked_run_id="park-1", target=Target(), run_id="replay-1")
+    first = run_replay(
+        config, parked_run_id="park-1", target=parse_template("source"), run_id="replay-1"
+    )
 
     assert first.verified
     assert (first.selected, first.published, first.skipped) == (MESSAGES, MESSAGES, 0)
@@ -89,7 +91,9 @@ def test_a_parked_queue_replayed_to_its_source_is_byte_identical_in_order_and_on
     }
     assert all(r["confirmed_at"] is not None for r in rows)
 
-    again = run_replay(config, parked_run_id="park-1", target=Target(), run_id="replay-2")
+    again = run_replay(
+        config, parked_run_id="park-1", target=parse_template("source"), run_id="replay-2"
+    )
 
     assert again.verified
     assert (again.published, again.skipped) == (0, MESSAGES)
@@ -128,7 +132,7 @@ def test_where_replays_exactly_the_rows_spark_sql_selects_to_one_queue(
     result = run_replay(
         config,
         parked_run_id="park-w",
-        target=Target(("dr", vhost, "orders.replayed")),
+        target=parse_template(f"dr:{vhost}:orders.replayed"),
         run_id="replay-w",
         keys=selected_keys(spark, ledger, "park-w", selection),
     )
@@ -168,12 +172,12 @@ def test_bad_input_is_one_error_and_publishes_nothing(
         capsys.readouterr().err
     )
     with pytest.raises(ConfigError, match="50 of the 50 selected rows were parked with"):
-        run_replay(config, parked_run_id="park-meta", target=Target(), run_id="r")
+        run_replay(config, parked_run_id="park-meta", target=parse_template("source"), run_id="r")
     with pytest.raises(DestinationIncompatibleError, match="expected an existing queue"):
         run_replay(
             config,
             parked_run_id="park-full",
-            target=Target(("dr", vhost, "no.such.queue")),
+            target=parse_template(f"dr:{vhost}:no.such.queue"),
             run_id="r",
         )
     assert depth(brokers.dr, vhost, QUEUE) == 0

@@ -183,6 +183,22 @@ def table(*items: tuple[str | bytes, Value]) -> Value:
     return Value(b"F", table_bytes(*items))
 
 
+def death_entry(queue: str, reason: str, *keys: str, expiration: str | None = None) -> Value:
+    """One `x-death` entry as the broker writes it (count, reason, queue, time, exchange,
+    routing-keys; original-expiration for a per-message TTL death)."""
+    items: list[tuple[str, Value]] = [
+        ("count", long_long(2)),
+        ("reason", long_string(reason)),
+        ("queue", long_string(queue)),
+        ("time", timestamp(1_700_000_000)),
+        ("exchange", long_string("shop")),
+        ("routing-keys", array(*(long_string(k) for k in keys))),
+    ]
+    if expiration:
+        items.append(("original-expiration", long_string(expiration)))
+    return table(*items)
+
+
 @dataclass(frozen=True)
 class BasicProperties:
     """The basic class's content-header properties, each as it goes on the wire.

@@ -1,7 +1,13 @@
 """`rmq-spark replay`: a parked run's rows back into queues.
 
-    rmq-spark replay --config FILE --parked RUN_ID --to source|CLUSTER:VHOST:QUEUE
+    rmq-spark replay --config FILE --parked RUN_ID --to source|origin|CLUSTER:VHOST:QUEUE
         [--where SQL] [--messages-per-second N] [--run-id ID]
+        [--broker-headers move|remove|keep] [--restore-expiration]
+
+`--to` is `targets.py`'s: `source`, `origin` (the queue each row's x-death names, the
+property bytes under the redrive's header policy, whose two options are the redrive's
+own, `redrive/header_options.py`) or a CLUSTER:VHOST:QUEUE template over the row's
+source (`{cluster}`, `{vhost}`, `{queue}`).
 
 The config gives the clusters and the ledger (a park's config does). Exit 0 every
 selected row is confirmed in its destination once (published now, or by an earlier
@@ -21,6 +27,11 @@ from typing import TYPE_CHECKING, Any
 from rmq_spark.config import load_config, validate_run_id
 from rmq_spark.errors import ConfigError
 from rmq_spark.logs import mask_secrets_in_logs
+from rmq_spark.redrive.header_options import (
+    add_header_policy_arguments,
+    header_policy,
+    header_policy_given,
+)
 
 if TYPE_CHECKING:
     from rmq_spark.park.replay.run import ReplayResult
@@ -39,8 +50,12 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         "--to",
         required=True,
         metavar="TARGET",
-        help="'source' (each row back to the queue it was parked from) or one queue, "
-        "CLUSTER:VHOST:QUEUE, e.g. main:/:orders (it must exist)",
+        help="'source' (each row back to the queue it was parked from), 'origin' (to the "
+        "queue its x-death names, as rmq-spark redrive does, with its header policy; a "
+        "row without x-death is refused, not guessed) or CLUSTER:VHOST:QUEUE, where any "
+        "part may use the row's source as {cluster}, {vhost}, {queue}, e.g. "
+        "main:/:orders or dr:{vhost}:{queue}.replayed ({{ and }}: a literal brace). "
+        "Every target queue must exist and have room for its rows",
     )
     parser.add_argument(
         "--where",
@@ -54,17 +69,23 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--run-id", help="the ledger's run id of this replay (default: replay-<UTC time>-<random>)"
     )
+    add_header_policy_arguments(parser, applies=" (with --to origin only)", default=None)
 
 
 def run_replay_command(args: argparse.Namespace, session: SessionFactory) -> int:
     """Replay a parked run; print where its rows went and the RESULT."""
-    from rmq_spark.park.replay.plan import parse_target
     from rmq_spark.park.replay.run import compile_where, run_replay, selected_keys
+    from rmq_spark.park.replay.targets import ORIGIN, parse_target
     from rmq_spark.run_id import new_run_id
 
     config = load_config(args.config)
     mask_secrets_in_logs(config)
-    target = parse_target(args.to, config)
+    if args.to != ORIGIN and header_policy_given(args):
+        raise ConfigError(
+            f"--broker-headers and --restore-expiration apply to --to origin only; --to "
+            f"{args.to} publishes the parked property bytes as they are"
+        )
+    target = parse_target(args.to, config, header_policy(args))
     selection = compile_where(args.where)
     validate_run_id(args.parked)
     if args.run_id is not None:

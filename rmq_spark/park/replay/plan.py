@@ -7,7 +7,8 @@ queue and position, the queue it was published to as destination, decision
 reads the confirmed `replayed` rows whose reason is P, across every run, and skips each
 parked row whose (source, position, destination) is among them. So a re-run, with any
 run id, publishes only what no earlier replay of P to the same queues confirmed; a
-replay to another queue is another replay.
+replay to another queue is another replay. Where each row goes, and with which
+property bytes, is `targets.py`'s.
 """
 
 from __future__ import annotations
@@ -18,53 +19,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rmq_spark.config import JobConfig
 from rmq_spark.errors import ConfigError
+from rmq_spark.park.replay.targets import Queue
 
 REPLAYED = "replayed"
-SOURCE = "source"
 # (source cluster, vhost, queue, position) of a parked row.
 ParkedKey = tuple[str, str, str, int]
-# (cluster, vhost, queue) a row is replayed to.
-Queue = tuple[str, str, str]
 # A parked key and where it went: what the ledger says a replay did.
 ReplayKey = tuple[str, str, str, int, str, str, str]
-
-
-@dataclass(frozen=True)
-class Target:
-    """`--to`: `source` (None) or one queue, `cluster:vhost:queue`."""
-
-    queue: Queue | None = None
-
-    @property
-    def label(self) -> str:
-        return SOURCE if self.queue is None else ":".join(self.queue)
-
-    def destination(self, row: Mapping[str, Any]) -> Queue:
-        """Where a parked row goes."""
-        if self.queue is not None:
-            return self.queue
-        return (row["source_cluster"], row["source_vhost"], row["source_queue"])
-
-
-def parse_target(text: str, config: JobConfig) -> Target:
-    """`source` or CLUSTER:VHOST:QUEUE (the vhost may hold ':'; the queue is after the
-    last one). Templates with placeholders are not supported."""
-    if text == SOURCE:
-        return Target()
-    cluster, _, rest = text.partition(":")
-    vhost, _, queue = rest.rpartition(":")
-    if not cluster or not vhost or not queue:
-        raise ConfigError(
-            f"--to {text!r}: expected 'source' or CLUSTER:VHOST:QUEUE, e.g. main:/:orders"
-        )
-    if "{" in text:
-        raise ConfigError(f"--to {text!r}: placeholders are not supported; name one queue")
-    if cluster not in config.clusters:
-        known = ", ".join(sorted(config.clusters))
-        raise ConfigError(f"--to {text!r}: no cluster {cluster!r} in the config (it has {known})")
-    return Target((cluster, vhost, queue))
 
 
 def parked_key(row: Mapping[str, Any]) -> ParkedKey:
@@ -117,17 +79,15 @@ class ReplayPlan:
         return sorted({(r["_to"][0], r["_to"][1], r["_to"][2]) for r in self.publish})
 
 
-def plan_replay(
-    rows: Iterable[Mapping[str, Any]], target: Target, confirmed: set[ReplayKey]
-) -> ReplayPlan:
-    """What to publish: each row with its destination (`_to`), in replay order."""
+def plan_replay(routed: Iterable[Mapping[str, Any]], confirmed: set[ReplayKey]) -> ReplayPlan:
+    """What to publish: the routed rows (`targets.route_rows`: each with its destination
+    `_to` and the bytes to send `_sent`) in replay order, less what was confirmed."""
     publish, skipped = [], 0
-    for row in in_replay_order(rows):
-        to = target.destination(row)
-        if replay_key(row, to) in confirmed:
+    for row in in_replay_order(routed):
+        if replay_key(row, row["_to"]) in confirmed:
             skipped += 1
             continue
-        publish.append({**row, "_to": to})
+        publish.append(row)
     return ReplayPlan(tuple(publish), skipped)
 
 
@@ -141,7 +101,9 @@ def ledger_row(
     read_at: datetime,
     confirmed_at: datetime,
 ) -> dict[str, Any]:
-    """The `messages` row of one confirmed replayed publish (checksums of the bytes sent)."""
+    """The `messages` row of one confirmed replayed publish: its checksums are of the bytes
+    sent (`_sent`: the parked property bytes, or for `--to origin` the header policy's
+    rewrite of them; the parked row keeps the digest of the bytes as parked)."""
     cluster, vhost, queue = row["_to"]
     body: bytes = row["body"]
     return {
@@ -158,7 +120,7 @@ def ledger_row(
         "redelivered": bool(row["redelivered"]),
         "body_size": len(body),
         "body_sha256": hashlib.sha256(body).hexdigest(),
-        "properties_sha256": hashlib.sha256(row["properties"]).hexdigest(),
+        "properties_sha256": hashlib.sha256(row["_sent"]).hexdigest(),
         "message_id": message_id,
         "consumed_at": read_at,
         "confirmed_at": confirmed_at,
@@ -172,7 +134,7 @@ def ledger_row(
 
 
 def replay_counts(
-    selected: Iterable[Mapping[str, Any]], target: Target, ledger_keys: Iterable[ReplayKey]
+    routed: Iterable[Mapping[str, Any]], ledger_keys: Iterable[ReplayKey]
 ) -> tuple[int, int]:
     """(selected rows no replay confirmed, selected rows confirmed more than once), from
     the ledger's confirmed replayed rows of this parked run read back after the replay."""
@@ -180,8 +142,8 @@ def replay_counts(
     for key in ledger_keys:
         seen[key] = seen.get(key, 0) + 1
     missing = duplicates = 0
-    for row in selected:
-        count = seen.get(replay_key(row, target.destination(row)), 0)
+    for row in routed:
+        count = seen.get(replay_key(row, row["_to"]), 0)
         missing += count == 0
         duplicates += max(count - 1, 0)
     return missing, duplicates

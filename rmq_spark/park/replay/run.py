@@ -1,13 +1,16 @@
 """A replay: one parked run's rows back into queues, from the driver.
 
-The stages: the parked run's rows (delta-rs and pyarrow, no Spark); with `--where`, the
-keys Spark SQL selects (`selected_keys`, the only Spark step); the checks (rows exist,
-bodies kept, every destination queue exists) before anything is published; the ledger's
-confirmed replays of the same parked run (`plan.py` says how a replay names what it
-did), whose rows are skipped; then each source queue's rows in position order, each
-published and confirmed (`broker/confirmed_publisher.py`), their `messages` rows
-appended every `LEDGER_BATCH` confirms and at the end; the ledger read back (every
-selected row confirmed once); the run's `runs` row.
+The stages: the parked run's rows (delta-rs and pyarrow, no Spark), its schema version
+checked first (`refusals.py`); with `--where`, the keys Spark SQL selects
+(`selected_keys`, the only Spark step); each row's destination and property bytes
+(`targets.py`: a template, `source` or `origin`); the checks before anything is
+published (rows exist, bodies kept, every row has a destination, every destination queue
+exists and would take its rows: `refusals.py`); the ledger's confirmed replays of the
+same parked run (`plan.py` says how a replay names what it did), whose rows are
+skipped; then each source queue's rows in position order, each published and confirmed
+(`broker/confirmed_publisher.py`), their `messages` rows appended every `LEDGER_BATCH`
+confirms and at the end; the ledger read back (every selected row confirmed once); the
+run's `runs` row.
 
 **On the driver, not in a Spark task.** A replay is one confirm stream per queue in
 position order; the rows are read where they are already (the driver's Arrow reader),
@@ -35,9 +38,7 @@ from rmq_spark.ledger import store, tables
 from rmq_spark.park.replay.plan import (
     REPLAYED,
     ParkedKey,
-    Queue,
     ReplayKey,
-    Target,
     check_replayable,
     ledger_replay_key,
     ledger_row,
@@ -45,6 +46,15 @@ from rmq_spark.park.replay.plan import (
     plan_replay,
     replay_counts,
 )
+from rmq_spark.park.replay.refusals import (
+    FactsReader,
+    check_schema_versions,
+    check_targets,
+    demand_of,
+    management_reader,
+    read_targets,
+)
+from rmq_spark.park.replay.targets import Queue, Target, route_rows
 from rmq_spark.park.table import read_parked, read_parked_spark
 from rmq_spark.selection.expression import Selection
 from rmq_spark.transfer.parked_rows import SCHEMA
@@ -72,7 +82,7 @@ _LEDGER_COLUMNS = [
 
 
 class Publisher(Protocol):
-    def require_queue(self, queue: str) -> None: ...
+    def require_queue(self, queue: str) -> int: ...
     def publish(self, queue: str, property_bytes: bytes, body: bytes) -> None: ...
     def close(self) -> None: ...
 
@@ -133,16 +143,19 @@ def selected_keys(
 
 
 def parked_rows(ledger_path: str, parked_run_id: str) -> list[dict[str, Any]]:
-    """The run's rows; one error naming the runs there when it has none."""
+    """The run's rows; one error naming the runs there when it has none, or naming its
+    schema version when this rmq-spark reads another (read from that column first)."""
+    versions = read_parked(ledger_path, parked_run_id, ["schema_version"]).column(0)
+    if len(versions) == 0:
+        runs = pc.unique(read_parked(ledger_path, None, ["run_id"]).column("run_id"))
+        shown = ", ".join(sorted(runs.to_pylist())[:10]) or "none"
+        raise ConfigError(
+            f"--parked {parked_run_id!r}: no such parked run in the ledger's parked table "
+            f"(its runs: {shown}); nothing was published"
+        )
+    check_schema_versions(parked_run_id, pc.unique(versions).to_pylist())
     rows: list[dict[str, Any]] = read_parked(ledger_path, parked_run_id).to_pylist()
-    if rows:
-        return rows
-    runs = pc.unique(read_parked(ledger_path, None, ["run_id"]).column("run_id")).to_pylist()
-    shown = ", ".join(sorted(runs)[:10]) or "none"
-    raise ConfigError(
-        f"--parked {parked_run_id!r}: no such parked run in the ledger's parked table "
-        f"(its runs: {shown}); nothing was published"
-    )
+    return rows
 
 
 def confirmed_replays(ledger_path: str, parked_run_id: str) -> set[ReplayKey]:
@@ -172,15 +185,18 @@ def run_replay(
     keys: set[ParkedKey] | None = None,
     messages_per_second: float | None = None,
     publisher_for: PublisherFactory | None = None,
+    facts_reader: FactsReader | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ReplayResult:
     """Replay the parked run's rows (those in `keys`, when given) to `target`.
 
     Raises RmqSparkError subclasses before anything is published when the run has no
-    rows, a selected row has no body, or a destination queue does not exist; a broker
-    that returns or nacks a message stops the replay (the rows confirmed before it are
-    in the ledger).
+    rows or is of another schema version, a selected row has no body or (`origin`) no
+    x-death, or a destination queue does not exist or would refuse its rows
+    (`refusals.py`); a broker that returns or nacks a message stops the replay (the
+    rows confirmed before it are in the ledger). `publisher_for` and `facts_reader`
+    stand in for the brokers' AMQP and management API in tests.
     """
     started, started_at = clock(), datetime.now(UTC)
     ledger_path = store.use_ledger(config.ledger)
@@ -189,7 +205,8 @@ def run_replay(
     if keys is not None:
         rows = [row for row in rows if parked_key(row) in keys]
     check_replayable(parked_run_id, rows)
-    plan = plan_replay(rows, target, confirmed_replays(ledger_path, parked_run_id))
+    routed = route_rows(target, rows, parked_run_id=parked_run_id, clusters=config.clusters)
+    plan = plan_replay(routed, confirmed_replays(ledger_path, parked_run_id))
     factory = publisher_for or (
         lambda cluster, vhost: ConfirmedPublisher(cluster, config.clusters[cluster], vhost)
     )
@@ -197,14 +214,19 @@ def run_replay(
     published_bytes = 0
     with ExitStack() as stack:
         publishers: dict[tuple[str, str], Publisher] = {}
+        demand = demand_of(plan.publish)
         # A named target is checked even when nothing is left to publish to it.
-        queues = sorted({*plan.destinations, *([target.queue] if target.queue else [])})
-        for cluster, vhost, queue in queues:
+        if target.queue is not None:
+            demand.setdefault(target.queue, (0, 0))
+        depths: dict[Queue, int] = {}
+        for cluster, vhost, queue in sorted(demand):
             if (cluster, vhost) not in publishers:
                 publisher = factory(cluster, vhost)
                 stack.callback(publisher.close)
                 publishers[(cluster, vhost)] = publisher
-            publishers[(cluster, vhost)].require_queue(queue)
+            depths[(cluster, vhost, queue)] = publishers[(cluster, vhost)].require_queue(queue)
+        reader = facts_reader or management_reader(config)
+        check_targets(target.label, demand, depths, read_targets(reader, demand))
         log.info(
             "replay %s of parked run %s to %s: %d to publish, %d already replayed",
             run_id,
@@ -219,7 +241,7 @@ def run_replay(
             try:
                 for row in _braked(batch, messages_per_second, clock, sleep):
                     cluster, vhost, queue = row["_to"]
-                    publishers[(cluster, vhost)].publish(queue, row["properties"], row["body"])
+                    publishers[(cluster, vhost)].publish(queue, row["_sent"], row["body"])
                     by_queue[row["_to"]] = by_queue.get(row["_to"], 0) + 1
                     published_bytes += len(row["body"])
                     done.append(
@@ -236,7 +258,7 @@ def run_replay(
             finally:
                 tables.append_rows(ledger_path, "messages", done)
     missing, duplicates = replay_counts(
-        rows, target, map(ledger_replay_key, _confirmed_rows(ledger_path, parked_run_id))
+        routed, map(ledger_replay_key, _confirmed_rows(ledger_path, parked_run_id))
     )
     result = ReplayResult(
         run_id=run_id,

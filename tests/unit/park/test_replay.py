@@ -7,8 +7,11 @@ what it was given, and the ledger is read back with delta-rs.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,15 +20,23 @@ from rmq_spark.config import JobConfig, parse_config
 from rmq_spark.errors import ConfigError, DestinationIncompatibleError, TransferError
 from rmq_spark.ledger import tables
 from rmq_spark.model import Delivery, TransferKey
-from rmq_spark.park.replay.plan import Target, parse_target, plan_replay
+from rmq_spark.park.replay.plan import plan_replay
+from rmq_spark.park.replay.refusals import TargetFacts
 from rmq_spark.park.replay.run import compile_where, run_replay
-from rmq_spark.park.table import commit_parked, ensure_parked_table
+from rmq_spark.park.replay.targets import OriginTarget, parse_template, route_rows
+from rmq_spark.park.table import commit_parked, ensure_parked_table, read_parked
+from rmq_spark.redrive.headers import MOVED_HEADER
+from rmq_spark.selection.fields import read_properties
+from rmq_spark.transfer import parked_rows
 from rmq_spark.transfer.parked_rows import ParkedRowsWriter
+from tests.support import amqp_encoding as amqp
 
 ENV = {"DR_PASSWORD": "secret"}
 ORDERS = TransferKey("dr", "shop", "orders", "parked", "shop", "orders")
 REFUNDS = TransferKey("dr", "shop", "refunds", "parked", "shop", "refunds")
+DLQ = TransferKey("dr", "shop", "shop.dlq", "parked", "shop", "shop.dlq")
 PROPERTIES = b"\x10\x00\x02"  # delivery_mode 2: any exact bytes
+SOURCE = parse_template("source")
 
 
 def job_config(ledger: Path) -> JobConfig:
@@ -52,8 +63,15 @@ def job_config(ledger: Path) -> JobConfig:
 
 
 def park(
-    ledger: Path, run_id: str, key: TransferKey, bodies: list[bytes], *, exclude: bool = False
+    ledger: Path,
+    run_id: str,
+    key: TransferKey,
+    bodies: list[bytes],
+    *,
+    exclude: bool = False,
+    blocks: list[bytes] | None = None,
 ) -> None:
+    """Park `bodies` as a run's rows, each with PROPERTIES or its own of `blocks`."""
     ensure_parked_table(str(ledger))
     tables.ensure_tables(str(ledger))
     writer = ParkedRowsWriter(str(ledger), run_id, key, "0.0.0", exclude_body=exclude)
@@ -70,7 +88,9 @@ def park(
             message_id=None,
             consumed_at=datetime(2026, 1, 1, tzinfo=UTC),
         )
-        delivery.body, delivery.properties = body, PROPERTIES
+        delivery.body = body
+        delivery.properties = PROPERTIES if blocks is None else blocks[position]
+        delivery.properties_sha256 = hashlib.sha256(delivery.properties).hexdigest()
         found.append(delivery)
     # Two files in reverse order: the replay orders by position, not by file.
     half = len(found) // 2
@@ -93,9 +113,10 @@ class FakePublisher:
         self.log, self.cluster, self.vhost = log, cluster, vhost
         self.queues, self.refuse_at = queues, refuse_at
 
-    def require_queue(self, queue: str) -> None:
+    def require_queue(self, queue: str) -> int:
         if queue not in self.queues:
             raise DestinationIncompatibleError(f"queue {queue!r}: none")
+        return 0
 
     def publish(self, queue: str, property_bytes: bytes, body: bytes) -> None:
         if self.refuse_at is not None and len(self.log) == self.refuse_at:
@@ -107,37 +128,45 @@ class FakePublisher:
 
 
 class Broker:
-    def __init__(self, queues: set[str], refuse_at: int | None = None) -> None:
+    """The fake broker's AMQP side (called: a publisher) and management side (`facts`:
+    its queues as classic queues without limits, or the rows given)."""
+
+    def __init__(
+        self,
+        queues: set[str],
+        refuse_at: int | None = None,
+        rows: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         self.published: list[tuple[str, str, str, bytes, bytes]] = []
-        self.queues, self.refuse_at = queues, refuse_at
+        self.queues, self.refuse_at, self.rows = queues, refuse_at, rows or {}
 
     def __call__(self, cluster: str, vhost: str) -> FakePublisher:
         return FakePublisher(self.published, cluster, vhost, self.queues, self.refuse_at)
+
+    def facts(self, cluster: str, vhost: str, queues: Sequence[str]) -> TargetFacts:
+        return TargetFacts({q: self.rows.get(q, {"name": q, "type": "classic"}) for q in queues})
 
 
 def bodies(prefix: str, count: int) -> list[bytes]:
     return [f"{prefix}-{i}".encode() for i in range(count)]
 
 
-def test_targets_are_source_or_one_queue_of_a_configured_cluster(tmp_path: Path) -> None:
-    config = job_config(tmp_path)
-    assert parse_target("source", config) == Target()
-    assert parse_target("dr:a:b:orders", config).queue == ("dr", "a:b", "orders")
-    for bad, said in [
-        ("orders", "expected 'source' or CLUSTER:VHOST:QUEUE"),
-        ("main:/:orders", "no cluster 'main'"),
-        ("dr:/:{source_queue}", "placeholders are not supported"),
-    ]:
-        with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
-            parse_target(bad, config)
-
-
 def test_the_plan_orders_by_queue_and_position_and_skips_what_was_confirmed() -> None:
     rows = [
-        {"source_cluster": "dr", "source_vhost": "v", "source_queue": q, "position": p}
+        {
+            "source_cluster": "dr",
+            "source_vhost": "v",
+            "source_queue": q,
+            "position": p,
+            "properties": PROPERTIES,
+        }
         for q, p in [("b", 1), ("a", 2), ("b", 0), ("a", 0), ("a", 1)]
     ]
-    plan = plan_replay(rows, Target(), {("dr", "v", "a", 1, "dr", "v", "a")})
+
+    def routed(template: str) -> list[dict[str, object]]:
+        return route_rows(parse_template(template), rows, parked_run_id="p", clusters=["dr"])
+
+    plan = plan_replay(routed("source"), {("dr", "v", "a", 1, "dr", "v", "a")})
     assert [(r["source_queue"], r["position"]) for r in plan.publish] == [
         ("a", 0),
         ("a", 2),
@@ -146,7 +175,7 @@ def test_the_plan_orders_by_queue_and_position_and_skips_what_was_confirmed() ->
     ]
     assert plan.skipped == 1
     # The same rows to another queue: another replay, nothing skipped.
-    other = plan_replay(rows, Target(("dr", "v", "x")), {("dr", "v", "a", 1, "dr", "v", "a")})
+    other = plan_replay(routed("dr:v:x"), {("dr", "v", "a", 1, "dr", "v", "a")})
     assert other.skipped == 0
     assert other.destinations == [("dr", "v", "x")]
 
@@ -160,7 +189,12 @@ def test_a_replay_publishes_each_queue_in_order_and_a_rerun_publishes_nothing(
     config = job_config(tmp_path)
 
     first = run_replay(
-        config, parked_run_id="park-1", target=Target(), run_id="replay-1", publisher_for=broker
+        config,
+        parked_run_id="park-1",
+        target=SOURCE,
+        run_id="replay-1",
+        publisher_for=broker,
+        facts_reader=broker.facts,
     )
 
     assert first.verified
@@ -179,7 +213,12 @@ def test_a_replay_publishes_each_queue_in_order_and_a_rerun_publishes_nothing(
     }
 
     again = run_replay(
-        config, parked_run_id="park-1", target=Target(), run_id="replay-2", publisher_for=broker
+        config,
+        parked_run_id="park-1",
+        target=SOURCE,
+        run_id="replay-2",
+        publisher_for=broker,
+        facts_reader=broker.facts,
     )
 
     assert again.verified
@@ -199,13 +238,23 @@ def test_a_refused_publish_stops_the_replay_and_the_rerun_publishes_only_the_res
 
     with pytest.raises(TransferError, match="nack"):
         run_replay(
-            config, parked_run_id="park-1", target=Target(), run_id="r1", publisher_for=refusing
+            config,
+            parked_run_id="park-1",
+            target=SOURCE,
+            run_id="r1",
+            publisher_for=refusing,
+            facts_reader=refusing.facts,
         )
 
     assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 4
     broker = Broker({"orders"})
     result = run_replay(
-        config, parked_run_id="park-1", target=Target(), run_id="r2", publisher_for=broker
+        config,
+        parked_run_id="park-1",
+        target=SOURCE,
+        run_id="r2",
+        publisher_for=broker,
+        facts_reader=broker.facts,
     )
     assert (result.published, result.skipped, result.verified) == (2, 4, True)
     assert [p[4] for p in broker.published] == bodies("o", 6)[4:]
@@ -218,10 +267,11 @@ def test_a_replay_to_one_queue_and_of_some_keys(tmp_path: Path) -> None:
     result = run_replay(
         job_config(tmp_path),
         parked_run_id="park-1",
-        target=Target(("dr", "shop", "all")),
+        target=parse_template("dr:shop:all"),
         run_id="r1",
         keys={("dr", "shop", "refunds", 4), ("dr", "shop", "orders", 1)},
         publisher_for=broker,
+        facts_reader=broker.facts,
     )
     assert result.verified
     assert [(p[2], p[4]) for p in broker.published] == [("all", b"o-1"), ("all", b"r-4")]
@@ -233,19 +283,24 @@ def test_bad_input_is_one_error_and_nothing_is_published(tmp_path: Path) -> None
     config = job_config(tmp_path)
     broker = Broker({"orders"})
     cases = [
-        ("park-9", Target(), ConfigError, r"--parked 'park-9': no such parked run .*park-1"),
+        ("park-9", SOURCE, ConfigError, r"--parked 'park-9': no such parked run .*park-1"),
         (
             "park-meta",
-            Target(),
+            SOURCE,
             ConfigError,
             "3 of the 3 selected rows were parked with park.exclude_body",
         ),
-        ("park-1", Target(("dr", "shop", "gone")), DestinationIncompatibleError, "'gone'"),
+        ("park-1", parse_template("dr:shop:gone"), DestinationIncompatibleError, "'gone'"),
     ]
     for parked, target, error, said in cases:
         with pytest.raises(error, match=said):
             run_replay(
-                config, parked_run_id=parked, target=target, run_id="r", publisher_for=broker
+                config,
+                parked_run_id=parked,
+                target=target,
+                run_id="r",
+                publisher_for=broker,
+                facts_reader=broker.facts,
             )
     assert broker.published == []
     assert tables.read_arrow(str(tmp_path), "messages", run_id="r").num_rows == 0
@@ -269,10 +324,11 @@ def test_the_brake_spaces_publishes_by_the_rate(tmp_path: Path) -> None:
     run_replay(
         job_config(tmp_path),
         parked_run_id="park-1",
-        target=Target(),
+        target=SOURCE,
         run_id="r1",
         messages_per_second=10,
         publisher_for=broker,
+        facts_reader=broker.facts,
         clock=lambda: now[0],
         sleep=sleep,
     )
@@ -280,3 +336,87 @@ def test_the_brake_spaces_publishes_by_the_rate(tmp_path: Path) -> None:
     # A publish goes while the bucket (one token, full at the start) is not in debt:
     # two at once, then one every 0.1 s.
     assert now[0] == pytest.approx(1.9)
+
+
+def test_origin_publishes_each_row_to_its_x_death_queue_rewritten_and_says_so_in_the_ledger(
+    tmp_path: Path,
+) -> None:
+    def dead(origin: str) -> bytes:
+        headers = amqp.table_bytes(("x-death", amqp.array(amqp.death_entry(origin, "rejected"))))
+        return amqp.BasicProperties(headers=headers, message_id=f"from-{origin}").encode()
+
+    blocks = [dead("orders"), dead("refunds"), dead("orders")]
+    park(tmp_path, "park-1", DLQ, bodies("d", 3), blocks=blocks)
+    broker = Broker({"orders", "refunds"})
+    config = job_config(tmp_path)
+
+    result = run_replay(
+        config,
+        parked_run_id="park-1",
+        target=OriginTarget(),
+        run_id="r1",
+        publisher_for=broker,
+        facts_reader=broker.facts,
+    )
+
+    assert result.verified
+    assert [(p[2], p[4]) for p in broker.published] == [
+        ("orders", b"d-0"),
+        ("refunds", b"d-1"),
+        ("orders", b"d-2"),
+    ]
+    for (_, _, _, sent, _), parked in zip(broker.published, blocks, strict=True):
+        assert sent != parked
+        assert "x-death" not in read_properties(sent).headers
+        assert MOVED_HEADER in read_properties(sent).headers
+    ledger = tables.read_arrow(str(tmp_path), "messages", run_id="r1").to_pylist()
+    by_position = {r["position"]: r for r in ledger}
+    assert [by_position[p]["properties_sha256"] for p in range(3)] == [
+        hashlib.sha256(p[3]).hexdigest() for p in broker.published
+    ]
+    parked = read_parked(str(tmp_path), "park-1").to_pylist()
+    assert {r["properties_sha256"] for r in parked} == {
+        hashlib.sha256(b).hexdigest() for b in blocks
+    }
+    again = run_replay(
+        config,
+        parked_run_id="park-1",
+        target=OriginTarget(),
+        run_id="r2",
+        publisher_for=broker,
+        facts_reader=broker.facts,
+    )
+    assert (again.published, again.skipped, again.verified) == (0, 3, True)
+
+
+def test_a_target_without_room_or_of_another_schema_version_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    park(tmp_path, "park-1", ORDERS, bodies("o", 5))
+    full = {"name": "orders", "type": "quorum", "arguments": {"x-max-length": 4}}
+    broker = Broker({"orders"}, rows={"orders": full})
+    config = job_config(tmp_path)
+    with pytest.raises(DestinationIncompatibleError, match="holds at most 4 messages"):
+        run_replay(
+            config,
+            parked_run_id="park-1",
+            target=SOURCE,
+            run_id="r1",
+            publisher_for=broker,
+            facts_reader=broker.facts,
+        )
+    monkeypatch.setattr(parked_rows, "SCHEMA_VERSION", parked_rows.SCHEMA_VERSION + 1)
+    park(tmp_path, "park-2", ORDERS, bodies("o", 2))
+    monkeypatch.undo()
+    roomy = Broker({"orders"})
+    with pytest.raises(ConfigError, match="its rows are of parked-table schema version 2, this"):
+        run_replay(
+            config,
+            parked_run_id="park-2",
+            target=SOURCE,
+            run_id="r2",
+            publisher_for=roomy,
+            facts_reader=roomy.facts,
+        )
+    assert broker.published == roomy.published == []
+    assert tables.read_arrow(str(tmp_path), "messages").num_rows == 0

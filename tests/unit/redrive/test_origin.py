@@ -7,20 +7,6 @@ from rmq_spark.selection.fields import read_properties
 from tests.support import amqp_encoding as amqp
 
 
-def _entry(queue: str, reason: str, *keys: str, expiration: str | None = None) -> amqp.Value:
-    items: list[tuple[str, amqp.Value]] = [
-        ("count", amqp.long_long(2)),
-        ("reason", amqp.long_string(reason)),
-        ("queue", amqp.long_string(queue)),
-        ("time", amqp.timestamp(1_700_000_000)),
-        ("exchange", amqp.long_string("shop")),
-        ("routing-keys", amqp.array(*(amqp.long_string(k) for k in keys))),
-    ]
-    if expiration:
-        items.append(("original-expiration", amqp.long_string(expiration)))
-    return amqp.table(*items)
-
-
 def _properties(*entries: amqp.Value, summary: str | None = None) -> bytes:
     headers: list[tuple[str, amqp.Value]] = [("x-death", amqp.array(*entries))]
     if summary:
@@ -31,8 +17,8 @@ def _properties(*entries: amqp.Value, summary: str | None = None) -> bytes:
 
 def test_the_newest_entry_is_the_origin_whatever_the_summaries_say() -> None:
     raw = _properties(
-        _entry("payments", "rejected", "pay.new", "cc.audit"),
-        _entry("orders", "expired", "orders.new", expiration="60000"),
+        amqp.death_entry("payments", "rejected", "pay.new", "cc.audit"),
+        amqp.death_entry("orders", "expired", "orders.new", expiration="60000"),
         summary="invoices",
     )
     found = origin(read_properties(raw), "shop.dlq")
@@ -43,7 +29,9 @@ def test_the_newest_entry_is_the_origin_whatever_the_summaries_say() -> None:
 
 
 def test_an_entry_naming_the_dlq_itself_is_skipped() -> None:
-    raw = _properties(_entry("shop.dlq", "expired"), _entry("orders", "rejected", "o"))
+    raw = _properties(
+        amqp.death_entry("shop.dlq", "expired"), amqp.death_entry("orders", "rejected", "o")
+    )
     found = origin(read_properties(raw), "shop.dlq")
     assert found is not None
     assert found.queue == "orders"
@@ -56,7 +44,10 @@ def test_no_x_death_means_no_origin() -> None:
 
 
 def test_original_expiration_and_order_are_read_for_every_entry() -> None:
-    raw = _properties(_entry("a", "expired", "a", expiration="500"), _entry("b", "maxlen", "b"))
+    raw = _properties(
+        amqp.death_entry("a", "expired", "a", expiration="500"),
+        amqp.death_entry("b", "maxlen", "b"),
+    )
     entries = death_entries(read_properties(raw))
     assert [(e.queue, e.reason, e.original_expiration) for e in entries] == [
         ("a", "expired", "500"),
@@ -65,6 +56,6 @@ def test_original_expiration_and_order_are_read_for_every_entry() -> None:
 
 
 def test_an_entry_without_routing_keys_routes_by_its_queue_name() -> None:
-    found = origin(read_properties(_properties(_entry("orders", "rejected"))), "dlq")
+    found = origin(read_properties(_properties(amqp.death_entry("orders", "rejected"))), "dlq")
     assert found is not None
     assert found.routing_key == "orders"
