@@ -50,13 +50,17 @@ def published(vhost: str, count: int) -> list[dict[str, Any]]:
     ]
 
 
-def park_config(tmp_path: Path, brokers: Brokers, vhost: str, **route: Any) -> JobConfig:
+def park_config(
+    tmp_path: Path, brokers: Brokers, vhost: str, *, queue: str = QUEUE, **route: Any
+) -> JobConfig:
+    """The config (written to tmp_path/job.yaml) whose one route parks `queue` of `vhost`
+    on the dr node; `park` and `ledger` set those sections, the rest update the route."""
     path = write_config(tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger")
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     park = route.pop("park", None)
     ledger = route.pop("ledger", None)
     raw["routes"][0]["destination"] = {"table": "parked"}
-    raw["routes"][0]["source"]["queues"] = [QUEUE]
+    raw["routes"][0]["source"]["queues"] = [queue]
     del raw["routes"][0]["source"]["queue_pattern"]
     raw["routes"][0].update(route)
     if park is not None:
