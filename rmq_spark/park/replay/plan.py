@@ -20,8 +20,8 @@ from typing import Any
 
 from rmq_spark.config import JobConfig
 from rmq_spark.errors import ConfigError
+from rmq_spark.transfer.decisions import REPLAYED
 
-REPLAYED = "replayed"
 SOURCE = "source"
 # (source cluster, vhost, queue, position) of a parked row.
 ParkedKey = tuple[str, str, str, int]
