@@ -26,7 +26,7 @@ from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.ledger.layout import KEY_COLUMNS
 from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey, task_count
-from rmq_spark.park.table import commit_parked, ensure_parked_table, read_parked
+from rmq_spark.park.table import commit_parked, ensure_parked_table
 from rmq_spark.park.verdicts import ParkVerdict, Reading, park_verdict
 from rmq_spark.partition_tasks import run_tasks
 from rmq_spark.pipeline import executor_settings
@@ -35,6 +35,7 @@ from rmq_spark.planning.rate_limits import route_rate_limits
 from rmq_spark.planning.selections import route_selections
 from rmq_spark.transfer.executor import ParkSettings, move_partition
 from rmq_spark.transfer.outcomes import OUTCOME_SCHEMA, outcome_of
+from rmq_spark.transfer.parked_table import read_parked
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

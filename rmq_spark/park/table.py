@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
@@ -33,16 +32,13 @@ from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import store
 from rmq_spark.ledger.layout import TEMP_PREFIX
 from rmq_spark.ledger.storage import storage_options
-from rmq_spark.transfer.parked_rows import PARTITION_BY, SCHEMA, TABLE, run_partition
+from rmq_spark.transfer.parked_rows import PARTITION_BY, SCHEMA, run_partition
+from rmq_spark.transfer.parked_table import parked_files, table_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
-
-
-def table_path(ledger_path: str) -> str:
-    return str(store.root(ledger_path) / TABLE)
 
 
 def ensure_parked_table(ledger_path: str) -> None:
@@ -121,48 +117,6 @@ def commit_parked(ledger_path: str, run_id: str) -> int:
     )
     log.info("committed %d parked files (%d rows) of run %s", len(actions), rows, run_id)
     return rows
-
-
-def parked_files(ledger_path: str, run_id: str | None = None) -> list[str]:
-    """The table's current data files (of one run), as URIs."""
-    path = table_path(ledger_path)
-    try:
-        table = DeltaTable(path, storage_options=storage_options(path))
-    except TableNotFoundError as exc:
-        raise LedgerError(f"ledger table {path} does not exist: nothing was parked") from exc
-    return list(
-        table.file_uris(partition_filters=[("run_id", "=", run_id)] if run_id is not None else None)
-    )
-
-
-def parked_dataset(ledger_path: str, run_id: str | None = None) -> ds.Dataset:
-    """The table's snapshot (or one run's part of it) as a pyarrow dataset (DuckDB,
-    polars and pandas read it as it is: `duckdb.sql("select ... from dataset")`)."""
-    files = parked_files(ledger_path, run_id)
-    base = table_path(ledger_path)
-    filesystem = None
-    if store.is_object_store(ledger_path):
-        filesystem = store.filesystem_of(ledger_path)
-        files = [store.StorePath(unquote(uri)).fs_path for uri in files]
-        base = store.StorePath(base).fs_path
-    else:
-        files = [unquote(uri.removeprefix("file://")) for uri in files]
-    partition_schema = pa.schema([SCHEMA.field(name) for name in PARTITION_BY])
-    return ds.dataset(
-        files,
-        schema=SCHEMA,
-        format="parquet",
-        partitioning=ds.partitioning(partition_schema, flavor="hive"),
-        partition_base_dir=base,
-        filesystem=filesystem,
-    )
-
-
-def read_parked(
-    ledger_path: str, run_id: str | None = None, columns: list[str] | None = None
-) -> pa.Table:
-    """The parked rows (of one run) as an Arrow table, without Spark."""
-    return parked_dataset(ledger_path, run_id).to_table(columns=columns)
 
 
 def read_parked_spark(spark: SparkSession, ledger_path: str) -> DataFrame:

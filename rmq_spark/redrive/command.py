@@ -108,9 +108,13 @@ def run_redrive_command(args: argparse.Namespace, session: SessionFactory | None
     print(format_counts(dlq, counts), flush=True)
     if args.dry_run:
         return EXIT_OK
+    from rmq_spark.redrive.readings import readings_recorded
     from rmq_spark.transfer.decisions import MOVED
 
-    if not any(decision == MOVED for decision, _, _ in counts):
+    # A killed run resumed with its --run-id is finished (committed, verified) even when
+    # its first driver moved everything there was to move.
+    resuming = args.run_id is not None and readings_recorded(config, args.run_id)
+    if not resuming and not any(decision == MOVED for decision, _, _ in counts):
         print(f"redrive of {dlq.label}: no message to move; nothing moved", flush=True)
         return EXIT_OK
     if session is None:

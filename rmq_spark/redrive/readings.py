@@ -34,6 +34,14 @@ def readings_dir(ledger_path: str, run_id: str) -> Any:
     return store.root(ledger_path) / "redrives" / f"run_id={run_id}"
 
 
+def readings_recorded(config: JobConfig, run_id: str) -> bool:
+    """Whether a driver of this run recorded its first readings: the run was started."""
+    try:
+        return bool((readings_dir(store.use_ledger(config.ledger), run_id) / BEFORE_FILE).exists())
+    except OSError as exc:
+        raise LedgerError(f"ledger {config.ledger.path}: cannot be read ({exc})") from exc
+
+
 def starting_readings(
     config: JobConfig, ledger_path: str, dlq: DeadLetterQueue, run_id: str, queues: list[str]
 ) -> dict[str, QueueReading]:

@@ -169,6 +169,8 @@ def routed_decisions(messages: pa.Table) -> list[tuple[str, str, str, int]]:
         if row["reason"] is None or row["confirmed_at"] is None:
             continue
         decision = row["decision"] or "moved"
+        if decision == "replayed":
+            continue  # a replay's own section counts them (`report/parked.py`)
         key, exchange = row["publish_routing_key"], row["publish_exchange"] or ""
         if decision != "moved" or key is None:
             where = row["source_queue"]

@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import base64
-import html
 import io
 import logging
 import os
@@ -38,6 +37,12 @@ from matplotlib.ticker import FuncFormatter
 from rmq_spark.errors import LedgerError, RmqSparkError
 from rmq_spark.ledger import store
 from rmq_spark.ledger.brakes import BrakeRecord, read_brakes
+from rmq_spark.report.decision_sections import (
+    decisions_section,
+    parked_section,
+    priority_section,
+    routed_section,
+)
 from rmq_spark.report.figures import (
     BUCKET_SECONDS,
     DUPLICATE_COLUMNS,
@@ -59,9 +64,11 @@ from rmq_spark.report.figures import (
     read_ledger_table,
     read_verification,
     repeated_checksums,
-    routed_decisions,
     throughput,
 )
+from rmq_spark.report.markup import escape as _e
+from rmq_spark.report.markup import size as _size
+from rmq_spark.report.parked import ParkedCount, parked_counts
 
 REPORTS_DIR = "reports"
 REPORT_FILE = "report.html"
@@ -152,11 +159,16 @@ def build_report(ledger_path: str, run_id: str, out_path: Path | None = None) ->
     """
     ledger = load_run(ledger_path, run_id)
     verification = read_verification(ledger_path, ledger.run)
+    parked = parked_counts(ledger_path, run_id, ledger.messages)
     if out_path is None and store.is_object_store(ledger_path):
         # Beside the tables on the store too (one PUT); the page links no local files.
         target = store.root(ledger_path) / REPORTS_DIR / f"run_id={run_id}" / REPORT_FILE
         page = render_report(
-            ledger, verification, report_dir=Path.cwd(), brakes=read_brakes(ledger_path, run_id)
+            ledger,
+            verification,
+            report_dir=Path.cwd(),
+            brakes=read_brakes(ledger_path, run_id),
+            parked=parked,
         )
         try:
             target.write_bytes(page.encode("utf-8"))
@@ -169,7 +181,11 @@ def build_report(ledger_path: str, run_id: str, out_path: Path | None = None) ->
         else Path(ledger_path) / REPORTS_DIR / f"run_id={run_id}" / REPORT_FILE
     ).resolve()
     page = render_report(
-        ledger, verification, report_dir=out.parent, brakes=read_brakes(ledger_path, run_id)
+        ledger,
+        verification,
+        report_dir=out.parent,
+        brakes=read_brakes(ledger_path, run_id),
+        parked=parked,
     )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -185,8 +201,10 @@ def render_report(
     *,
     report_dir: Path,
     brakes: BrakeRecord | None = None,
+    parked: Sequence[ParkedCount] = (),
 ) -> str:
-    """The whole page as one HTML string; `brakes`: the run's rate limits, if it had any."""
+    """The whole page as one HTML string; `brakes`: the run's rate limits, if it had any;
+    `parked`: a park's or a replay's counts (`report/parked.py`)."""
     run = ledger.run
     rates = throughput(ledger.messages, origin=run["started_at"])
     latency = confirm_latency(ledger.messages)
@@ -198,6 +216,7 @@ def render_report(
         *([] if brakes is None else [brakes_section(brakes)]),
         *decisions_section(queues),
         *routed_section(ledger.messages),
+        *parked_section(list(parked)),
         *priority_section(queues),
         latency_section(latency),
         verification_section(verification, report_dir),
@@ -337,78 +356,6 @@ def throughput_section(rates: Throughput, run_seconds: float) -> str:
     return _figure_section("Throughput", plot_throughput(rates), "throughput", caption)
 
 
-def decisions_section(queues: list[dict[str, Any]]) -> list[str]:
-    """What a selective move decided, per destination (moved) and per source (kept); no
-    section when nothing was kept."""
-    if not any(q["kept"] for q in queues):
-        return []
-    moved: dict[str, int] = {}
-    kept: dict[str, int] = {}
-    for q in queues:
-        moved[q["destination"]] = moved.get(q["destination"], 0) + (q["moved"] or 0)
-        kept[q["source"]] = kept.get(q["source"], 0) + (q["kept"] or 0)
-    rows = "".join(
-        f'<tr><td>moved</td><td>{_e(where)}</td><td class="num">{count:,}</td></tr>'
-        for where, count in sorted(moved.items())
-    ) + "".join(
-        f'<tr><td>kept</td><td>{_e(where)}</td><td class="num">{count:,}</td></tr>'
-        for where, count in sorted(kept.items())
-        if count
-    )
-    return [
-        "<section><h2>Decisions</h2>"
-        "<p>Each examined message was moved to its destination or kept in its source, "
-        "in its order (routes[].select).</p>"
-        '<div class="wide"><table class="queues"><thead><tr><th>decision</th>'
-        "<th>queue</th><th>messages</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table></div></section>"
-    ]
-
-
-def routed_section(messages: Any) -> list[str]:
-    """Where each decision sent messages and why (a redrive: per origin queue and death
-    reason, and the kept ones with why); no section for a plain move's run."""
-    rows = "".join(
-        f"<tr><td>{_e(decision)}</td><td>{_e(where)}</td><td>{_e(reason)}</td>"
-        f'<td class="num">{count:,}</td></tr>'
-        for decision, where, reason, count in routed_decisions(messages)
-    )
-    if not rows:
-        return []
-    return [
-        "<section><h2>Decisions by destination and reason</h2>"
-        "<p>Confirmed rows per decision: moved to the queue (or exchange/key) named, or kept "
-        "in the source, with the death reason or why it was kept (ledger columns "
-        "<code>publish_routing_key</code> and <code>reason</code>).</p>"
-        '<div class="wide"><table class="queues"><thead><tr><th>decision</th>'
-        "<th>destination</th><th>reason</th><th>messages</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table></div></section>"
-    ]
-
-
-def priority_section(queues: list[dict[str, Any]]) -> list[str]:
-    """The transfers whose destination will deliver moved messages by their priority
-    property (a quorum queue on RabbitMQ 4.x); no section when there are none."""
-    reordered = [q for q in queues if q["reordered_by_priority"]]
-    if not reordered:
-        return []
-    rows = "".join(
-        f"<tr><td>{_e(q['source'])}</td><td>{_e(q['destination'])}</td>"
-        f'<td class="num">{q["reordered_by_priority"]:,}</td></tr>'
-        for q in reordered
-    )
-    return [
-        "<section><h2>Priority order</h2>"
-        "<p>These destinations are quorum queues on RabbitMQ 4.x, which deliver by the "
-        "<code>priority</code> property without any queue argument (4.3 in strict priority "
-        "order, 4.0 priorities of 5 and above first): the moved messages that set it reach "
-        "consumers in priority order, not in source order.</p>"
-        '<div class="wide"><table class="queues"><thead><tr><th>source</th>'
-        "<th>destination</th><th>moved with a priority</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table></div></section>"
-    ]
-
-
 def brakes_section(record: BrakeRecord) -> str:
     """The rate limits in force, and how long each limited transfer was held back."""
     rows = "".join(
@@ -482,20 +429,8 @@ def _say_nothing(axes: Any, text: str) -> None:
     axes.set_axis_off()
 
 
-def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
-
-
 def _when(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024:
-            return f"{count:,.1f} {unit}" if unit != "B" else f"{count:,.0f} B"
-        count /= 1024
-    return f"{count:,.1f} TiB"
 
 
 _CSS = """

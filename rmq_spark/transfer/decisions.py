@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # imported when a batch is decided: a plain move never loads 
 DecisionKind = Literal["moved", "kept"]
 MOVED: DecisionKind = "moved"
 KEPT: DecisionKind = "kept"
+# Not the engine's: `rmq-spark replay` records a parked row it published so.
+REPLAYED = "replayed"
 
 NOT_SELECTED = "not selected"
 

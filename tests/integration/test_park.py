@@ -31,7 +31,8 @@ from rmq_spark.devtools.s3_server import REGION, S3Server
 from rmq_spark.ledger import tables
 from rmq_spark.park.command import format_result
 from rmq_spark.park.run import ParkResult, run_park
-from rmq_spark.park.table import parked_files, read_parked, read_parked_spark
+from rmq_spark.park.table import read_parked_spark
+from rmq_spark.transfer.parked_table import parked_files, read_parked
 from tests.support.brokers import Brokers, depth, fresh_vhost
 from tests.support.fault_scenarios import worker_pid_of
 from tests.support.faults import mover_connections, wait_until

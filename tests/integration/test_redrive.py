@@ -7,6 +7,8 @@ the bad input refused with exit 2 and nothing moved.
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.redrive.headers import HeaderAction, HeaderPolicy, rewrite
 from rmq_spark.redrive.origin import death_entries, origin
 from rmq_spark.selection.fields import read_properties
-from rmq_spark.transfer.amqp091 import wire
+from rmq_spark.transfer.amqp091 import peek, wire
 from tests.support.brokers import Brokers, depth, fresh_vhost, seed, write_config
 from tests.support.dead_letters import (
     EXPIRING,
@@ -196,6 +198,102 @@ def test_bad_input_is_one_error_exit_2_and_nothing_moves(
         assert problem in err
         assert len(err.strip().splitlines()) == 1
     assert depth(node, vhost, "plain") == 5
+
+
+class _Holder(threading.Thread):
+    """Another consumer of the DLQ, on its own connection and thread: it takes every
+    message and acks none, until `release` is set; then its connection closes and the
+    broker puts them back."""
+
+    def __init__(self, node: LocalNode, vhost: str, queue: str, count: int) -> None:
+        super().__init__(daemon=True)
+        self.node, self.vhost, self.queue, self.count = node, vhost, queue, count
+        self.holding, self.release = threading.Event(), threading.Event()
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            connection = self.node.connect(self.vhost)
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=self.count)
+            deliveries = channel.consume(self.queue, inactivity_timeout=30)
+            for held, (method, _, _) in enumerate(deliveries, start=1):
+                assert method is not None, f"{held - 1} of {self.count} delivered"
+                if held == self.count:
+                    break
+            self.holding.set()
+            while not self.release.is_set():
+                connection.process_data_events(time_limit=0.1)  # answers heartbeats
+            connection.close()
+        except BaseException as exc:  # the test's thread reports it
+            self.failure = exc
+            self.holding.set()
+
+
+class _ReleaseWhenWaiting(logging.Handler):
+    """Sets `waiting` once the redrive logs that it waits for the other consumer."""
+
+    def __init__(self, waiting: threading.Event) -> None:
+        super().__init__()
+        self.waiting = waiting
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "other consumer(s); waiting" in record.getMessage():
+            self.waiting.set()
+
+
+def test_a_dlq_another_consumer_holds_is_waited_for_and_refused_if_it_stays(
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A declare counts ready messages only: the messages another consumer holds (an
+    interrupted redrive's, until the broker closes its connection) would be left out."""
+    node = brokers_of_version.dr
+    vhost = fresh_vhost(brokers_of_version, "redrive-held")
+    published = make_dead_letters(node, vhost, DLQ, per_queue=2)
+    config = write_config(
+        tmp_path / "job.yaml", brokers_of_version, vhosts=[vhost], ledger=tmp_path / "ledger"
+    )
+    dry_run = ["redrive", "--config", str(config), "--queue", f"dr:{vhost}:{DLQ}", "--dry-run"]
+
+    # A consumer that stays is refused, in one line, with nothing read or moved.
+    stays = _Holder(node, vhost, DLQ, len(published))
+    stays.start()
+    assert stays.holding.wait(60)
+    assert stays.failure is None, stays.failure
+    monkeypatch.setattr(peek, "OTHER_READER_SECONDS", 1.0)
+    assert main(dry_run) == 2
+    err = capsys.readouterr().err
+    assert "1 other consumer(s) still read it" in err, err
+    assert len(err.strip().splitlines()) == 1
+    stays.release.set()
+    stays.join(30)
+
+    # A consumer that goes while the redrive waits: every message is counted.
+    goes = _Holder(node, vhost, DLQ, len(published))
+    goes.start()
+    assert goes.holding.wait(60)
+    assert goes.failure is None, goes.failure
+    monkeypatch.setattr(peek, "OTHER_READER_SECONDS", 60.0)
+    watcher, logger = _ReleaseWhenWaiting(goes.release), logging.getLogger(peek.__name__)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # under pytest the root logger passes WARNING up only
+    logger.addHandler(watcher)
+    try:
+        code = main(dry_run)
+    finally:
+        logger.removeHandler(watcher)
+        logger.setLevel(level)
+    goes.join(30)
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert goes.release.is_set(), "the redrive did not wait for the other consumer"
+    assert out.splitlines()[0] == f"redrive of dr:{vhost}:{DLQ}: {len(published)} messages"
+    after = read_queue(node, vhost, DLQ)
+    assert sorted(str(_message_id(p)) for p, _ in after) == sorted(m.message_id for m in published)
 
 
 def test_a_dry_run_of_a_quorum_dlq_keeps_its_order_and_what_it_costs_is_known(

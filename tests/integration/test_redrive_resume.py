@@ -98,3 +98,7 @@ def test_a_killed_redrive_is_resumed_with_its_run_id_and_verified_with_nothing_l
     assert len({r["message_id"] for r in confirmed}) == len(published) - 1  # all but the stray
     left = read_queue(node, vhost, DLQ)  # the stray, and no fence
     assert [body for _, body in left] == [m.body for m in published if m.message_id == STRAY_ID]
+
+    # Once finished, the run is not started again, though nothing is left to move.
+    assert main(arguments) == 2
+    assert "recorded as finished" in capsys.readouterr().err

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from rmq_spark.report.decision_sections import routed_section
 from rmq_spark.report.figures import routed_decisions
-from rmq_spark.report.html import routed_section
 
 
 def messages(*rows: tuple[str | None, str | None, str | None, str | None, bool]) -> pa.Table:

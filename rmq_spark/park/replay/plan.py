@@ -21,8 +21,8 @@ from typing import Any
 
 from rmq_spark.errors import ConfigError
 from rmq_spark.park.replay.targets import Queue
+from rmq_spark.transfer.decisions import REPLAYED
 
-REPLAYED = "replayed"
 # (source cluster, vhost, queue, position) of a parked row.
 ParkedKey = tuple[str, str, str, int]
 # A parked key and where it went: what the ledger says a replay did.

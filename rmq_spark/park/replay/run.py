@@ -36,7 +36,6 @@ from rmq_spark.config import JobConfig
 from rmq_spark.errors import ConfigError
 from rmq_spark.ledger import store, tables
 from rmq_spark.park.replay.plan import (
-    REPLAYED,
     ParkedKey,
     ReplayKey,
     check_replayable,
@@ -55,9 +54,11 @@ from rmq_spark.park.replay.refusals import (
     read_targets,
 )
 from rmq_spark.park.replay.targets import Queue, Target, route_rows
-from rmq_spark.park.table import read_parked, read_parked_spark
+from rmq_spark.park.table import read_parked_spark
 from rmq_spark.selection.expression import Selection
+from rmq_spark.transfer.decisions import REPLAYED
 from rmq_spark.transfer.parked_rows import SCHEMA
+from rmq_spark.transfer.parked_table import read_parked
 from rmq_spark.transfer.rate_limit import bucket_for
 
 if TYPE_CHECKING:

@@ -24,11 +24,12 @@ from rmq_spark.park.replay.plan import plan_replay
 from rmq_spark.park.replay.refusals import TargetFacts
 from rmq_spark.park.replay.run import compile_where, run_replay
 from rmq_spark.park.replay.targets import OriginTarget, parse_template, route_rows
-from rmq_spark.park.table import commit_parked, ensure_parked_table, read_parked
+from rmq_spark.park.table import commit_parked, ensure_parked_table
 from rmq_spark.redrive.headers import MOVED_HEADER
 from rmq_spark.selection.fields import read_properties
 from rmq_spark.transfer import parked_rows
 from rmq_spark.transfer.parked_rows import ParkedRowsWriter
+from rmq_spark.transfer.parked_table import read_parked
 from tests.support import amqp_encoding as amqp
 
 ENV = {"DR_PASSWORD": "secret"}

@@ -11,8 +11,9 @@ from deltalake import DeltaTable, write_deltalake
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.model import Delivery, TransferKey
-from rmq_spark.park.table import commit_parked, ensure_parked_table, read_parked, table_path
+from rmq_spark.park.table import commit_parked, ensure_parked_table
 from rmq_spark.transfer.parked_rows import ParkedRowsWriter
+from rmq_spark.transfer.parked_table import read_parked, table_path
 
 KEY = TransferKey("dr", "a/b=c", "orders", "parked", "a/b=c", "orders")
 
