@@ -19,6 +19,7 @@ from rmq_spark.verify.columns import (
     ENGINE_SPARK,
     STATUS_MOVED,
 )
+from rmq_spark.verify.phases import Phases
 from rmq_spark.verify.verdicts import (
     Verification,
 )
@@ -145,27 +146,16 @@ def _message_expectations(run_id: str) -> list[Expectation]:
     ]
 
 
-def validate_with_gx(
-    run_id: str,
-    engine: str,
-    summary: DataFrame | pd.DataFrame,
-    messages: DataFrame | pd.DataFrame,
-    docs_dir: Path,
-) -> tuple[list[dict[str, Any]], str | None]:
-    """Run both suites in a fresh ephemeral context; return their JSON and the index.html.
-
-    `engine` says what the frames are: Spark DataFrames (ENGINE_SPARK) or pandas
-    (ENGINE_DRIVER); the suites are the same.
-    """
+def _ephemeral_context(engine: str, docs_dir: Path) -> tuple[Any, Any]:
+    """A fresh in-memory GE context rendering Data Docs into `docs_dir`, and its data
+    source for `engine`'s frames."""
     import great_expectations as gx
-    from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.base import (
         DataContextConfig,
         InMemoryStoreBackendDefaults,
         ProgressBarsConfig,
     )
 
-    started = time.monotonic()
     config = DataContextConfig(
         # Without init_temp_docs_sites=False the ephemeral context adds a second docs
         # site in a fresh temp directory and builds it too.
@@ -192,6 +182,29 @@ def validate_with_gx(
         if engine == ENGINE_SPARK
         else context.data_sources.add_pandas(name=GX_DATASOURCE)
     )
+    return context, source
+
+
+def validate_with_gx(
+    run_id: str,
+    engine: str,
+    summary: DataFrame | pd.DataFrame,
+    messages: DataFrame | pd.DataFrame,
+    docs_dir: Path,
+    *,
+    phases: Phases | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Run both suites in a fresh ephemeral context; return their JSON and the index.html.
+
+    `engine` says what the frames are: Spark DataFrames (ENGINE_SPARK) or pandas
+    (ENGINE_DRIVER); the suites are the same. `phases` times each suite and the docs.
+    """
+    import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    phases = phases if phases is not None else Phases()
+    with phases.timed("expectations: context"):
+        context, source = _ephemeral_context(engine, docs_dir)
     # Both suites share one run identifier, so Data Docs lists them under the run's name.
     gx_run = RunIdentifier(run_name=run_id, run_time=dt.datetime.now(dt.UTC))
 
@@ -200,32 +213,27 @@ def validate_with_gx(
         (SUMMARY_ASSET, summary, _summary_expectations()),
         (MESSAGES_ASSET, messages, _message_expectations(run_id)),
     ):
-        batch_definition = source.add_dataframe_asset(
-            name=asset_name
-        ).add_batch_definition_whole_dataframe(WHOLE_DATAFRAME)
-        suite = context.suites.add(gx.ExpectationSuite(name=asset_name))
-        for expectation in expectations:
-            suite.add_expectation(expectation)
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=asset_name, data=batch_definition, suite=suite)
-        )
-        result = definition.run(
-            batch_parameters={"dataframe": frame}, result_format=RESULT_FORMAT, run_id=gx_run
-        )
-        results.append(result.to_json_dict())
-    validated = time.monotonic()
+        with phases.timed(f"expectations: {asset_name}"):
+            batch_definition = source.add_dataframe_asset(
+                name=asset_name
+            ).add_batch_definition_whole_dataframe(WHOLE_DATAFRAME)
+            suite = context.suites.add(gx.ExpectationSuite(name=asset_name))
+            for expectation in expectations:
+                suite.add_expectation(expectation)
+            definition = context.validation_definitions.add(
+                gx.ValidationDefinition(name=asset_name, data=batch_definition, suite=suite)
+            )
+            result = definition.run(
+                batch_parameters={"dataframe": frame}, result_format=RESULT_FORMAT, run_id=gx_run
+            )
+            results.append(result.to_json_dict())
 
     # build_data_docs renders every suite and validation result in the (in-memory)
     # stores, which hold exactly this run's.
-    sites = context.build_data_docs(site_names=[DATA_DOCS_SITE])
+    with phases.timed("data docs"):
+        sites = context.build_data_docs(site_names=[DATA_DOCS_SITE])
     index_html = docs_dir / "index.html"
-    log.debug(
-        "GE validated run %s in %.1fs, rendered Data Docs %s in %.1fs",
-        run_id,
-        validated - started,
-        sites.get(DATA_DOCS_SITE),
-        time.monotonic() - validated,
-    )
+    log.debug("GE rendered Data Docs of run %s: %s", run_id, sites.get(DATA_DOCS_SITE))
     return results, str(index_html) if index_html.is_file() else None
 
 
@@ -285,6 +293,8 @@ def write_results(
             "live_arrivals": verification.live_arrivals,
         },
         "engine": verification.engine,
+        # Where the verification's time went, phase by phase (`phases.Phases`).
+        "seconds": dict(verification.phases),
         "failed_expectations": list(verification.failed_expectations),
         "queues": [
             {**verdict.record(), "summary": dict(row)}
