@@ -33,9 +33,14 @@ def test_phases_are_timed_in_the_order_they_first_ran_and_repeats_add_up() -> No
 def test_a_phase_that_raises_is_still_timed() -> None:
     clock = Clock()
     phases = Phases(clock)
-    with pytest.raises(RuntimeError), phases.timed("summary"):
-        clock.now += 3.0
-        raise RuntimeError("the summary's Spark job failed")
+
+    def failing_summary() -> None:
+        with phases.timed("summary"):
+            clock.now += 3.0
+            raise RuntimeError("the summary's Spark job failed")
+
+    with pytest.raises(RuntimeError):
+        failing_summary()
     assert phases.seconds() == (("summary", 3.0),)
 
 
