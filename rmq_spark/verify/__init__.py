@@ -30,10 +30,9 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -79,6 +78,9 @@ from rmq_spark.verify.verdicts import (
     describe_failures,
     queue_verdict,
 )
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built (GE imports it anyway)
+    import pandas as pd
 
 __all__ = [
     "COUNTER_COLUMNS",
@@ -150,10 +152,11 @@ def verify_ledger_run(
         .add(SOURCE_REMOVED, T.LongType(), nullable=True)
         .add(FENCES, T.LongType(), nullable=True)
     )
-    return verify_run(
-        run_id,
-        tables.read_run_messages(spark, ledger_path, run_id),
-        spark.createDataFrame(
+    # Lazy in Spark: "read" is the plan (listing the run's files); the rows are read
+    # by each pass.
+    with phases.timed("read"):
+        messages = tables.read_run_messages(spark, ledger_path, run_id)
+        counter_frame = spark.createDataFrame(
             [
                 {
                     **{name: row[name] for name in COUNTER_COLUMNS},
@@ -164,10 +167,8 @@ def verify_ledger_run(
                 for row in counters
             ],
             counter_schema,
-        ),
-        out_dir,
-        phases=phases,
-    )
+        )
+    return verify_run(run_id, messages, counter_frame, out_dir, phases=phases)
 
 
 def verify_run(
@@ -190,30 +191,30 @@ def verify_run(
     started = time.monotonic()
     phases = phases if phases is not None else Phases()
 
-    # The summary and each GE metric pass read `messages` again; cache it unless the
-    # caller already did (and then leave their cache alone).
-    cached_here = messages.storageLevel == StorageLevel.NONE
-    if cached_here:
-        messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        with phases.timed("summary"):
-            summary = summarize(messages, counters)
-            collected = summary.collect()
-        summary_rows = [row.asDict() for row in collected]
-        unnumbered = not_contiguous(summary_rows)
-        if unnumbered:
-            with phases.timed("gaps"):
-                add_missing_positions(summary_rows, gaps_spark(messages, unnumbered))
-        # GE validates the collected rows, not the summary plan, so the joins and windows
-        # behind it run once however many metrics GE computes.
-        summary_frame = messages.sparkSession.createDataFrame(collected, schema=summary.schema)
-        with quiet_gx():
-            results, index_html = validate_with_gx(
-                run_id, ENGINE_SPARK, summary_frame, messages, out / DATA_DOCS_DIR, phases=phases
-            )
-    finally:
-        if cached_here:
-            messages.unpersist()
+    # Not cached: each pass reads only the columns it needs from the Parquet files (GE's
+    # null checks not even those: the footers' null counts skip every row group), where
+    # a cache of every column cost a full decode and encode of the run's rows up front.
+    with phases.timed("summary"):
+        summary = summarize(messages, counters)
+        collected = summary.collect()
+    summary_rows = [row.asDict() for row in collected]
+    unnumbered = not_contiguous(summary_rows)
+    if unnumbered:
+        with phases.timed("gaps"):
+            add_missing_positions(summary_rows, gaps_spark(messages, unnumbered))
+    # GE validates the collected rows, as the driver engine does (`summary_frame`): the
+    # joins and windows behind them ran once, and its metrics need no Spark job.
+    # Only the columns the message expectations read, as the driver engine hands GE.
+    checked = messages.select(*MESSAGE_CHECK_COLUMNS)
+    with quiet_gx(), pandas_fingerprints_off():
+        results, index_html = validate_with_gx(
+            run_id,
+            ENGINE_SPARK,
+            summary_frame(summary_rows),
+            checked,
+            out / DATA_DOCS_DIR,
+            phases=phases,
+        )
     return _verification(
         run_id,
         ENGINE_SPARK,
@@ -239,8 +240,6 @@ def verify_run_arrow(
     `messages` holds the run's ledger rows with at least SUMMARY_INPUT_COLUMNS and
     MESSAGE_CHECK_COLUMNS; `counters` one mapping per queue transfer (COUNTER_COLUMNS).
     """
-    import pandas as pd
-
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -257,9 +256,6 @@ def verify_run_arrow(
     if unnumbered:
         with phases.timed("gaps"):
             add_missing_positions(summary_rows, gaps_arrow(messages, unnumbered))
-    # object columns keep Python's values as they are (ints stay ints, None stays None
-    # rather than NaN), so GE sees what the Spark engine's rows hold.
-    summary_frame = pd.DataFrame(summary_rows, columns=list(SUMMARY_COLUMNS), dtype=object)
     with phases.timed("to pandas"):
         message_frame = messages.select(list(MESSAGE_CHECK_COLUMNS)).to_pandas()
     # GE fingerprints every pandas batch (see pandas_fingerprints_off); not wanted here.
@@ -267,7 +263,7 @@ def verify_run_arrow(
         results, index_html = validate_with_gx(
             run_id,
             ENGINE_DRIVER,
-            summary_frame,
+            summary_frame(summary_rows),
             message_frame,
             out / DATA_DOCS_DIR,
             phases=phases,
@@ -282,6 +278,17 @@ def verify_run_arrow(
         started=started,
         phases=phases,
     )
+
+
+def summary_frame(summary_rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The summary rows as the pandas frame GE validates on either engine.
+
+    object columns keep Python's values as they are (ints stay ints, None stays None
+    rather than NaN): what the rows hold, whichever engine collected them.
+    """
+    import pandas as pd
+
+    return pd.DataFrame(summary_rows, columns=list(SUMMARY_COLUMNS), dtype=object)
 
 
 def _verification(
