@@ -165,7 +165,14 @@ def run_counters(run_id: str, shape: Shape) -> list[dict[str, Any]]:
 
 
 def verify_round(
-    ledger: str, shape: Shape, engine: str, work_dir: Path, label: str, *, profile: bool
+    ledger: str,
+    shape: Shape,
+    engine: str,
+    work_dir: Path,
+    label: str,
+    *,
+    profile: bool,
+    submit_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One verification through spark-submit; its figures, the submit's wall time
     and the verification.json it wrote."""
@@ -194,7 +201,7 @@ def verify_round(
         env[PROFILE_ENV] = str(profile_path)
     started = time.monotonic()
     completed = subprocess.run(
-        [str(SPARK_SUBMIT), "--config", str(config_path)],
+        [str(SPARK_SUBMIT), *submit_args, "--config", str(config_path)],
         env=env,
         capture_output=True,
         text=True,
@@ -246,6 +253,14 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=1, help="verifications per engine")
     parser.add_argument("--profile", action="store_true", help="pyinstrument the verify call")
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to spark-submit as --conf (repeatable), e.g. "
+        "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 for the C2 JIT",
+    )
     parser.add_argument("--keep-work-dir", action="store_true", help="keep ledger and outputs")
     parser.add_argument(
         "--ledger",
@@ -304,7 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 label = f"{engine}-{number}"
                 try:
                     result = verify_round(
-                        ledger, shape, engine, work_dir, label, profile=args.profile
+                        ledger,
+                        shape,
+                        engine,
+                        work_dir,
+                        label,
+                        profile=args.profile,
+                        submit_args=[a for c in args.spark_conf for a in ("--conf", c)],
                     )
                 except BenchError as exc:
                     errors.append(str(exc))
