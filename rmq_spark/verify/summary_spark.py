@@ -43,7 +43,9 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
 
     Transfers without ledger rows appear with zero counts; ledger rows whose transfer is
     not in `counters` appear with status "unplanned" and null depths. Columns are
-    SUMMARY_COLUMNS, rows ordered by TRANSFER_KEY.
+    SUMMARY_COLUMNS, rows ordered by TRANSFER_KEY. One small job runs at once (the
+    count of confirmed, redelivered rows, which decides whether duplicates are looked
+    for); the rest is lazy.
     """
     _require_columns("messages", messages, [c for c in MESSAGE_COLUMNS if c != DECISION])
     _require_columns("counters", counters, COUNTER_COLUMNS)
@@ -271,8 +273,9 @@ def _with_counts(
 
 
 def _ledger_counts(messages: DataFrame, key: list[str]) -> DataFrame:
-    """Per transfer in the ledger: its rows' counts (all but the duplicates', which
-    `_duplicate_counts` adds), positions and order.
+    """Per transfer in the ledger: its rows' counts (but the duplicates' and the null
+    checksums', which `_duplicate_counts` and `_null_checksum_counts` add), positions
+    and order.
 
     Every flag is computed before the rows are partitioned by transfer, so only narrow
     rows are shuffled; both windows and the aggregation then reuse that partitioning.
