@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 APT_UPDATED := /tmp/.rmq-spark-apt-updated
 
 .PHONY: setup system roots image demo test test-integration test-fast-lane test-dbr lint typecheck unit check docs docs-build docs-serve soak \
-	bench bench-memory bench-stages bench-many-queues clean package executor-archive wheel lock-runtime
+	bench bench-memory bench-stages bench-many-queues bench-verification clean package executor-archive wheel lock-runtime
 
 setup: system $(INSTALLED)
 
@@ -181,6 +181,12 @@ bench-stages: setup
 # 10,000 queues (~5 min); ARGS="--quick" for a small run.
 bench-many-queues: setup
 	$(BIN)/python -m bench.many_queues $(ARGS)
+
+# Verification at scale, without brokers: a 1.2 M-row ledger (12 queues x 100,000 x
+# 256 B) written as the executors write it, verified as the job does on the Spark and
+# the driver engine (~4 min); ARGS="--engines spark" for the Spark engine alone.
+bench-verification: setup
+	$(BIN)/python -m bench.verification $(ARGS)
 
 # rmq-spark vs RabbitMQ's Shovel, side by side, in two CPU layouts (separated: brokers
 # on half the cores, client on the other half; shared); figures in bench/results/.

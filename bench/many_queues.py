@@ -4,6 +4,8 @@
     python -m bench.many_queues --quick    # 100 queues x 20 over 5 vhosts, 1,000 to plan
     python -m bench.many_queues --queues 200 --vhosts 2 --messages 50 --plan-queues 0
     python -m bench.many_queues --ledger s3 --shovel-queues 0 --plan-queues 0
+    python -m bench.many_queues --queues 12 --vhosts 1 --messages 100000 --message-bytes 256 \
+        --shovel-queues 0 --plan-queues 0     # verification at scale: 1.2 M ledger rows
 
 Starts two local nodes (`bench.workload.local_brokers`), then:
 
@@ -96,6 +98,7 @@ class Shape:
     messages: int
     shovel_queues: int
     plan_queues: int
+    message_bytes: int = KIB
 
     def vhost_names(self) -> list[str]:
         return [f"mq-{index}" for index in range(self.vhosts)]
@@ -194,6 +197,13 @@ def ledger_files(ledger: Path, run_id: str) -> dict[str, int]:
     return {"ledger_files": len(files), "ledger_commits": commits}
 
 
+def verification_phases(ledger: Path, run_id: str) -> dict[str, Any]:
+    """The engine the job verified on and its phases (verification.json's `seconds`)."""
+    path = ledger / "verification" / f"run_id={run_id}" / "verification.json"
+    document = json.loads(path.read_text(encoding="utf-8"))
+    return {"engine": document.get("engine"), "seconds": document.get("seconds", {})}
+
+
 def cds_archives() -> set[str]:
     """The class-data-sharing archives spark-submit.sh keeps (its RMQ_SPARK_CDS_DIR rule).
 
@@ -223,7 +233,7 @@ def job_scenario(
     options: dict[str, int],
     ledger_store: BenchLedger,
 ) -> Run:
-    workload = Workload(shape.messages, KIB)
+    workload = Workload(shape.messages, shape.message_bytes)
     queues = shape.spread("mq", shape.queues)
     seed(brokers, queues, workload)
     wait_until_listed(brokers, queues, r"mq\.q")
@@ -255,6 +265,7 @@ def job_scenario(
     run.details |= left_behind(brokers, queues) | ledger_store.describe()
     if ledger_store.kind == "local":
         run.details |= ledger_files(ledger, run_id)
+        run.details["verification"] = verification_phases(ledger, run_id)
     run.details["queues"] = len(queues)
     run.details["transfer_ms_per_queue"] = round(
         1000 * run.details["stages"]["transfer"] / len(queues), 1
@@ -266,7 +277,7 @@ def job_scenario(
 
 
 def shovels_scenario(brokers: Brokers, shape: Shape) -> Run:
-    workload = Workload(shape.messages, KIB)
+    workload = Workload(shape.messages, shape.message_bytes)
     queues = shape.spread("sh", shape.shovel_queues)
     seed(brokers, queues, workload)
     run = run_orchestrated_shovels(brokers, queues, workload, WindowConfig().messages)
@@ -405,7 +416,10 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Shape]:
     parser.add_argument("--quick", action="store_true", help="100 queues, 1,000 to plan")
     parser.add_argument("--queues", type=int, help="queues the job moves")
     parser.add_argument("--vhosts", type=int, help="vhosts they are spread over")
-    parser.add_argument("--messages", type=int, help="1 KiB messages per queue")
+    parser.add_argument("--messages", type=int, help="messages per queue")
+    parser.add_argument(
+        "--message-bytes", type=int, default=KIB, help="body size of each message (1 KiB)"
+    )
     parser.add_argument("--shovel-queues", type=int, help="queues the shovels move (0: none)")
     parser.add_argument("--plan-queues", type=int, help="queues to plan (0: none)")
     parser.add_argument("--max-active", type=int, default=4, help="the job's max_active")
@@ -429,9 +443,12 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Shape]:
         messages=args.messages if args.messages is not None else base.messages,
         shovel_queues=args.shovel_queues if args.shovel_queues is not None else base.shovel_queues,
         plan_queues=args.plan_queues if args.plan_queues is not None else base.plan_queues,
+        message_bytes=args.message_bytes,
     )
     if shape.queues < 1 or shape.vhosts < 1 or shape.messages < 1:
         parser.error("--queues, --vhosts and --messages: expected at least 1 each")
+    if shape.message_bytes < 1:
+        parser.error("--message-bytes: expected at least 1")
     if shape.shovel_queues < 0 or shape.plan_queues < 0:
         parser.error("--shovel-queues and --plan-queues: expected 0 or more")
     return args, shape

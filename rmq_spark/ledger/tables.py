@@ -371,18 +371,32 @@ def append_rows(
     committer.append(table_path(ledger_path, table), table, data)
 
 
-def read_table(spark: SparkSession, ledger_path: str, table: str) -> DataFrame:
-    """A ledger table as a Spark DataFrame, with Spark's Delta reader when it has one."""
+def read_table(
+    spark: SparkSession, ledger_path: str, table: str, *, run_id: str | None = None
+) -> DataFrame:
+    """A ledger table as a Spark DataFrame, with Spark's Delta reader when it has one.
+
+    With `run_id`, the messages table's rows of that run only: without Delta's reader
+    only the run's data files are listed and read (a partition filter on the Delta
+    log), not every run's the ledger has kept.
+    """
+    from pyspark.sql import functions as F
+
     path = table_path(ledger_path, table)
+    one_run = run_id is not None and "run_id" in schema.PARTITION_BY[table]
     if spark_has_delta(spark):
-        return spark.read.format("delta").load(path)
+        frame = spark.read.format("delta").load(path)
+        return frame.where(F.col("run_id") == F.lit(run_id)) if one_run else frame
     spark_schema = schema.spark_schema(schema.TABLES[table])
     if store.is_object_store(ledger_path):
         # Spark reads s3:// only with the cluster's Hadoop S3 connector, which a plain
         # pyspark lacks: the rows come through pyarrow instead (the driver's memory).
-        return spark.createDataFrame(read_arrow(ledger_path, table), spark_schema)
+        rows = read_arrow(ledger_path, table, run_id=run_id if one_run else None)
+        return spark.createDataFrame(rows, spark_schema)
     try:
-        files = DeltaTable(path, storage_options=storage_options(path)).file_uris()
+        files = DeltaTable(path, storage_options=storage_options(path)).file_uris(
+            partition_filters=[("run_id", "=", run_id)] if one_run else None
+        )
     except TableNotFoundError as exc:
         raise LedgerError(f"ledger table {path} does not exist") from exc
     if not files:
@@ -390,13 +404,13 @@ def read_table(spark: SparkSession, ledger_path: str, table: str) -> DataFrame:
     reader = spark.read.schema(spark_schema)
     if schema.PARTITION_BY[table]:
         reader = reader.option("basePath", path)
-    return reader.parquet(*files).select(*[c.name for c in schema.TABLES[table]])
+    frame = reader.parquet(*files).select(*[c.name for c in schema.TABLES[table]])
+    return frame.where(F.col("run_id") == F.lit(run_id)) if one_run else frame
 
 
 def read_run_messages(spark: SparkSession, ledger_path: str, run_id: str) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    return read_table(spark, ledger_path, "messages").where(F.col("run_id") == run_id)
+    """One run's rows of the messages table (`read_table` with `run_id`)."""
+    return read_table(spark, ledger_path, "messages", run_id=run_id)
 
 
 def _files_of_run(table: DeltaTable, run_id: str) -> list[str]:

@@ -30,10 +30,9 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -70,6 +69,7 @@ from rmq_spark.verify.expectations import (
     write_results,
 )
 from rmq_spark.verify.gaps import add_missing_positions, not_contiguous
+from rmq_spark.verify.phases import Phases
 from rmq_spark.verify.summary_arrow import gaps_arrow, summarize_arrow
 from rmq_spark.verify.summary_spark import gaps_spark, summarize
 from rmq_spark.verify.verdicts import (
@@ -78,6 +78,9 @@ from rmq_spark.verify.verdicts import (
     describe_failures,
     queue_verdict,
 )
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built (GE imports it anyway)
+    import pandas as pd
 
 __all__ = [
     "COUNTER_COLUMNS",
@@ -131,14 +134,17 @@ def verify_ledger_run(
     files; no Spark job). More: `verify_run` in Spark. The row count comes from the
     Parquet footers. `counters` are the pipeline's rows (COUNTER_COLUMNS, more allowed).
     """
-    dataset = tables.arrow_dataset(ledger_path, "messages", run_id)
-    rows = dataset.count_rows()
+    phases = Phases()
+    with phases.timed("count rows"):
+        dataset = tables.arrow_dataset(ledger_path, "messages", run_id)
+        rows = dataset.count_rows()
     if rows <= local_max_rows:
         columns = list(dict.fromkeys([*SUMMARY_INPUT_COLUMNS, *MESSAGE_CHECK_COLUMNS]))
         if DECISION in dataset.schema.names:
             columns.append(DECISION)
-        messages = tables.read_arrow(ledger_path, "messages", run_id=run_id, columns=columns)
-        return verify_run_arrow(run_id, messages, counters, out_dir)
+        with phases.timed("read"):
+            messages = tables.read_arrow(ledger_path, "messages", run_id=run_id, columns=columns)
+        return verify_run_arrow(run_id, messages, counters, out_dir, phases=phases)
     log.info("run %s: %d ledger rows, verified in Spark", run_id, rows)
     counter_schema = (
         spark_schema(tuple(c for c in QUEUES if c.name in COUNTER_COLUMNS))
@@ -146,10 +152,11 @@ def verify_ledger_run(
         .add(SOURCE_REMOVED, T.LongType(), nullable=True)
         .add(FENCES, T.LongType(), nullable=True)
     )
-    return verify_run(
-        run_id,
-        tables.read_run_messages(spark, ledger_path, run_id),
-        spark.createDataFrame(
+    # Lazy in Spark: "read" is the plan (listing the run's files); the rows are read
+    # by each pass.
+    with phases.timed("read"):
+        messages = tables.read_run_messages(spark, ledger_path, run_id)
+        counter_frame = spark.createDataFrame(
             [
                 {
                     **{name: row[name] for name in COUNTER_COLUMNS},
@@ -160,46 +167,54 @@ def verify_ledger_run(
                 for row in counters
             ],
             counter_schema,
-        ),
-        out_dir,
-    )
+        )
+    return verify_run(run_id, messages, counter_frame, out_dir, phases=phases)
 
 
 def verify_run(
-    run_id: str, messages: DataFrame, counters: DataFrame, out_dir: str | Path
+    run_id: str,
+    messages: DataFrame,
+    counters: DataFrame,
+    out_dir: str | Path,
+    *,
+    phases: Phases | None = None,
 ) -> Verification:
     """Verify one run in Spark and write `verification.json` and Data Docs under `out_dir`.
 
     `messages` holds the run's ledger rows (MESSAGES columns); `counters` one row per
     queue transfer with TRANSFER_KEY, DEPTH_COLUMNS, status and error. Returns the
-    Verification; raises only for malformed input.
+    Verification; raises only for malformed input. `phases` collects the seconds of
+    each step (a caller's earlier steps included).
     """
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    phases = phases if phases is not None else Phases()
 
-    # The summary and each GE metric pass read `messages` again; cache it unless the
-    # caller already did (and then leave their cache alone).
-    cached_here = messages.storageLevel == StorageLevel.NONE
-    if cached_here:
-        messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
+    # Not cached: each pass reads only the columns it needs from the Parquet files (GE's
+    # null checks not even those: the footers' null counts skip every row group), where
+    # a cache of every column cost a full decode and encode of the run's rows up front.
+    with phases.timed("summary"):
         summary = summarize(messages, counters)
         collected = summary.collect()
-        summary_rows = [row.asDict() for row in collected]
-        unnumbered = not_contiguous(summary_rows)
-        if unnumbered:
+    summary_rows = [row.asDict() for row in collected]
+    unnumbered = not_contiguous(summary_rows)
+    if unnumbered:
+        with phases.timed("gaps"):
             add_missing_positions(summary_rows, gaps_spark(messages, unnumbered))
-        # GE validates the collected rows, not the summary plan, so the joins and windows
-        # behind it run once however many metrics GE computes.
-        summary_frame = messages.sparkSession.createDataFrame(collected, schema=summary.schema)
-        with quiet_gx():
-            results, index_html = validate_with_gx(
-                run_id, ENGINE_SPARK, summary_frame, messages, out / DATA_DOCS_DIR
-            )
-    finally:
-        if cached_here:
-            messages.unpersist()
+    # GE validates the collected rows, as the driver engine does (`summary_frame`): the
+    # joins and windows behind them ran once, and its metrics need no Spark job.
+    # Only the columns the message expectations read, as the driver engine hands GE.
+    checked = messages.select(*MESSAGE_CHECK_COLUMNS)
+    with quiet_gx(), pandas_fingerprints_off():
+        results, index_html = validate_with_gx(
+            run_id,
+            ENGINE_SPARK,
+            summary_frame(summary_rows),
+            checked,
+            out / DATA_DOCS_DIR,
+            phases=phases,
+        )
     return _verification(
         run_id,
         ENGINE_SPARK,
@@ -208,6 +223,7 @@ def verify_run(
         index_html=index_html,
         out=out,
         started=started,
+        phases=phases,
     )
 
 
@@ -216,35 +232,41 @@ def verify_run_arrow(
     messages: pa.Table,
     counters: Sequence[Mapping[str, Any]],
     out_dir: str | Path,
+    *,
+    phases: Phases | None = None,
 ) -> Verification:
     """`verify_run` on the driver: pyarrow summary, GE on pandas frames; same Verification.
 
     `messages` holds the run's ledger rows with at least SUMMARY_INPUT_COLUMNS and
     MESSAGE_CHECK_COLUMNS; `counters` one mapping per queue transfer (COUNTER_COLUMNS).
     """
-    import pandas as pd
-
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    phases = phases if phases is not None else Phases()
     missing = [c for c in MESSAGE_CHECK_COLUMNS if c not in messages.column_names]
     if missing:
         raise ValueError(
             f"messages table lacks column(s) {', '.join(missing)}; required: "
             f"{', '.join(MESSAGE_CHECK_COLUMNS)}; found: {', '.join(messages.column_names)}"
         )
-    summary_rows = summarize_arrow(messages, counters)
+    with phases.timed("summary"):
+        summary_rows = summarize_arrow(messages, counters)
     unnumbered = not_contiguous(summary_rows)
     if unnumbered:
-        add_missing_positions(summary_rows, gaps_arrow(messages, unnumbered))
-    # object columns keep Python's values as they are (ints stay ints, None stays None
-    # rather than NaN), so GE sees what the Spark engine's rows hold.
-    summary_frame = pd.DataFrame(summary_rows, columns=list(SUMMARY_COLUMNS), dtype=object)
-    message_frame = messages.select(list(MESSAGE_CHECK_COLUMNS)).to_pandas()
+        with phases.timed("gaps"):
+            add_missing_positions(summary_rows, gaps_arrow(messages, unnumbered))
+    with phases.timed("to pandas"):
+        message_frame = messages.select(list(MESSAGE_CHECK_COLUMNS)).to_pandas()
     # GE fingerprints every pandas batch (see pandas_fingerprints_off); not wanted here.
     with quiet_gx(), pandas_fingerprints_off():
         results, index_html = validate_with_gx(
-            run_id, ENGINE_DRIVER, summary_frame, message_frame, out / DATA_DOCS_DIR
+            run_id,
+            ENGINE_DRIVER,
+            summary_frame(summary_rows),
+            message_frame,
+            out / DATA_DOCS_DIR,
+            phases=phases,
         )
     return _verification(
         run_id,
@@ -254,7 +276,19 @@ def verify_run_arrow(
         index_html=index_html,
         out=out,
         started=started,
+        phases=phases,
     )
+
+
+def summary_frame(summary_rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The summary rows as the pandas frame GE validates on either engine.
+
+    object columns keep Python's values as they are (ints stay ints, None stays None
+    rather than NaN): what the rows hold, whichever engine collected them.
+    """
+    import pandas as pd
+
+    return pd.DataFrame(summary_rows, columns=list(SUMMARY_COLUMNS), dtype=object)
 
 
 def _verification(
@@ -266,6 +300,7 @@ def _verification(
     index_html: str | None,
     out: Path,
     started: float,
+    phases: Phases,
 ) -> Verification:
     """The verdicts, totals and failure lines; written to verification.json and logged."""
     verdicts = tuple(queue_verdict(row) for row in summary_rows)
@@ -285,11 +320,12 @@ def _verification(
         results_path=str(out / RESULTS_FILE),
         data_docs_path=index_html,
         engine=engine,
+        phases=phases.seconds(),
     )
     write_results(verification, summary_rows, results)
     log.info(
         "run %s verified=%s: %d queues, %d messages, %d bytes, lost %d, duplicates %d, "
-        "unexpected %d (%s engine, %.1fs); results in %s",
+        "unexpected %d (%s engine, %.1fs: %s); results in %s",
         run_id,
         verification.verified,
         len(verdicts),
@@ -300,6 +336,7 @@ def _verification(
         verification.unexpected,
         engine,
         time.monotonic() - started,
+        phases.describe(),
         verification.results_path,
     )
     for line in verification.failed_expectations:

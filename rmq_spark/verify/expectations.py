@@ -19,6 +19,7 @@ from rmq_spark.verify.columns import (
     ENGINE_SPARK,
     STATUS_MOVED,
 )
+from rmq_spark.verify.phases import Phases
 from rmq_spark.verify.verdicts import (
     Verification,
 )
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "verification.json"
 DATA_DOCS_DIR = "data_docs"
 DATA_DOCS_SITE = "rmq_spark"
-GX_DATASOURCE = "ledger"
+GX_DATASOURCE = "ledger"  # the messages: Spark or pandas, by engine
+SUMMARY_DATASOURCE = "summary"  # the per-transfer summary: pandas on both engines
 SUMMARY_ASSET = "queue_summary"
 MESSAGES_ASSET = "messages"
 WHOLE_DATAFRAME = "whole_dataframe"
@@ -145,27 +147,16 @@ def _message_expectations(run_id: str) -> list[Expectation]:
     ]
 
 
-def validate_with_gx(
-    run_id: str,
-    engine: str,
-    summary: DataFrame | pd.DataFrame,
-    messages: DataFrame | pd.DataFrame,
-    docs_dir: Path,
-) -> tuple[list[dict[str, Any]], str | None]:
-    """Run both suites in a fresh ephemeral context; return their JSON and the index.html.
-
-    `engine` says what the frames are: Spark DataFrames (ENGINE_SPARK) or pandas
-    (ENGINE_DRIVER); the suites are the same.
-    """
+def _ephemeral_context(engine: str, docs_dir: Path) -> tuple[Any, Any, Any]:
+    """A fresh in-memory GE context rendering Data Docs into `docs_dir`, its pandas
+    data source for the summary and its data source for `engine`'s messages."""
     import great_expectations as gx
-    from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.base import (
         DataContextConfig,
         InMemoryStoreBackendDefaults,
         ProgressBarsConfig,
     )
 
-    started = time.monotonic()
     config = DataContextConfig(
         # Without init_temp_docs_sites=False the ephemeral context adds a second docs
         # site in a fresh temp directory and builds it too.
@@ -185,47 +176,67 @@ def validate_with_gx(
         analytics_enabled=False,
     )
     context = gx.get_context(project_config=config, mode="ephemeral")
-    # persist=False: verify_run caches `messages` itself and releases the cache after;
-    # GE's own persist() would never be undone.
-    source = (
+    # persist=False: GE's own persist() would never be undone, and verify_run reads the
+    # Parquet files directly (their statistics answer some checks without a scan).
+    messages = (
         context.data_sources.add_spark(name=GX_DATASOURCE, persist=False)
         if engine == ENGINE_SPARK
         else context.data_sources.add_pandas(name=GX_DATASOURCE)
     )
+    return context, context.data_sources.add_pandas(name=SUMMARY_DATASOURCE), messages
+
+
+def validate_with_gx(
+    run_id: str,
+    engine: str,
+    summary: pd.DataFrame,
+    messages: DataFrame | pd.DataFrame,
+    docs_dir: Path,
+    *,
+    phases: Phases | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Run both suites in a fresh ephemeral context; return their JSON and the index.html.
+
+    `engine` says what `messages` is: a Spark DataFrame (ENGINE_SPARK) or pandas
+    (ENGINE_DRIVER). The summary, one row per transfer and already on the driver, is
+    a pandas frame on both: on Spark each of its expectations' metrics was a Spark job
+    over those few rows. The suites are the same. `phases` times each suite and the docs.
+    """
+    import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    phases = phases if phases is not None else Phases()
+    with phases.timed("expectations: context"):
+        context, summary_source, messages_source = _ephemeral_context(engine, docs_dir)
     # Both suites share one run identifier, so Data Docs lists them under the run's name.
     gx_run = RunIdentifier(run_name=run_id, run_time=dt.datetime.now(dt.UTC))
 
     results: list[dict[str, Any]] = []
-    for asset_name, frame, expectations in (
-        (SUMMARY_ASSET, summary, _summary_expectations()),
-        (MESSAGES_ASSET, messages, _message_expectations(run_id)),
+    for asset_name, source, frame, expectations in (
+        (SUMMARY_ASSET, summary_source, summary, _summary_expectations()),
+        (MESSAGES_ASSET, messages_source, messages, _message_expectations(run_id)),
     ):
-        batch_definition = source.add_dataframe_asset(
-            name=asset_name
-        ).add_batch_definition_whole_dataframe(WHOLE_DATAFRAME)
-        suite = context.suites.add(gx.ExpectationSuite(name=asset_name))
-        for expectation in expectations:
-            suite.add_expectation(expectation)
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=asset_name, data=batch_definition, suite=suite)
-        )
-        result = definition.run(
-            batch_parameters={"dataframe": frame}, result_format=RESULT_FORMAT, run_id=gx_run
-        )
-        results.append(result.to_json_dict())
-    validated = time.monotonic()
+        with phases.timed(f"expectations: {asset_name}"):
+            batch_definition = source.add_dataframe_asset(
+                name=asset_name
+            ).add_batch_definition_whole_dataframe(WHOLE_DATAFRAME)
+            suite = context.suites.add(gx.ExpectationSuite(name=asset_name))
+            for expectation in expectations:
+                suite.add_expectation(expectation)
+            definition = context.validation_definitions.add(
+                gx.ValidationDefinition(name=asset_name, data=batch_definition, suite=suite)
+            )
+            result = definition.run(
+                batch_parameters={"dataframe": frame}, result_format=RESULT_FORMAT, run_id=gx_run
+            )
+            results.append(result.to_json_dict())
 
     # build_data_docs renders every suite and validation result in the (in-memory)
     # stores, which hold exactly this run's.
-    sites = context.build_data_docs(site_names=[DATA_DOCS_SITE])
+    with phases.timed("data docs"):
+        sites = context.build_data_docs(site_names=[DATA_DOCS_SITE])
     index_html = docs_dir / "index.html"
-    log.debug(
-        "GE validated run %s in %.1fs, rendered Data Docs %s in %.1fs",
-        run_id,
-        validated - started,
-        sites.get(DATA_DOCS_SITE),
-        time.monotonic() - validated,
-    )
+    log.debug("GE rendered Data Docs of run %s: %s", run_id, sites.get(DATA_DOCS_SITE))
     return results, str(index_html) if index_html.is_file() else None
 
 
@@ -285,6 +296,8 @@ def write_results(
             "live_arrivals": verification.live_arrivals,
         },
         "engine": verification.engine,
+        # Where the verification's time went, phase by phase (`phases.Phases`).
+        "seconds": dict(verification.phases),
         "failed_expectations": list(verification.failed_expectations),
         "queues": [
             {**verdict.record(), "summary": dict(row)}

@@ -3,6 +3,8 @@ driver twin; tests/spark/test_verify.py runs every case through both)."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,65 +43,20 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
 
     Transfers without ledger rows appear with zero counts; ledger rows whose transfer is
     not in `counters` appear with status "unplanned" and null depths. Columns are
-    SUMMARY_COLUMNS, rows ordered by TRANSFER_KEY.
+    SUMMARY_COLUMNS, rows ordered by TRANSFER_KEY. One small job runs at once (the
+    count of confirmed, redelivered rows, which decides whether duplicates are looked
+    for); the rest is lazy.
     """
     _require_columns("messages", messages, [c for c in MESSAGE_COLUMNS if c != DECISION])
     _require_columns("counters", counters, COUNTER_COLUMNS)
     key = list(TRANSFER_KEY)
-
-    # A crash between the durable ledger row and the source ack makes the broker redeliver
-    # the message and the mover publish it again: a later, redelivered row with the same
-    # checksums. Only confirmed rows count here: an uncertain row (no confirm time) may
-    # never have arrived; the destination's rise says how many of those did.
-    # publish_seq only breaks ties so the choice of "first" is deterministic.
-    confirmed = F.col("confirmed_at").isNotNull()
-    # A selective move's kept rows (published back to the source); null is "moved".
-    kept = (
-        F.coalesce(F.col(DECISION) == F.lit(KEPT), F.lit(False))
-        if DECISION in messages.columns
-        else F.lit(False)
-    )
-    same_message = Window.partitionBy(
-        *key, "body_sha256", "properties_sha256", confirmed.alias("_confirmed")
-    ).orderBy("position", "publish_seq")
-    is_duplicate = (
-        confirmed
-        & (F.row_number().over(same_message) > 1)
-        & F.coalesce(F.col("redelivered"), F.lit(False))
-    )
-    # With one consumer and no redelivery or retry, publish order is source order: within
-    # one session of one task attempt, publish_seq must grow with position.
-    # Each link numbers its own publishes: kept rows are compared with kept rows.
-    same_session = Window.partitionBy(*key, "task_attempt", "session", kept).orderBy("position")
-    out_of_order = F.col("publish_seq") < F.lag("publish_seq").over(same_session)
-    flagged = (
-        messages.withColumn("_duplicate", is_duplicate)
-        .withColumn("_out_of_order", F.coalesce(out_of_order, F.lit(False)))
-        .withColumn("_kept", kept)
-    )
-
-    def count_where(condition: Any) -> Any:
-        return F.coalesce(F.sum(F.when(condition, 1).otherwise(0)), F.lit(0)).cast(T.LongType())
-
-    ledger = flagged.groupBy(*key).agg(
-        F.count(F.lit(1)).alias("ledger_rows"),
-        count_where(confirmed).alias("confirmed_rows"),
-        count_where(F.col("_duplicate")).alias("confirmed_duplicates"),
-        count_where(F.col("_kept")).alias("kept_rows"),
-        count_where(F.col("_kept") & confirmed).alias("kept_confirmed"),
-        count_where(F.col("_kept") & confirmed & ~F.col("_duplicate")).alias("kept_distinct"),
-        count_where(F.coalesce(F.col("redelivered"), F.lit(False))).alias("redelivered_rows"),
-        count_where(F.col("publish_attempts") > 1).alias("retried_rows"),
-        count_where(F.col("_out_of_order")).alias("reordered"),
-        F.sum(F.when(confirmed & ~F.col("_duplicate") & ~F.col("_kept"), F.col("body_size"))).alias(
-            "bytes"
+    ledger = _with_counts(
+        _with_counts(
+            _ledger_counts(messages, key), _duplicate_counts(messages, key), key, _DUPLICATE_COUNTS
         ),
-        F.min("position").alias("min_position"),
-        F.max("position").alias("max_position"),
-        F.countDistinct("position").alias("distinct_positions"),
-        count_where(F.col("body_sha256").isNull()).alias(NULL_BODY_SHA256),
-        count_where(F.col("properties_sha256").isNull()).alias(NULL_PROPERTIES_SHA256),
-        count_where(F.col("confirmed_at") < F.col("consumed_at")).alias(CONFIRMED_BEFORE_CONSUMED),
+        _null_checksum_counts(messages, key),
+        key,
+        (NULL_BODY_SHA256, NULL_PROPERTIES_SHA256),
     )
     shared = (
         F.col(DESTINATION_SHARED).cast(T.BooleanType())
@@ -134,13 +91,14 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     # A selective move's kept rows went back to the source, not to the destination: the
     # destination's figures count the moved rows only, and what left the source (acked)
     # is the moved, the kept and the fences.
-    kept_messages = F.coalesce(F.col("kept_distinct"), zero)
+    confirmed_duplicates = F.coalesce(F.col("confirmed_duplicates"), zero)
+    kept_messages = F.coalesce(F.col("kept_confirmed"), zero) - F.coalesce(
+        F.col("kept_duplicates"), zero
+    )
     moved_rows = ledger_rows - F.coalesce(F.col("kept_rows"), zero)
     moved_confirmed = confirmed_rows - F.coalesce(F.col("kept_confirmed"), zero)
     moved_uncertain = moved_rows - moved_confirmed
-    distinct_messages = (
-        confirmed_rows - F.coalesce(F.col("confirmed_duplicates"), zero) - kept_messages
-    )
+    distinct_messages = confirmed_rows - confirmed_duplicates - kept_messages
     acked = distinct_messages + kept_messages + F.coalesce(F.col(FENCES), zero)
     source_drop = F.col("source_depth_before") - F.col("source_depth_after")
     destination_rise = F.col("destination_depth_after") - F.col("destination_depth_before")
@@ -149,9 +107,7 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     uncertain_arrived = F.least(
         F.greatest(destination_rise - moved_confirmed, zero), moved_uncertain
     )
-    duplicates = F.coalesce(F.col("confirmed_duplicates"), zero) + F.coalesce(
-        uncertain_arrived, zero
-    )
+    duplicates = confirmed_duplicates + F.coalesce(uncertain_arrived, zero)
     redelivered_or_retried = (F.coalesce(F.col("redelivered_rows"), zero) > 0) | (
         F.coalesce(F.col("retried_rows"), zero) > 0
     )
@@ -170,7 +126,7 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     contiguous = (ledger_rows == 0) | (
         (F.col("min_position") == 0) & (F.col("distinct_positions") == F.col("max_position") + 1)
     )
-    return joined.select(
+    summary = joined.select(
         *key,
         F.coalesce(F.col("status"), F.lit(STATUS_UNPLANNED)).alias("status"),
         F.col("error"),
@@ -181,7 +137,9 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         duplicates.alias("duplicates"),
         distinct_messages.alias("distinct_messages"),
         kept_messages.alias("kept_messages"),
-        F.coalesce(F.col("bytes"), zero).alias("bytes"),
+        (
+            F.coalesce(F.col("confirmed_bytes"), zero) - F.coalesce(F.col("duplicate_bytes"), zero)
+        ).alias("bytes"),
         source_drop.alias("source_drop"),
         destination_rise.alias("destination_rise"),
         # greatest() skips nulls: an unknown depth counts as nothing lost here, and is
@@ -207,7 +165,166 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         F.coalesce(F.col("distinct_positions"), zero).alias("distinct_positions"),
         F.coalesce(contiguous, F.lit(False)).alias("positions_contiguous"),
         *(F.coalesce(F.col(name), zero).alias(name) for name in PROBLEM_COUNTS),
-    ).orderBy(*key)
+    )
+    # One row per transfer: sorted in one partition. orderBy's range partitioning
+    # would sample its input first, running the windows and the aggregation twice.
+    return summary.repartition(1).sortWithinPartitions(*key)
+
+
+def _confirmed() -> Any:
+    return F.col("confirmed_at").isNotNull()
+
+
+def _kept(messages: DataFrame) -> Any:
+    """A selective move's kept rows (published back to the source); null is "moved"."""
+    if DECISION not in messages.columns:
+        return F.lit(False)
+    return F.coalesce(F.col(DECISION) == F.lit(KEPT), F.lit(False))
+
+
+def _count_where(condition: Any) -> Any:
+    return F.coalesce(F.sum(F.when(condition, 1).otherwise(0)), F.lit(0)).cast(T.LongType())
+
+
+# What `_duplicate_counts` adds to each transfer's counts (null: it has none).
+_DUPLICATE_COUNTS = ("confirmed_duplicates", "kept_duplicates", "duplicate_bytes")
+# Checksum groups of redelivered rows up to this many are broadcast to the semi join
+# (~200 bytes each); more (a run of many lost sessions) are joined by a shuffle.
+BROADCAST_REDELIVERED_MAX = 100_000
+
+
+def _duplicate_counts(messages: DataFrame, key: list[str]) -> DataFrame | None:
+    """Per transfer with duplicates: how many confirmed rows repeat an earlier one, how
+    many of those are kept rows, and the bytes of the moved ones; None when no
+    confirmed row was redelivered, so none can be a duplicate.
+
+    A crash between the durable ledger row and the source ack makes the broker redeliver
+    the message and the mover publish it again: a later, redelivered row with the same
+    checksums. Only confirmed rows count here: an uncertain row (no confirm time) may
+    never have arrived; the destination's rise says how many of those did.
+    publish_seq only breaks ties so the choice of "first" is deterministic.
+
+    Only a confirmed, redelivered row can be a duplicate, so only the checksum groups
+    holding one are numbered (a window over every confirmed row shuffled and sorted
+    them all). Counting those rows first is one narrow job (Parquet's statistics skip
+    every row group without a redelivered row); the semi join matches nulls as the
+    window's partitions do.
+    """
+    same = [*key, "body_sha256", "properties_sha256"]
+    redelivered = F.coalesce(F.col("redelivered"), F.lit(False))
+    confirmed = messages.where(_confirmed())
+    repeated_rows = confirmed.where(redelivered)
+    redeliveries = repeated_rows.count()
+    if redeliveries == 0:
+        return None
+    repeated = repeated_rows.select(*same).distinct()
+    if redeliveries <= BROADCAST_REDELIVERED_MAX:
+        repeated = F.broadcast(repeated)
+    in_repeated = functools.reduce(
+        operator.and_, (confirmed[name].eqNullSafe(repeated[name]) for name in same)
+    )
+    candidates = confirmed.join(repeated, on=in_repeated, how="left_semi")
+    first_copy = Window.partitionBy(*same).orderBy("position", "publish_seq")
+    return (
+        candidates.withColumn("_kept", _kept(messages))
+        .withColumn("_copy", F.row_number().over(first_copy))
+        .where((F.col("_copy") > 1) & redelivered)
+        .groupBy(*key)
+        .agg(
+            F.count(F.lit(1)).alias("confirmed_duplicates"),
+            _count_where(F.col("_kept")).alias("kept_duplicates"),
+            F.sum(F.when(~F.col("_kept"), F.col("body_size"))).alias("duplicate_bytes"),
+        )
+    )
+
+
+def _null_checksum_counts(messages: DataFrame, key: list[str]) -> DataFrame:
+    """Per transfer with a null checksum: its rows without a body and without a
+    properties checksum. Only rows with a null are read: Parquet's null counts skip
+    every row group without one, so the checksums (most of a row's bytes) are not
+    decoded for the summary at all."""
+    no_body, no_properties = F.col("body_sha256").isNull(), F.col("properties_sha256").isNull()
+    return (
+        messages.where(no_body | no_properties)
+        .groupBy(*key)
+        .agg(
+            _count_where(no_body).alias(NULL_BODY_SHA256),
+            _count_where(no_properties).alias(NULL_PROPERTIES_SHA256),
+        )
+    )
+
+
+def _with_counts(
+    counts: DataFrame, extra: DataFrame | None, key: list[str], names: Sequence[str]
+) -> DataFrame:
+    """`counts` with the columns `names` of `extra` (per transfer; null where it has no
+    row, or all null when `extra` is None), matched on the key as groupBy groups it: a
+    null key part matches a null."""
+    if extra is None:
+        none = F.lit(None).cast(T.LongType())
+        return counts.select("*", *(none.alias(name) for name in names))
+    theirs = extra.select(
+        *(F.col(name).alias(f"_extra_{name}") for name in key), *(F.col(n) for n in names)
+    )
+    same_key = functools.reduce(
+        operator.and_, (counts[name].eqNullSafe(theirs[f"_extra_{name}"]) for name in key)
+    )
+    return counts.join(theirs, on=same_key, how="left").drop(*(f"_extra_{name}" for name in key))
+
+
+def _ledger_counts(messages: DataFrame, key: list[str]) -> DataFrame:
+    """Per transfer in the ledger: its rows' counts (but the duplicates' and the null
+    checksums', which `_duplicate_counts` and `_null_checksum_counts` add), positions
+    and order.
+
+    Every flag is computed before the rows are partitioned by transfer, so only narrow
+    rows are shuffled; both windows and the aggregation then reuse that partitioning.
+    """
+    confirmed = _confirmed()
+    kept = _kept(messages)
+    narrow = messages.select(
+        *key,
+        "task_attempt",
+        "session",
+        "position",
+        "publish_seq",
+        kept.alias("_kept"),
+        confirmed.alias("_confirmed"),
+        F.coalesce(F.col("redelivered"), F.lit(False)).alias("_redelivered"),
+        (F.col("publish_attempts") > 1).alias("_retried"),
+        F.when(confirmed & ~kept, F.col("body_size")).alias("_bytes"),
+        (F.col("confirmed_at") < F.col("consumed_at")).alias("_confirmed_early"),
+    ).repartition(*key)
+    # With one consumer and no redelivery or retry, publish order is source order: within
+    # one session of one task attempt, publish_seq must grow with position.
+    # Each link numbers its own publishes: kept rows are compared with kept rows.
+    same_session = Window.partitionBy(*key, "task_attempt", "session", "_kept").orderBy("position")
+    out_of_order = F.col("publish_seq") < F.lag("publish_seq").over(same_session)
+    # countDistinct(position) without its own shuffle: in position order (nulls first),
+    # a position other than the previous row's is a new one.
+    by_position = Window.partitionBy(*key).orderBy("position")
+    previous = F.lag("position").over(by_position)
+    new_position = F.col("position").isNotNull() & (
+        previous.isNull() | (previous != F.col("position"))
+    )
+    flagged = narrow.withColumn("_out_of_order", F.coalesce(out_of_order, F.lit(False))).withColumn(
+        "_new_position", new_position
+    )
+    kept_flag, confirmed_flag = F.col("_kept"), F.col("_confirmed")
+    return flagged.groupBy(*key).agg(
+        F.count(F.lit(1)).alias("ledger_rows"),
+        _count_where(confirmed_flag).alias("confirmed_rows"),
+        _count_where(kept_flag).alias("kept_rows"),
+        _count_where(kept_flag & confirmed_flag).alias("kept_confirmed"),
+        _count_where(F.col("_redelivered")).alias("redelivered_rows"),
+        _count_where(F.col("_retried")).alias("retried_rows"),
+        _count_where(F.col("_out_of_order")).alias("reordered"),
+        F.sum("_bytes").alias("confirmed_bytes"),
+        F.min("position").alias("min_position"),
+        F.max("position").alias("max_position"),
+        _count_where(F.col("_new_position")).alias("distinct_positions"),
+        _count_where(F.col("_confirmed_early")).alias(CONFIRMED_BEFORE_CONSUMED),
+    )
 
 
 def gaps_spark(

@@ -95,6 +95,8 @@ class Verification:
     # Queues whose source received messages during the run with no counters to prove
     # that no other consumer took some (`source_witness` "none"); they still pass.
     sources_unproven: int = 0
+    # (phase, seconds) in the order they ran (`phases.Phases`): where the time went.
+    phases: tuple[tuple[str, float], ...] = ()
 
 
 def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:

@@ -19,6 +19,8 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from bench.verification import RUN_ID as BENCH_RUN_ID
+from bench.verification import Shape, run_counters, write_run
 from rmq_spark.ledger import durable, layout, tables
 from rmq_spark.ledger.schema import MESSAGES, arrow_schema, spark_schema
 from rmq_spark.model import TransferKey
@@ -641,7 +643,69 @@ def stray_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return messages, counters
 
 
-@pytest.mark.parametrize("rows", [passing_rows, failing_rows, stray_rows])
+def redelivery_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Duplicates where the Spark engine numbers only the checksum groups that hold a
+    redelivered row: null checksums, kept copies, uncertain first copies, a tie."""
+    messages = [
+        # Null checksums group together, as in a window: the redelivered copy repeats.
+        message("nulls", 0, None, body_size=3),
+        message("nulls", 1, None, redelivered=True, body_size=3),
+        # Redelivered, but the first of its checksums: no duplicate (and no group).
+        message("first", 0, BODY_A, redelivered=True, body_size=4),
+        message("first", 1, BODY_B, body_size=5),
+        # A kept row redelivered and kept again: a kept duplicate, no bytes either way.
+        message("kept", 0, BODY_A, decision="kept", body_size=6),
+        message("kept", 1, BODY_A, decision="kept", redelivered=True, body_size=6),
+        message("kept", 2, BODY_B, decision="moved", body_size=7),
+        message("kept", 3, BODY_B, decision="moved", redelivered=True, body_size=7),
+        # The earlier copy is uncertain: the confirmed redelivery is the first confirmed.
+        message("uncertain-first", 0, BODY_C, confirmed=False, body_size=8),
+        message("uncertain-first", 1, BODY_C, redelivered=True, body_size=8),
+        # Three copies, two redelivered: two duplicates, one copy's bytes.
+        *(
+            message("thrice", p, BODY_A, redelivered=p > 0, body_size=9, publish_seq=p + 1)
+            for p in range(3)
+        ),
+        # The same checksums in another transfer are not this one's copies.
+        message("other", 0, BODY_A, redelivered=True, body_size=2),
+    ]
+    counters = [
+        counter(queue, source=(2, 0), destination=(0, 2)) for queue in ("nulls", "first", "other")
+    ]
+    counters += [
+        counter("uncertain-first", source=(1, 0), destination=(0, 1)),
+        counter("kept", source=(4, 2), destination=(0, 2), removed=4),
+        counter("thrice", source=(1, 0), destination=(0, 3)),
+    ]
+    return messages, counters
+
+
+def test_only_redelivered_copies_of_confirmed_rows_are_duplicates(spark: SparkSession) -> None:
+    messages, counters = redelivery_rows()
+    summary = {
+        row["source_queue"]: row
+        for row in summarize(messages_df(spark, messages), counters_df(spark, counters)).collect()
+    }
+    figures = {
+        queue: (
+            row["duplicates"],
+            row["distinct_messages"],
+            row["kept_messages"],
+            row["bytes"],
+        )
+        for queue, row in summary.items()
+    }
+    assert figures == {
+        "nulls": (1, 1, 0, 3),
+        "first": (0, 2, 0, 4 + 5),
+        "kept": (2, 1, 1, 7),
+        "uncertain-first": (0, 1, 0, 8),
+        "thrice": (2, 1, 0, 9),
+        "other": (0, 1, 0, 2),
+    }
+
+
+@pytest.mark.parametrize("rows", [passing_rows, failing_rows, stray_rows, redelivery_rows])
 def test_both_engines_give_the_same_summary(spark: SparkSession, rows: Any) -> None:
     messages, counters = rows()
     by_spark = [
@@ -746,3 +810,51 @@ def test_other_publishers_into_a_shared_destination_are_live_arrivals(
         assert (live.unexpected, live.live_arrivals) == (2, 0)
         assert not live.passed
         assert not verification.verified
+
+
+# --- a ledger written as the executors write it --------------------------------------------
+
+
+def test_a_runs_messages_are_read_from_its_own_data_files_only(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ledger = str(tmp_path / "ledger")
+    shape = Shape(queues=2, messages=30, message_bytes=8)
+    for run_id in ("earlier", "later"):
+        write_run(ledger, run_id, shape)
+    frame = tables.read_run_messages(spark, ledger, "later")
+    assert frame.count() == shape.rows
+    assert {row["run_id"] for row in frame.select("run_id").distinct().collect()} == {"later"}
+    files = frame.inputFiles()
+    assert files
+    assert all("/run_id=later/" in file for file in files)
+
+
+def test_a_run_written_by_executors_verifies_the_same_on_both_engines(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ledger = str(tmp_path / "ledger")
+    shape = Shape(queues=3, messages=2_500, message_bytes=16)
+    assert write_run(ledger, BENCH_RUN_ID, shape) == shape.rows
+    counters = run_counters(BENCH_RUN_ID, shape)
+    on_driver = verify_ledger_run(spark, ledger, BENCH_RUN_ID, counters, tmp_path / "driver")
+    in_spark = verify_ledger_run(
+        spark, ledger, BENCH_RUN_ID, counters, tmp_path / "spark", local_max_rows=0
+    )
+    assert (on_driver.engine, in_spark.engine) == (ENGINE_DRIVER, ENGINE_SPARK)
+    assert on_driver.verified
+    assert in_spark.verified
+    assert in_spark.queues == on_driver.queues
+    assert (in_spark.messages, in_spark.duplicates, in_spark.lost) == (shape.rows, 0, 0)
+    summaries = [
+        [
+            queue["summary"]
+            for queue in json.loads(Path(v.results_path).read_text("utf-8"))["queues"]
+        ]
+        for v in (on_driver, in_spark)
+    ]
+    assert summaries[0] == summaries[1]
+    phases = dict(in_spark.phases)
+    assert {"count rows", "summary", "expectations: messages", "data docs"} <= set(phases)
+    written = json.loads(Path(in_spark.results_path).read_text("utf-8"))["seconds"]
+    assert written == phases
