@@ -64,7 +64,15 @@ from bench.contenders import (
     run_orchestrated_shovels,
 )
 from bench.ledger_store import LEDGERS, BenchLedger, bench_ledger
-from bench.workload import Brokers, Workload, bench_messages, depth, load_average, local_brokers
+from bench.workload import (
+    Brokers,
+    Workload,
+    bench_messages,
+    code_state,
+    depth,
+    load_average,
+    local_brokers,
+)
 from bench.workload import machine as machine_facts
 from rmq_spark.config import WindowConfig
 from rmq_spark.ledger import tables
@@ -396,15 +404,6 @@ def targets(report: dict[str, Any], shape: Shape) -> list[dict[str, Any]]:
             }
         )
     return checks
-
-
-def code_state() -> dict[str, str]:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=REPO, capture_output=True, text=True, check=False
-        ).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": str(bool(git("status", "--porcelain")))}
 
 
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Shape]:

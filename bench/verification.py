@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.contenders import REPO, SPARK_SUBMIT, BenchError
-from bench.workload import load_average
+from bench.workload import code_state, load_average
 from bench.workload import machine as machine_facts
 from rmq_spark.ledger import tables
 from rmq_spark.ledger.writer import MessageLedgerWriter
@@ -380,15 +380,6 @@ def figures(rounds: dict[str, list[dict[str, Any]]], shape: Shape) -> dict[str, 
             entry["met"] = max(seconds) <= TARGET_SECONDS
         found[engine] = entry
     return found
-
-
-def code_state() -> dict[str, str]:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=REPO, capture_output=True, text=True, check=False
-        ).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": str(bool(git("status", "--porcelain")))}
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import logging
 import os
 import platform
 import random
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +37,8 @@ import pika
 from rmq_spark.devtools.demo import wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
+
+_REPO = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger(__name__)
 
@@ -273,3 +276,14 @@ def machine() -> dict[str, Any]:
 
 def load_average() -> list[float]:
     return [round(value, 2) for value in os.getloadavg()]
+
+
+def code_state() -> dict[str, str]:
+    """The checkout a bench ran from: its commit, and whether it had changes."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=_REPO, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": str(bool(git("status", "--porcelain")))}
