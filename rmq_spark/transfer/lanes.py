@@ -273,9 +273,14 @@ class MoverLoop:
                 job.work()
             except BaseException as exc:
                 job.error = exc
-            # Noted before `done`, so a waiter that sees it done finds it to apply.
-            self._touched.append(job.sequence)
+            # `done` first, then noted: the loop may run completions at any moment (for
+            # another job's callback) and takes every noted sequence as it goes, so a
+            # sequence noted while its job was not yet done would be taken, found not
+            # ready, and never applied; its transfer would wait for an ack forever. A
+            # waiter that sees `done` before the note applies its own sequence itself
+            # (`_Sequence.wait_for`).
             job.done.set()
+            self._touched.append(job.sequence)
             self._ioloop.add_callback_threadsafe(self.run_completions)
 
 

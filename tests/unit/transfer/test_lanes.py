@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 
 import pytest
@@ -237,6 +238,42 @@ def test_the_intents_and_ledger_lanes_of_a_transfer_keep_separate_orders(
     loop.close()
     inbox.run()
     assert log == ["done intent", "ran row", "done row"]
+
+
+class PausedNotes(deque[object]):
+    """The loop's list of sequences with a finished job: a lane thread that notes one
+    stops there until the test lets it go, so the loop (the test) can run completions
+    at exactly that moment, as it does when another job's callback comes first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noted, self.go_on = threading.Event(), threading.Event()
+
+    def append(self, sequence: object) -> None:
+        super().append(sequence)
+        if threading.current_thread() is not threading.main_thread():
+            self.noted.set()
+            self.go_on.wait()
+
+
+def test_completions_run_just_after_a_job_is_noted_still_apply_it(
+    inbox: CallbackInbox,
+) -> None:
+    # Seen in a real 100,000-message move: the loop took a sequence as a lane thread
+    # noted it, before the job was marked done, found nothing ready, and the transfer
+    # waited for its ledger row's completion forever (acks pending, loop idle).
+    loop = MoverLoop(inbox, Lanes(threads=1))
+    notes = PausedNotes()
+    loop._touched = notes  # type: ignore[assignment]  # the moment under test
+    log: list[str] = []
+    job = loop.for_transfer().submit(LEDGER, lambda: None, recorder(log, "row"))
+    assert notes.noted.wait(timeout=10), "the lane thread never noted its job"
+    loop.run_completions()  # another job's callback, on the loop, right then
+    notes.go_on.set()
+    assert job.done.wait(timeout=10)
+    loop.close()  # the lane thread has queued its own callback by now
+    inbox.run()
+    assert log == ["done row"]
 
 
 def test_a_local_ledger_gets_one_thread_per_lane_and_an_object_store_several() -> None:
