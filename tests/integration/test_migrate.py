@@ -587,9 +587,14 @@ def test_waiting_for_consumers_gives_up_naming_the_queue_and_changes_nothing(
         channel = connection.channel()
         channel.basic_qos(prefetch_count=1)
         channel.basic_consume("busy", lambda *_: None)  # holds one message, never acks
+        # The count comes from the statistics the nodes emit every few seconds; two
+        # fresh-clone runs under load saw it take over 60 s on this 3-node 3.10 cluster
+        # (never alone), so a longer bound, polled gently.
         wait_until(
             lambda: queue(quorum_cluster, vhost, "busy").get("consumers") == 1,
             "the consumer to show in the management API",
+            timeout=180,
+            every=0.5,
         )
         with pytest.raises(MigrationError, match=r"queue 'busy': still 1 consumer\(s\) after 1 s"):
             migrate(

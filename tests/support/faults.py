@@ -38,14 +38,23 @@ CONDITION_TIMEOUT_SECONDS = 60.0
 
 
 def wait_until(
-    condition: Callable[[], bool], what: str, timeout: float = CONDITION_TIMEOUT_SECONDS
+    condition: Callable[[], bool],
+    what: str,
+    timeout: float = CONDITION_TIMEOUT_SECONDS,
+    *,
+    every: float = 0.02,
 ) -> None:
-    """Poll a condition on the brokers or the ledger until it holds (or fail the test)."""
+    """Poll a condition on the brokers or the ledger until it holds (or fail the test).
+
+    `every`: seconds between polls; a condition that asks a management API for
+    statistics polls more slowly, so the polling does not itself load the node that
+    collects them.
+    """
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(every)
 
 
 def expected_fingerprints(vhost: str, queue: str, count: int) -> Counter[Fingerprint]:
