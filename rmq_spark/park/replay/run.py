@@ -33,7 +33,7 @@ import pyarrow.dataset as ds
 
 from rmq_spark.broker.confirmed_publisher import ConfirmedPublisher
 from rmq_spark.config import JobConfig
-from rmq_spark.errors import ConfigError
+from rmq_spark.errors import BrokerUnreachableError, ConfigError
 from rmq_spark.ledger import store, tables
 from rmq_spark.park.replay.plan import (
     ParkedKey,
@@ -256,6 +256,10 @@ def run_replay(
                             confirmed_at=datetime.now(UTC),
                         )
                     )
+            except BrokerUnreachableError as exc:
+                raise BrokerUnreachableError(
+                    _stopped(exc, run_id, parked_run_id, sum(by_queue.values()), row)
+                ) from exc
             finally:
                 tables.append_rows(ledger_path, "messages", done)
     missing, duplicates = replay_counts(
@@ -277,6 +281,25 @@ def run_replay(
     _record(ledger_path, result, config, started_at, rows)
     log.info("replay %s: published %d, skipped %d", run_id, result.published, result.skipped)
     return result
+
+
+def _stopped(
+    exc: BrokerUnreachableError,
+    run_id: str,
+    parked_run_id: str,
+    confirmed: int,
+    row: Mapping[str, Any],
+) -> str:
+    """The one error of a replay whose connection was lost: where, what is recorded, and
+    what to do (run it again; the row in flight may then be in its queue twice)."""
+    source = ":".join(parked_key(row)[:3])
+    return (
+        f"replay {run_id} of parked run {parked_run_id} stopped: {exc}. The {confirmed} "
+        "row(s) it confirmed are in the ledger; run the same replay again when the broker "
+        "is back: it skips them and publishes the rest (the row in flight, position "
+        f"{row['position']} of {source}, was not confirmed and is published again, so its "
+        "queue may hold it twice)"
+    )
 
 
 def _batches(rows: Sequence[Mapping[str, Any]], size: int) -> Iterator[Sequence[Mapping[str, Any]]]:

@@ -17,9 +17,15 @@ import pytest
 import yaml
 
 from rmq_spark.config import JobConfig, parse_config
-from rmq_spark.errors import ConfigError, DestinationIncompatibleError, TransferError
+from rmq_spark.errors import (
+    BrokerUnreachableError,
+    ConfigError,
+    DestinationIncompatibleError,
+    TransferError,
+)
 from rmq_spark.ledger import tables
 from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.park.replay import run as replay_run
 from rmq_spark.park.replay.plan import plan_replay
 from rmq_spark.park.replay.refusals import TargetFacts
 from rmq_spark.park.replay.run import compile_where, run_replay
@@ -101,7 +107,8 @@ def park(
 
 
 class FakePublisher:
-    """Records each publish; refuses queues it does not hold, or the n-th publish."""
+    """Records each publish; refuses queues it does not hold, or the n-th publish (with
+    `refusal`: a nack's TransferError, or the error another failure raises)."""
 
     def __init__(
         self,
@@ -109,10 +116,12 @@ class FakePublisher:
         cluster: str,
         vhost: str,
         queues: set[str],
+        *,
         refuse_at: int | None = None,
+        refusal: BaseException | None = None,
     ) -> None:
         self.log, self.cluster, self.vhost = log, cluster, vhost
-        self.queues, self.refuse_at = queues, refuse_at
+        self.queues, self.refuse_at, self.refusal = queues, refuse_at, refusal
 
     def require_queue(self, queue: str) -> int:
         if queue not in self.queues:
@@ -121,7 +130,7 @@ class FakePublisher:
 
     def publish(self, queue: str, property_bytes: bytes, body: bytes) -> None:
         if self.refuse_at is not None and len(self.log) == self.refuse_at:
-            raise TransferError(f"queue {queue!r}: nack")
+            raise self.refusal or TransferError(f"queue {queue!r}: nack")
         self.log.append((self.cluster, self.vhost, queue, property_bytes, body))
 
     def close(self) -> None:
@@ -137,12 +146,21 @@ class Broker:
         queues: set[str],
         refuse_at: int | None = None,
         rows: Mapping[str, Mapping[str, Any]] | None = None,
+        refusal: BaseException | None = None,
     ) -> None:
         self.published: list[tuple[str, str, str, bytes, bytes]] = []
         self.queues, self.refuse_at, self.rows = queues, refuse_at, rows or {}
+        self.refusal = refusal
 
     def __call__(self, cluster: str, vhost: str) -> FakePublisher:
-        return FakePublisher(self.published, cluster, vhost, self.queues, self.refuse_at)
+        return FakePublisher(
+            self.published,
+            cluster,
+            vhost,
+            self.queues,
+            refuse_at=self.refuse_at,
+            refusal=self.refusal,
+        )
 
     def facts(self, cluster: str, vhost: str, queues: Sequence[str]) -> TargetFacts:
         return TargetFacts({q: self.rows.get(q, {"name": q, "type": "classic"}) for q in queues})
@@ -421,3 +439,92 @@ def test_a_target_without_room_or_of_another_schema_version_publishes_nothing(
         )
     assert broker.published == roomy.published == []
     assert tables.read_arrow(str(tmp_path), "messages").num_rows == 0
+
+
+LOST = BrokerUnreachableError(
+    "cluster dr vhost 'shop' queue 'orders': the connection was lost while a replayed "
+    "message awaited its confirm (StreamLostError: Transport indicated EOF)"
+)
+
+
+def test_a_lost_connection_is_one_error_that_says_what_is_recorded_and_to_run_again(
+    tmp_path: Path,
+) -> None:
+    park(tmp_path, "park-1", ORDERS, bodies("o", 6))
+    config = job_config(tmp_path)
+    lost = Broker({"orders"}, refuse_at=4, refusal=LOST)
+
+    with pytest.raises(BrokerUnreachableError) as raised:
+        run_replay(
+            config,
+            parked_run_id="park-1",
+            target=SOURCE,
+            run_id="r1",
+            publisher_for=lost,
+            facts_reader=lost.facts,
+        )
+
+    assert str(raised.value) == (
+        "replay r1 of parked run park-1 stopped: cluster dr vhost 'shop' queue 'orders': the "
+        "connection was lost while a replayed message awaited its confirm (StreamLostError: "
+        "Transport indicated EOF). The 4 row(s) it confirmed are in the ledger; run the same "
+        "replay again when the broker is back: it skips them and publishes the rest (the row "
+        "in flight, position 4 of dr:shop:orders, was not confirmed and is published again, "
+        "so its queue may hold it twice)"
+    )
+    assert raised.value.__cause__ is LOST
+    assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 4
+    broker = Broker({"orders"})
+    again = run_replay(
+        config,
+        parked_run_id="park-1",
+        target=SOURCE,
+        run_id="r2",
+        publisher_for=broker,
+        facts_reader=broker.facts,
+    )
+    assert (again.published, again.skipped, again.verified) == (2, 4, True)
+    assert [p[4] for p in broker.published] == bodies("o", 6)[4:]
+
+
+def test_the_cli_says_a_lost_connection_in_one_line_and_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rmq_spark.cli import main
+
+    park(tmp_path, "park-1", ORDERS, bodies("o", 3))
+    config_file = tmp_path / "job.yaml"
+    config_file.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": {
+                    "dr": {
+                        "amqp": ["amqp://127.0.0.1:5672"],
+                        "management": "http://127.0.0.1:15672",
+                        "password_env": "DR_PASSWORD",
+                    }
+                },
+                "routes": [
+                    {
+                        "name": "park",
+                        "source": {"cluster": "dr", "queues": ["orders"]},
+                        "destination": {"table": "parked"},
+                    }
+                ],
+                "ledger": {"path": str(tmp_path)},
+            }
+        )
+    )
+    monkeypatch.setenv("DR_PASSWORD", "secret")
+    lost = Broker({"orders"}, refuse_at=1, refusal=LOST)
+    monkeypatch.setattr(replay_run, "ConfirmedPublisher", lambda c, _cfg, v: lost(c, v))
+    monkeypatch.setattr(replay_run, "management_reader", lambda _config: lost.facts)
+
+    code = main(["replay", "--config", str(config_file), "--parked", "park-1", "--to", "source"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    [line] = err.strip().splitlines()
+    assert line.startswith("rmq-spark: error: replay replay-")
+    assert "queue 'orders': the connection was lost" in line
+    assert "run the same replay again" in line
