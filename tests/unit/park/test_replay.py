@@ -26,7 +26,8 @@ from rmq_spark.errors import (
 from rmq_spark.ledger import tables
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.park.replay import run as replay_run
-from rmq_spark.park.replay.plan import plan_replay
+from rmq_spark.park.replay.command import format_result
+from rmq_spark.park.replay.plan import plan_replay, position_ranges, possibly_twice
 from rmq_spark.park.replay.refusals import TargetFacts
 from rmq_spark.park.replay.run import compile_where, run_replay
 from rmq_spark.park.replay.targets import OriginTarget, parse_template, route_rows
@@ -528,3 +529,91 @@ def test_the_cli_says_a_lost_connection_in_one_line_and_exits_2(
     assert line.startswith("rmq-spark: error: replay replay-")
     assert "queue 'orders': the connection was lost" in line
     assert "run the same replay again" in line
+
+
+def test_possibly_twice_names_the_batch_after_an_interrupted_replays_last_row() -> None:
+    def row(queue: str, position: int, to: str = "q") -> dict[str, Any]:
+        return {
+            "source_cluster": "dr",
+            "source_vhost": "v",
+            "source_queue": queue,
+            "position": position,
+            "_to": ("dr", "v", to),
+        }
+
+    def key(queue: str, position: int, to: str = "q") -> tuple[str, str, str, int, str, str, str]:
+        return ("dr", "v", queue, position, "dr", "v", to)
+
+    publish = [row("a", p) for p in range(4, 10)] + [row("b", p) for p in range(3)]
+    routed = {key("a", p) for p in range(10)} | {key("b", p) for p in range(3)}
+    killed = [("killed", key("a", p)) for p in range(4)]
+
+    interrupted, rows = possibly_twice(publish, routed, killed, set(), batch=3)
+    assert interrupted == ("killed",)
+    assert [(r["source_queue"], r["position"]) for r in rows] == [("a", 4), ("a", 5), ("a", 6)]
+    # The batch runs on into the next queue, in replay order.
+    _, rows = possibly_twice(publish, routed, killed, set(), batch=8)
+    assert [(r["source_queue"], r["position"]) for r in rows][-2:] == [("b", 0), ("b", 1)]
+    # A replay that recorded its end, or one of the same rows to another queue: none.
+    assert possibly_twice(publish, routed, killed, {"killed"}, batch=3) == ((), ())
+    elsewhere = [("other", key("a", p, to="x")) for p in range(4)]
+    assert possibly_twice(publish, routed, elsewhere, set(), batch=3) == ((), ())
+    # Nothing left after its last row: nothing named, though the run never ended.
+    assert possibly_twice([], routed, killed, set(), batch=3) == ((), ())
+    assert position_ranges([9, 0, 1, 2, 4, 3, 7, 10]) == "0-4, 7, 9-10"
+
+
+class Killed(BaseException):
+    """A SIGKILL stands in: no except clause catches it, the ledger append still runs."""
+
+
+def test_a_rerun_after_an_interrupted_replay_names_the_rows_it_may_publish_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replay_run, "LEDGER_BATCH", 3)
+    park(tmp_path, "park-1", ORDERS, bodies("o", 12))
+    config = job_config(tmp_path)
+    killed = Broker({"orders"}, refuse_at=6, refusal=Killed())
+    with pytest.raises(Killed):
+        run_replay(
+            config,
+            parked_run_id="park-1",
+            target=SOURCE,
+            run_id="r1",
+            publisher_for=killed,
+            facts_reader=killed.facts,
+        )
+    assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 6
+    broker = Broker({"orders"})
+
+    result = run_replay(
+        config,
+        parked_run_id="park-1",
+        target=SOURCE,
+        run_id="r2",
+        publisher_for=broker,
+        facts_reader=broker.facts,
+    )
+
+    assert (result.published, result.skipped, result.verified) == (6, 6, True)
+    assert result.interrupted == ("r1",)
+    assert [r["position"] for r in result.possibly_twice] == [6, 7, 8]
+    text = format_result(result)
+    assert (
+        "  3 row(s) published again may be in their queue twice: r1 stopped without "
+        "recording its end, and may have published them after its last ledger append\n"
+        "    dr:shop:orders positions 6-8 -> dr:shop:orders\n"
+    ) in text
+    assert '"possibly_twice": 3, "interrupted": ["r1"]' in text
+    # Finished now: a third replay publishes nothing and names nothing.
+    third = run_replay(
+        config,
+        parked_run_id="park-1",
+        target=SOURCE,
+        run_id="r3",
+        publisher_for=broker,
+        facts_reader=broker.facts,
+    )
+    assert (third.published, third.interrupted, third.possibly_twice) == (0, (), ())
+    assert "twice:" not in format_result(third)
+    assert '"possibly_twice": 0, "interrupted": []' in format_result(third)
