@@ -155,12 +155,12 @@ def format_result(result: ReplayResult) -> str:
 def _possibly_twice_lines(result: ReplayResult) -> list[str]:
     """The rows published again that an interrupted replay may have published already,
     as position ranges per source and destination queue."""
-    from rmq_spark.park.replay.plan import parked_key, position_ranges
+    from rmq_spark.park.replay.plan import position_ranges
 
     groups: dict[tuple[str, str], list[int]] = {}
-    for row in result.possibly_twice:
-        key = (":".join(parked_key(row)[:3]), ":".join(row["_to"]))
-        groups.setdefault(key, []).append(row["position"])
+    for key in result.possibly_twice:
+        queues = (":".join(key[:3]), ":".join(key[4:]))
+        groups.setdefault(queues, []).append(key[3])
     lines = [
         f"  {len(result.possibly_twice)} row(s) published again may be in their queue twice: "
         f"{', '.join(result.interrupted)} stopped without recording its end, and may have "

@@ -37,6 +37,7 @@ from rmq_spark.errors import BrokerUnreachableError, ConfigError
 from rmq_spark.ledger import store, tables
 from rmq_spark.park.replay.plan import (
     ParkedKey,
+    ReplayKey,
     check_replayable,
     ledger_replay_key,
     ledger_row,
@@ -110,9 +111,10 @@ class ReplayResult:
     by_queue: tuple[tuple[Queue, int], ...]
     seconds: float
     # Earlier replays of these rows that recorded no end (killed), and the rows published
-    # now that they may have published already (`plan.possibly_twice`).
+    # now that they may have published already (`plan.possibly_twice`): their keys only,
+    # so no body is held in (or printed with) a result.
     interrupted: tuple[str, ...] = ()
-    possibly_twice: tuple[Mapping[str, Any], ...] = ()
+    possibly_twice: tuple[ReplayKey, ...] = ()
 
     @property
     def verified(self) -> bool:
@@ -293,7 +295,7 @@ def run_replay(
         by_queue=tuple(sorted(by_queue.items())),
         seconds=clock() - started,
         interrupted=interrupted,
-        possibly_twice=again,
+        possibly_twice=tuple(replay_key(row, row["_to"]) for row in again),
     )
     _record(ledger_path, result, config, started_at, rows)
     log.info("replay %s: published %d, skipped %d", run_id, result.published, result.skipped)
