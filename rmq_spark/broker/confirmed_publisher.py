@@ -4,7 +4,10 @@
 cluster and vhost, a channel in confirm mode, each message published with `mandatory`
 through the default exchange to its queue, and `basic_publish` returns only after the
 broker confirmed it. A message the broker returns (no such queue any more) or nacks
-(a full queue that rejects publishes) raises `TransferError` naming the queue.
+(a full queue that rejects publishes), or a channel the broker closes, raises
+`TransferError` naming the queue; a connection lost while a publish waits for its confirm
+(a node restarted or stopped, the network gone) raises `BrokerUnreachableError`, naming it
+too. Either way the message in flight may or may not be in the queue: nothing confirmed it.
 
 The content header carries the parked property bytes unchanged (`ExactProperties`, as
 `transfer/amqp091/wire.ForwardedProperties` does for a move), so header value types,
@@ -22,7 +25,7 @@ from pika import spec
 
 from rmq_spark.broker.connection import blocking_connection
 from rmq_spark.config import ClusterConfig
-from rmq_spark.errors import DestinationIncompatibleError, TransferError
+from rmq_spark.errors import BrokerUnreachableError, DestinationIncompatibleError, TransferError
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +113,22 @@ class ConfirmedPublisher:
                 f"{self._where(queue)}: the broker refused a replayed message (nack: a "
                 "full queue with overflow reject-publish?); nothing after it was published"
             ) from exc
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            raise TransferError(
+                f"{self._where(queue)}: the broker closed the channel while a replayed message "
+                f"awaited its confirm ({exc.reply_code} {exc.reply_text}); nothing after it "
+                "was published"
+            ) from exc
+        except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
+            raise BrokerUnreachableError(
+                f"{self._where(queue)}: the connection was lost while a replayed message "
+                f"awaited its confirm ({_lost_reason(exc)}); nothing after it was published"
+            ) from exc
+
+
+def _lost_reason(exc: BaseException) -> str:
+    """Why pika says the connection went: its class, and the broker's words if any
+    (e.g. 'ConnectionClosedByBroker: 320 CONNECTION_FORCED - broker forced connection
+    closure with reason 'shutdown'')."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -12,7 +12,6 @@ selects; bad input is one error and publishes nothing.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -21,43 +20,17 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from rmq_spark.cli import main
-from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.errors import ConfigError, DestinationIncompatibleError
 from rmq_spark.ledger import tables
 from rmq_spark.park.replay.run import compile_where, run_replay, selected_keys
 from rmq_spark.park.replay.targets import parse_template
 from rmq_spark.park.run import run_park
 from rmq_spark.park.table import read_parked_spark
-from rmq_spark.transfer.amqp091 import wire
 from tests.support.brokers import Brokers, declare, depth, fresh_vhost
-from tests.support.parking import QUEUE, park_config, published, seed
+from tests.support.parking import QUEUE, park_config, published, read_queue, seed
 
 MESSAGES = 3_000
 WHERE = "headers['tenant'] IN ('tenant-07', 'tenant-21') OR message_id LIKE '%7'"
-
-
-def read_queue(node: LocalNode, vhost: str, queue: str) -> list[dict[str, Any]]:
-    """Independent consumer: the queue's messages in order (taken), with the sha256 of
-    the exact property bytes and of the body."""
-    wire.install()
-    found: list[dict[str, Any]] = []
-    connection = node.connect(vhost)
-    try:
-        channel = connection.channel()
-        while True:
-            method, properties, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
-            found.append(
-                {
-                    "body_sha256": hashlib.sha256(body).hexdigest(),
-                    "properties_sha256": hashlib.sha256(wire.wire_bytes(properties)).hexdigest(),
-                    "message_id": properties.message_id,
-                }
-            )
-    finally:
-        connection.close()
-    return found
 
 
 def ledger_rows(tmp_path: Path, run_id: str) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
-"""A parked queue's fixtures, shared by test_park and test_replay: the queue, how it is
-filled (pika, through a direct exchange, test messages every version delivers
-unchanged), what was published, and a config whose one route parks it."""
+"""A parked queue's fixtures, shared by test_park and the replay tests: the queue, how it
+is filled (pika, through a direct exchange, test messages every version delivers
+unchanged), what was published, a config whose one route parks it, and an independent
+consumer that reads a queue the rows were replayed into."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import yaml
 from rmq_spark.config import JobConfig, load_config
 from rmq_spark.devtools.demo import wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
+from rmq_spark.transfer.amqp091 import wire
 from tests.support.brokers import Brokers, write_config
 from tests.support.faults import key_ordered_messages
 
@@ -69,3 +71,27 @@ def park_config(
         raw["ledger"] = ledger
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return load_config(path)
+
+
+def read_queue(node: LocalNode, vhost: str, queue: str) -> list[dict[str, Any]]:
+    """Independent consumer: the queue's messages in order (taken), with the sha256 of
+    the exact property bytes and of the body."""
+    wire.install()
+    found: list[dict[str, Any]] = []
+    connection = node.connect(vhost)
+    try:
+        channel = connection.channel()
+        while True:
+            method, properties, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            found.append(
+                {
+                    "body_sha256": hashlib.sha256(body).hexdigest(),
+                    "properties_sha256": hashlib.sha256(wire.wire_bytes(properties)).hexdigest(),
+                    "message_id": properties.message_id,
+                }
+            )
+    finally:
+        connection.close()
+    return found

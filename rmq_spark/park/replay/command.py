@@ -124,6 +124,8 @@ def format_result(result: ReplayResult) -> str:
         lines.append(f"  {'destination':<{width}}  {'published':>9}")
         for label, (_, count) in zip(labels, result.by_queue, strict=True):
             lines.append(f"  {label:<{width}}  {count:>9}")
+    if result.possibly_twice:
+        lines.extend(_possibly_twice_lines(result))
     if not result.verified:
         lines.append(
             f"  {result.missing} selected row(s) not confirmed by any replay, "
@@ -140,9 +142,30 @@ def format_result(result: ReplayResult) -> str:
         "published": result.published,
         "missing": result.missing,
         "duplicates": result.duplicates,
+        "possibly_twice": len(result.possibly_twice),
+        "interrupted": list(result.interrupted),
         "bytes": result.bytes,
         "seconds": round(result.seconds, 2),
         "messages_per_second": round(rate, 1),
     }
     lines.append(f"RESULT {json.dumps(summary)}")
     return "\n".join(lines)
+
+
+def _possibly_twice_lines(result: ReplayResult) -> list[str]:
+    """The rows published again that an interrupted replay may have published already,
+    as position ranges per source and destination queue."""
+    from rmq_spark.park.replay.plan import position_ranges
+
+    groups: dict[tuple[str, str], list[int]] = {}
+    for key in result.possibly_twice:
+        queues = (":".join(key[:3]), ":".join(key[4:]))
+        groups.setdefault(queues, []).append(key[3])
+    lines = [
+        f"  {len(result.possibly_twice)} row(s) published again may be in their queue twice: "
+        f"{', '.join(result.interrupted)} stopped without recording its end, and may have "
+        "published them after its last ledger append"
+    ]
+    for (source, destination), positions in sorted(groups.items()):
+        lines.append(f"    {source} positions {position_ranges(positions)} -> {destination}")
+    return lines

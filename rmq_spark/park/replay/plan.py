@@ -9,12 +9,21 @@ parked row whose (source, position, destination) is among them. So a re-run, wit
 run id, publishes only what no earlier replay of P to the same queues confirmed; a
 replay to another queue is another replay. Where each row goes, and with which
 property bytes, is `targets.py`'s.
+
+**What an interrupted replay may have left twice.** A replay appends its confirmed rows
+to the ledger a batch at a time and writes its `runs` row when it ends; one killed
+between a confirm and its append published rows the ledger never showed confirmed, all
+of them in the batch after its last append. A re-run publishes them again (at least
+once), and names them (`possibly_twice`): the rows of its plan that follow, in replay
+order, the last row an earlier replay of the same rows recorded without recording its
+end, at most one batch per such replay. A replay killed before its first append left
+nothing to know it by, and is not named.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -147,3 +156,47 @@ def replay_counts(
         missing += count == 0
         duplicates += max(count - 1, 0)
     return missing, duplicates
+
+
+def possibly_twice(
+    publish: Sequence[Mapping[str, Any]],
+    routed_keys: Set[ReplayKey],
+    earlier: Iterable[tuple[str, ReplayKey]],
+    finished: Set[str],
+    batch: int,
+) -> tuple[tuple[str, ...], tuple[Mapping[str, Any], ...]]:
+    """(interrupted replays, rows of `publish` they may have published already); a
+    replay is named only with rows.
+
+    `earlier` is (run id, replay key) of each confirmed replayed row of the parked run in
+    the ledger, `finished` the run ids with a `runs` row, `batch` the confirms per ledger
+    append. An earlier replay is interrupted when it recorded rows this replay also
+    routes (the same rows to the same queues) but no end; the rows it may have published
+    unrecorded are the next `batch` of `publish` after its last recorded row.
+    """
+    last: dict[str, ParkedKey] = {}
+    for run_id, key in earlier:
+        if run_id in finished or key not in routed_keys:
+            continue
+        parked = key[:4]
+        if run_id not in last or parked > last[run_id]:
+            last[run_id] = (parked[0], parked[1], parked[2], parked[3])
+    named: dict[ParkedKey, Mapping[str, Any]] = {}
+    runs = []
+    for run_id, after in sorted(last.items()):
+        following = [row for row in publish if parked_key(row) > after][:batch]
+        if following:
+            runs.append(run_id)
+            named.update((parked_key(row), row) for row in following)
+    return tuple(runs), tuple(in_replay_order(named.values()))
+
+
+def position_ranges(positions: Iterable[int]) -> str:
+    """'0-4, 7, 9-10' for 0, 1, 2, 3, 4, 7, 9, 10."""
+    spans: list[list[int]] = []
+    for position in sorted(set(positions)):
+        if spans and position == spans[-1][1] + 1:
+            spans[-1][1] = position
+        else:
+            spans.append([position, position])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)

@@ -33,7 +33,7 @@ import pyarrow.dataset as ds
 
 from rmq_spark.broker.confirmed_publisher import ConfirmedPublisher
 from rmq_spark.config import JobConfig
-from rmq_spark.errors import ConfigError
+from rmq_spark.errors import BrokerUnreachableError, ConfigError
 from rmq_spark.ledger import store, tables
 from rmq_spark.park.replay.plan import (
     ParkedKey,
@@ -43,7 +43,9 @@ from rmq_spark.park.replay.plan import (
     ledger_row,
     parked_key,
     plan_replay,
+    possibly_twice,
     replay_counts,
+    replay_key,
 )
 from rmq_spark.park.replay.refusals import (
     FactsReader,
@@ -72,6 +74,7 @@ log = logging.getLogger(__name__)
 LEDGER_BATCH = 500
 WHERE = "--where"
 _LEDGER_COLUMNS = [
+    "run_id",
     "source_cluster",
     "source_vhost",
     "source_queue",
@@ -107,6 +110,11 @@ class ReplayResult:
     duplicates: int
     by_queue: tuple[tuple[Queue, int], ...]
     seconds: float
+    # Earlier replays of these rows that recorded no end (killed), and the rows published
+    # now that they may have published already (`plan.possibly_twice`): their keys only,
+    # so no body is held in (or printed with) a result.
+    interrupted: tuple[str, ...] = ()
+    possibly_twice: tuple[ReplayKey, ...] = ()
 
     @property
     def verified(self) -> bool:
@@ -159,9 +167,10 @@ def parked_rows(ledger_path: str, parked_run_id: str) -> list[dict[str, Any]]:
     return rows
 
 
-def confirmed_replays(ledger_path: str, parked_run_id: str) -> set[ReplayKey]:
-    """What every earlier replay of the parked run confirmed (any run id, any target)."""
-    return set(map(ledger_replay_key, _confirmed_rows(ledger_path, parked_run_id)))
+def finished_runs(ledger_path: str) -> set[str]:
+    """The run ids with a `runs` row: runs that recorded their end."""
+    runs = tables.read_arrow(ledger_path, "runs", columns=["run_id"]).column("run_id")
+    return set(runs.to_pylist())
 
 
 def _confirmed_rows(ledger_path: str, parked_run_id: str) -> list[dict[str, Any]]:
@@ -207,7 +216,15 @@ def run_replay(
         rows = [row for row in rows if parked_key(row) in keys]
     check_replayable(parked_run_id, rows)
     routed = route_rows(target, rows, parked_run_id=parked_run_id, clusters=config.clusters)
-    plan = plan_replay(routed, confirmed_replays(ledger_path, parked_run_id))
+    earlier = _confirmed_rows(ledger_path, parked_run_id)
+    plan = plan_replay(routed, set(map(ledger_replay_key, earlier)))
+    interrupted, again = possibly_twice(
+        plan.publish,
+        {replay_key(row, row["_to"]) for row in routed},
+        [(row["run_id"], ledger_replay_key(row)) for row in earlier],
+        finished_runs(ledger_path),
+        LEDGER_BATCH,
+    )
     factory = publisher_for or (
         lambda cluster, vhost: ConfirmedPublisher(cluster, config.clusters[cluster], vhost)
     )
@@ -256,6 +273,10 @@ def run_replay(
                             confirmed_at=datetime.now(UTC),
                         )
                     )
+            except BrokerUnreachableError as exc:
+                raise BrokerUnreachableError(
+                    _stopped(exc, run_id, parked_run_id, sum(by_queue.values()), row)
+                ) from exc
             finally:
                 tables.append_rows(ledger_path, "messages", done)
     missing, duplicates = replay_counts(
@@ -273,10 +294,31 @@ def run_replay(
         duplicates=duplicates,
         by_queue=tuple(sorted(by_queue.items())),
         seconds=clock() - started,
+        interrupted=interrupted,
+        possibly_twice=tuple(replay_key(row, row["_to"]) for row in again),
     )
     _record(ledger_path, result, config, started_at, rows)
     log.info("replay %s: published %d, skipped %d", run_id, result.published, result.skipped)
     return result
+
+
+def _stopped(
+    exc: BrokerUnreachableError,
+    run_id: str,
+    parked_run_id: str,
+    confirmed: int,
+    row: Mapping[str, Any],
+) -> str:
+    """The one error of a replay whose connection was lost: where, what is recorded, and
+    what to do (run it again; the row in flight may then be in its queue twice)."""
+    source = ":".join(parked_key(row)[:3])
+    return (
+        f"replay {run_id} of parked run {parked_run_id} stopped: {exc}. The {confirmed} "
+        "row(s) it confirmed are in the ledger; run the same replay again when the broker "
+        "is back: it skips them and publishes the rest (the row in flight, position "
+        f"{row['position']} of {source}, was not confirmed and is published again, so its "
+        "queue may hold it twice)"
+    )
 
 
 def _batches(rows: Sequence[Mapping[str, Any]], size: int) -> Iterator[Sequence[Mapping[str, Any]]]:

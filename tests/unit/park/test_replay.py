@@ -17,10 +17,17 @@ import pytest
 import yaml
 
 from rmq_spark.config import JobConfig, parse_config
-from rmq_spark.errors import ConfigError, DestinationIncompatibleError, TransferError
+from rmq_spark.errors import (
+    BrokerUnreachableError,
+    ConfigError,
+    DestinationIncompatibleError,
+    TransferError,
+)
 from rmq_spark.ledger import tables
 from rmq_spark.model import Delivery, TransferKey
-from rmq_spark.park.replay.plan import plan_replay
+from rmq_spark.park.replay import run as replay_run
+from rmq_spark.park.replay.command import format_result
+from rmq_spark.park.replay.plan import plan_replay, position_ranges, possibly_twice
 from rmq_spark.park.replay.refusals import TargetFacts
 from rmq_spark.park.replay.run import compile_where, run_replay
 from rmq_spark.park.replay.targets import OriginTarget, parse_template, route_rows
@@ -101,7 +108,8 @@ def park(
 
 
 class FakePublisher:
-    """Records each publish; refuses queues it does not hold, or the n-th publish."""
+    """Records each publish; refuses queues it does not hold, or the n-th publish (with
+    `refusal`: a nack's TransferError, or the error another failure raises)."""
 
     def __init__(
         self,
@@ -109,10 +117,12 @@ class FakePublisher:
         cluster: str,
         vhost: str,
         queues: set[str],
+        *,
         refuse_at: int | None = None,
+        refusal: BaseException | None = None,
     ) -> None:
         self.log, self.cluster, self.vhost = log, cluster, vhost
-        self.queues, self.refuse_at = queues, refuse_at
+        self.queues, self.refuse_at, self.refusal = queues, refuse_at, refusal
 
     def require_queue(self, queue: str) -> int:
         if queue not in self.queues:
@@ -121,7 +131,7 @@ class FakePublisher:
 
     def publish(self, queue: str, property_bytes: bytes, body: bytes) -> None:
         if self.refuse_at is not None and len(self.log) == self.refuse_at:
-            raise TransferError(f"queue {queue!r}: nack")
+            raise self.refusal or TransferError(f"queue {queue!r}: nack")
         self.log.append((self.cluster, self.vhost, queue, property_bytes, body))
 
     def close(self) -> None:
@@ -137,12 +147,21 @@ class Broker:
         queues: set[str],
         refuse_at: int | None = None,
         rows: Mapping[str, Mapping[str, Any]] | None = None,
+        refusal: BaseException | None = None,
     ) -> None:
         self.published: list[tuple[str, str, str, bytes, bytes]] = []
         self.queues, self.refuse_at, self.rows = queues, refuse_at, rows or {}
+        self.refusal = refusal
 
     def __call__(self, cluster: str, vhost: str) -> FakePublisher:
-        return FakePublisher(self.published, cluster, vhost, self.queues, self.refuse_at)
+        return FakePublisher(
+            self.published,
+            cluster,
+            vhost,
+            self.queues,
+            refuse_at=self.refuse_at,
+            refusal=self.refusal,
+        )
 
     def facts(self, cluster: str, vhost: str, queues: Sequence[str]) -> TargetFacts:
         return TargetFacts({q: self.rows.get(q, {"name": q, "type": "classic"}) for q in queues})
@@ -421,3 +440,182 @@ def test_a_target_without_room_or_of_another_schema_version_publishes_nothing(
         )
     assert broker.published == roomy.published == []
     assert tables.read_arrow(str(tmp_path), "messages").num_rows == 0
+
+
+LOST = BrokerUnreachableError(
+    "cluster dr vhost 'shop' queue 'orders': the connection was lost while a replayed "
+    "message awaited its confirm (StreamLostError: Transport indicated EOF)"
+)
+
+
+def test_a_lost_connection_is_one_error_that_says_what_is_recorded_and_to_run_again(
+    tmp_path: Path,
+) -> None:
+    park(tmp_path, "park-1", ORDERS, bodies("o", 6))
+    config = job_config(tmp_path)
+    lost = Broker({"orders"}, refuse_at=4, refusal=LOST)
+
+    with pytest.raises(BrokerUnreachableError) as raised:
+        run_replay(
+            config,
+            parked_run_id="park-1",
+            target=SOURCE,
+            run_id="r1",
+            publisher_for=lost,
+            facts_reader=lost.facts,
+        )
+
+    assert str(raised.value) == (
+        "replay r1 of parked run park-1 stopped: cluster dr vhost 'shop' queue 'orders': the "
+        "connection was lost while a replayed message awaited its confirm (StreamLostError: "
+        "Transport indicated EOF). The 4 row(s) it confirmed are in the ledger; run the same "
+        "replay again when the broker is back: it skips them and publishes the rest (the row "
+        "in flight, position 4 of dr:shop:orders, was not confirmed and is published again, "
+        "so its queue may hold it twice)"
+    )
+    assert raised.value.__cause__ is LOST
+    assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 4
+    broker = Broker({"orders"})
+    again = run_replay(
+        config,
+        parked_run_id="park-1",
+        target=SOURCE,
+        run_id="r2",
+        publisher_for=broker,
+        facts_reader=broker.facts,
+    )
+    assert (again.published, again.skipped, again.verified) == (2, 4, True)
+    assert [p[4] for p in broker.published] == bodies("o", 6)[4:]
+
+
+def test_the_cli_says_a_lost_connection_in_one_line_and_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rmq_spark.cli import main
+
+    park(tmp_path, "park-1", ORDERS, bodies("o", 3))
+    config_file = tmp_path / "job.yaml"
+    config_file.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": {
+                    "dr": {
+                        "amqp": ["amqp://127.0.0.1:5672"],
+                        "management": "http://127.0.0.1:15672",
+                        "password_env": "DR_PASSWORD",
+                    }
+                },
+                "routes": [
+                    {
+                        "name": "park",
+                        "source": {"cluster": "dr", "queues": ["orders"]},
+                        "destination": {"table": "parked"},
+                    }
+                ],
+                "ledger": {"path": str(tmp_path)},
+            }
+        )
+    )
+    monkeypatch.setenv("DR_PASSWORD", "secret")
+    lost = Broker({"orders"}, refuse_at=1, refusal=LOST)
+    monkeypatch.setattr(replay_run, "ConfirmedPublisher", lambda c, _cfg, v: lost(c, v))
+    monkeypatch.setattr(replay_run, "management_reader", lambda _config: lost.facts)
+
+    code = main(["replay", "--config", str(config_file), "--parked", "park-1", "--to", "source"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    [line] = err.strip().splitlines()
+    assert line.startswith("rmq-spark: error: replay replay-")
+    assert "queue 'orders': the connection was lost" in line
+    assert "run the same replay again" in line
+
+
+def test_possibly_twice_names_the_batch_after_an_interrupted_replays_last_row() -> None:
+    def row(queue: str, position: int, to: str = "q") -> dict[str, Any]:
+        return {
+            "source_cluster": "dr",
+            "source_vhost": "v",
+            "source_queue": queue,
+            "position": position,
+            "_to": ("dr", "v", to),
+        }
+
+    def key(queue: str, position: int, to: str = "q") -> tuple[str, str, str, int, str, str, str]:
+        return ("dr", "v", queue, position, "dr", "v", to)
+
+    publish = [row("a", p) for p in range(4, 10)] + [row("b", p) for p in range(3)]
+    routed = {key("a", p) for p in range(10)} | {key("b", p) for p in range(3)}
+    killed = [("killed", key("a", p)) for p in range(4)]
+
+    interrupted, rows = possibly_twice(publish, routed, killed, set(), batch=3)
+    assert interrupted == ("killed",)
+    assert [(r["source_queue"], r["position"]) for r in rows] == [("a", 4), ("a", 5), ("a", 6)]
+    # The batch runs on into the next queue, in replay order.
+    _, rows = possibly_twice(publish, routed, killed, set(), batch=8)
+    assert [(r["source_queue"], r["position"]) for r in rows][-2:] == [("b", 0), ("b", 1)]
+    # A replay that recorded its end, or one of the same rows to another queue: none.
+    assert possibly_twice(publish, routed, killed, {"killed"}, batch=3) == ((), ())
+    elsewhere = [("other", key("a", p, to="x")) for p in range(4)]
+    assert possibly_twice(publish, routed, elsewhere, set(), batch=3) == ((), ())
+    # Nothing left after its last row: nothing named, though the run never ended.
+    assert possibly_twice([], routed, killed, set(), batch=3) == ((), ())
+    assert position_ranges([9, 0, 1, 2, 4, 3, 7, 10]) == "0-4, 7, 9-10"
+
+
+class Killed(BaseException):
+    """A SIGKILL stands in: no except clause catches it, the ledger append still runs."""
+
+
+def test_a_rerun_after_an_interrupted_replay_names_the_rows_it_may_publish_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replay_run, "LEDGER_BATCH", 3)
+    park(tmp_path, "park-1", ORDERS, bodies("o", 12))
+    config = job_config(tmp_path)
+    killed = Broker({"orders"}, refuse_at=6, refusal=Killed())
+    with pytest.raises(Killed):
+        run_replay(
+            config,
+            parked_run_id="park-1",
+            target=SOURCE,
+            run_id="r1",
+            publisher_for=killed,
+            facts_reader=killed.facts,
+        )
+    assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 6
+    broker = Broker({"orders"})
+
+    result = run_replay(
+        config,
+        parked_run_id="park-1",
+        target=SOURCE,
+        run_id="r2",
+        publisher_for=broker,
+        facts_reader=broker.facts,
+    )
+
+    assert (result.published, result.skipped, result.verified) == (6, 6, True)
+    assert result.interrupted == ("r1",)
+    assert result.possibly_twice == tuple(
+        ("dr", "shop", "orders", p, "dr", "shop", "orders") for p in (6, 7, 8)
+    )
+    text = format_result(result)
+    assert (
+        "  3 row(s) published again may be in their queue twice: r1 stopped without "
+        "recording its end, and may have published them after its last ledger append\n"
+        "    dr:shop:orders positions 6-8 -> dr:shop:orders\n"
+    ) in text
+    assert '"possibly_twice": 3, "interrupted": ["r1"]' in text
+    # Finished now: a third replay publishes nothing and names nothing.
+    third = run_replay(
+        config,
+        parked_run_id="park-1",
+        target=SOURCE,
+        run_id="r3",
+        publisher_for=broker,
+        facts_reader=broker.facts,
+    )
+    assert (third.published, third.interrupted, third.possibly_twice) == (0, (), ())
+    assert "twice:" not in format_result(third)
+    assert '"possibly_twice": 0, "interrupted": []' in format_result(third)
