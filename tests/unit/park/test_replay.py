@@ -167,6 +167,27 @@ class Broker:
         return TargetFacts({q: self.rows.get(q, {"name": q, "type": "classic"}) for q in queues})
 
 
+def replay(
+    config: JobConfig,
+    broker: Broker,
+    run_id: str,
+    *,
+    parked: str = "park-1",
+    target: Any = SOURCE,
+    **options: Any,
+) -> replay_run.ReplayResult:
+    """`run_replay` of `parked` against the fake broker (its publishers and its facts)."""
+    return run_replay(
+        config,
+        parked_run_id=parked,
+        target=target,
+        run_id=run_id,
+        publisher_for=broker,
+        facts_reader=broker.facts,
+        **options,
+    )
+
+
 def bodies(prefix: str, count: int) -> list[bytes]:
     return [f"{prefix}-{i}".encode() for i in range(count)]
 
@@ -208,14 +229,7 @@ def test_a_replay_publishes_each_queue_in_order_and_a_rerun_publishes_nothing(
     broker = Broker({"orders", "refunds"})
     config = job_config(tmp_path)
 
-    first = run_replay(
-        config,
-        parked_run_id="park-1",
-        target=SOURCE,
-        run_id="replay-1",
-        publisher_for=broker,
-        facts_reader=broker.facts,
-    )
+    first = replay(config, broker, "replay-1")
 
     assert first.verified
     assert (first.selected, first.published, first.skipped) == (10, 10, 0)
@@ -232,14 +246,7 @@ def test_a_replay_publishes_each_queue_in_order_and_a_rerun_publishes_nothing(
         ("replayed", "park-1", "dr")
     }
 
-    again = run_replay(
-        config,
-        parked_run_id="park-1",
-        target=SOURCE,
-        run_id="replay-2",
-        publisher_for=broker,
-        facts_reader=broker.facts,
-    )
+    again = replay(config, broker, "replay-2")
 
     assert again.verified
     assert (again.published, again.skipped) == (0, 10)
@@ -257,25 +264,11 @@ def test_a_refused_publish_stops_the_replay_and_the_rerun_publishes_only_the_res
     refusing = Broker({"orders"}, refuse_at=4)
 
     with pytest.raises(TransferError, match="nack"):
-        run_replay(
-            config,
-            parked_run_id="park-1",
-            target=SOURCE,
-            run_id="r1",
-            publisher_for=refusing,
-            facts_reader=refusing.facts,
-        )
+        replay(config, refusing, "r1")
 
     assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 4
     broker = Broker({"orders"})
-    result = run_replay(
-        config,
-        parked_run_id="park-1",
-        target=SOURCE,
-        run_id="r2",
-        publisher_for=broker,
-        facts_reader=broker.facts,
-    )
+    result = replay(config, broker, "r2")
     assert (result.published, result.skipped, result.verified) == (2, 4, True)
     assert [p[4] for p in broker.published] == bodies("o", 6)[4:]
 
@@ -284,14 +277,12 @@ def test_a_replay_to_one_queue_and_of_some_keys(tmp_path: Path) -> None:
     park(tmp_path, "park-1", ORDERS, bodies("o", 5))
     park(tmp_path, "park-1", REFUNDS, bodies("r", 5))
     broker = Broker({"all"})
-    result = run_replay(
+    result = replay(
         job_config(tmp_path),
-        parked_run_id="park-1",
+        broker,
+        "r1",
         target=parse_template("dr:shop:all"),
-        run_id="r1",
         keys={("dr", "shop", "refunds", 4), ("dr", "shop", "orders", 1)},
-        publisher_for=broker,
-        facts_reader=broker.facts,
     )
     assert result.verified
     assert [(p[2], p[4]) for p in broker.published] == [("all", b"o-1"), ("all", b"r-4")]
@@ -314,14 +305,7 @@ def test_bad_input_is_one_error_and_nothing_is_published(tmp_path: Path) -> None
     ]
     for parked, target, error, said in cases:
         with pytest.raises(error, match=said):
-            run_replay(
-                config,
-                parked_run_id=parked,
-                target=target,
-                run_id="r",
-                publisher_for=broker,
-                facts_reader=broker.facts,
-            )
+            replay(config, broker, "r", parked=parked, target=target)
     assert broker.published == []
     assert tables.read_arrow(str(tmp_path), "messages", run_id="r").num_rows == 0
 
@@ -341,14 +325,11 @@ def test_the_brake_spaces_publishes_by_the_rate(tmp_path: Path) -> None:
         now[0] += seconds
 
     broker = Broker({"orders"})
-    run_replay(
+    replay(
         job_config(tmp_path),
-        parked_run_id="park-1",
-        target=SOURCE,
-        run_id="r1",
+        broker,
+        "r1",
         messages_per_second=10,
-        publisher_for=broker,
-        facts_reader=broker.facts,
         clock=lambda: now[0],
         sleep=sleep,
     )
@@ -370,14 +351,7 @@ def test_origin_publishes_each_row_to_its_x_death_queue_rewritten_and_says_so_in
     broker = Broker({"orders", "refunds"})
     config = job_config(tmp_path)
 
-    result = run_replay(
-        config,
-        parked_run_id="park-1",
-        target=OriginTarget(),
-        run_id="r1",
-        publisher_for=broker,
-        facts_reader=broker.facts,
-    )
+    result = replay(config, broker, "r1", target=OriginTarget())
 
     assert result.verified
     assert [(p[2], p[4]) for p in broker.published] == [
@@ -398,14 +372,7 @@ def test_origin_publishes_each_row_to_its_x_death_queue_rewritten_and_says_so_in
     assert {r["properties_sha256"] for r in parked} == {
         hashlib.sha256(b).hexdigest() for b in blocks
     }
-    again = run_replay(
-        config,
-        parked_run_id="park-1",
-        target=OriginTarget(),
-        run_id="r2",
-        publisher_for=broker,
-        facts_reader=broker.facts,
-    )
+    again = replay(config, broker, "r2", target=OriginTarget())
     assert (again.published, again.skipped, again.verified) == (0, 3, True)
 
 
@@ -417,27 +384,13 @@ def test_a_target_without_room_or_of_another_schema_version_publishes_nothing(
     broker = Broker({"orders"}, rows={"orders": full})
     config = job_config(tmp_path)
     with pytest.raises(DestinationIncompatibleError, match="holds at most 4 messages"):
-        run_replay(
-            config,
-            parked_run_id="park-1",
-            target=SOURCE,
-            run_id="r1",
-            publisher_for=broker,
-            facts_reader=broker.facts,
-        )
+        replay(config, broker, "r1")
     monkeypatch.setattr(parked_rows, "SCHEMA_VERSION", parked_rows.SCHEMA_VERSION + 1)
     park(tmp_path, "park-2", ORDERS, bodies("o", 2))
     monkeypatch.undo()
     roomy = Broker({"orders"})
     with pytest.raises(ConfigError, match="its rows are of parked-table schema version 2, this"):
-        run_replay(
-            config,
-            parked_run_id="park-2",
-            target=SOURCE,
-            run_id="r2",
-            publisher_for=roomy,
-            facts_reader=roomy.facts,
-        )
+        replay(config, roomy, "r2", parked="park-2")
     assert broker.published == roomy.published == []
     assert tables.read_arrow(str(tmp_path), "messages").num_rows == 0
 
@@ -456,14 +409,7 @@ def test_a_lost_connection_is_one_error_that_says_what_is_recorded_and_to_run_ag
     lost = Broker({"orders"}, refuse_at=4, refusal=LOST)
 
     with pytest.raises(BrokerUnreachableError) as raised:
-        run_replay(
-            config,
-            parked_run_id="park-1",
-            target=SOURCE,
-            run_id="r1",
-            publisher_for=lost,
-            facts_reader=lost.facts,
-        )
+        replay(config, lost, "r1")
 
     assert str(raised.value) == (
         "replay r1 of parked run park-1 stopped: cluster dr vhost 'shop' queue 'orders': the "
@@ -476,14 +422,7 @@ def test_a_lost_connection_is_one_error_that_says_what_is_recorded_and_to_run_ag
     assert raised.value.__cause__ is LOST
     assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 4
     broker = Broker({"orders"})
-    again = run_replay(
-        config,
-        parked_run_id="park-1",
-        target=SOURCE,
-        run_id="r2",
-        publisher_for=broker,
-        facts_reader=broker.facts,
-    )
+    again = replay(config, broker, "r2")
     assert (again.published, again.skipped, again.verified) == (2, 4, True)
     assert [p[4] for p in broker.published] == bodies("o", 6)[4:]
 
@@ -575,25 +514,11 @@ def test_a_rerun_after_an_interrupted_replay_names_the_rows_it_may_publish_twice
     config = job_config(tmp_path)
     killed = Broker({"orders"}, refuse_at=6, refusal=Killed())
     with pytest.raises(Killed):
-        run_replay(
-            config,
-            parked_run_id="park-1",
-            target=SOURCE,
-            run_id="r1",
-            publisher_for=killed,
-            facts_reader=killed.facts,
-        )
+        replay(config, killed, "r1")
     assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 6
     broker = Broker({"orders"})
 
-    result = run_replay(
-        config,
-        parked_run_id="park-1",
-        target=SOURCE,
-        run_id="r2",
-        publisher_for=broker,
-        facts_reader=broker.facts,
-    )
+    result = replay(config, broker, "r2")
 
     assert (result.published, result.skipped, result.verified) == (6, 6, True)
     assert result.interrupted == ("r1",)
@@ -608,14 +533,7 @@ def test_a_rerun_after_an_interrupted_replay_names_the_rows_it_may_publish_twice
     ) in text
     assert '"possibly_twice": 3, "interrupted": ["r1"]' in text
     # Finished now: a third replay publishes nothing and names nothing.
-    third = run_replay(
-        config,
-        parked_run_id="park-1",
-        target=SOURCE,
-        run_id="r3",
-        publisher_for=broker,
-        facts_reader=broker.facts,
-    )
+    third = replay(config, broker, "r3")
     assert (third.published, third.interrupted, third.possibly_twice) == (0, (), ())
     assert "twice:" not in format_result(third)
     assert '"possibly_twice": 0, "interrupted": []' in format_result(third)
