@@ -32,9 +32,12 @@ from tests.support.faults import (
 )
 
 MESSAGES = 30_000
-# The SIGKILL test runs the whole job: enough messages that the transfer (about 10k
-# msg/s here) is still running when the test has found the worker and a tenth arrived.
-SIGKILL_MESSAGES = 150_000
+# The SIGKILL test runs the whole job under the job's own brake, so the transfer lasts
+# at least SIGKILL_MESSAGES / SIGKILL_RATE seconds (15 s) whatever the machine's speed:
+# it is still running when the test has found the worker (a few seconds) and a tenth has
+# arrived. Unbraked, a fast run once finished before the kill and nothing was retried.
+SIGKILL_MESSAGES = 30_000
+SIGKILL_RATE = 2_000
 WINDOW = 500
 
 
@@ -128,7 +131,14 @@ def kill_a_worker_mid_job(
     vhost = fresh_vhost(brokers, f"fault-{run_id}")
     seed(brokers.dr, vhost, "orders", messages)
     declare(brokers.main, vhost, "orders")
-    config = fault_config(tmp_path, brokers, vhost, window=WINDOW, ledger=ledger)
+    config = fault_config(
+        tmp_path,
+        brokers,
+        vhost,
+        window=WINDOW,
+        ledger=ledger,
+        limits={"messages_per_second": SIGKILL_RATE},
+    )
     outcome: dict[str, object] = {}
 
     def job() -> None:

@@ -211,21 +211,25 @@ def fault_config(
     *,
     window: int | None = None,
     ledger: dict[str, object] | None = None,
+    limits: dict[str, object] | None = None,
     **mover: Any,
 ) -> JobConfig:
     """A config whose retries are quick, so a fault test waits seconds, not minutes.
 
     `window` (messages) for tests that run the whole job and bound duplicates by it;
-    `ledger`, a ledger block (an object store) in place of a directory under tmp_path.
+    `ledger`, a ledger block (an object store) in place of a directory under tmp_path;
+    `limits`, the job's brake (`limits:`).
     """
-    limits = {"backoff_seconds": 0.2, "max_backoff_seconds": 2.0, **mover}
+    retries = {"backoff_seconds": 0.2, "max_backoff_seconds": 2.0, **mover}
     extra: dict[str, Any] = {"window": {"messages": window}} if window is not None else {}
+    if limits is not None:
+        extra["limits"] = limits
     path = write_config(
         tmp_path / "job.yaml",
         brokers,
         vhosts=[vhost],
         ledger=tmp_path / "ledger",
-        mover=MoverConfig(**limits).model_dump(),
+        mover=MoverConfig(**retries).model_dump(),
         **extra,
     )
     if ledger is not None:
