@@ -24,6 +24,7 @@ from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.pipeline import RunResult, run_transfer
 from tests.support.brokers import (
     Brokers,
+    Transactions,
     declare,
     fresh_vhost,
     queue_depth,
@@ -74,17 +75,18 @@ class InFlightSampler:
 
 
 def publish(node: LocalNode, vhost: str, queue: str, sizes: Sequence[int]) -> None:
-    """Persistent messages of these body sizes, in order, confirmed by the broker."""
+    """Persistent messages of these body sizes, in order, committed by the broker."""
     connection = node.connect(vhost)
     try:
         channel = connection.channel()
         channel.queue_declare(queue, durable=True)
-        channel.confirm_delivery()
-        for position, size in enumerate(sizes):
-            body = position.to_bytes(4, "big") * (size // 4) + b"\x00" * (size % 4)
-            channel.basic_publish(
-                "", queue, body, pika.BasicProperties(delivery_mode=2, message_id=str(position))
-            )
+        # Committed every 100: a batch of 1 MiB bodies stays a modest transaction.
+        with Transactions(channel, every=100) as publish:
+            for position, size in enumerate(sizes):
+                body = position.to_bytes(4, "big") * (size // 4) + b"\x00" * (size % 4)
+                publish(
+                    "", queue, body, pika.BasicProperties(delivery_mode=2, message_id=str(position))
+                )
     finally:
         connection.close()
 

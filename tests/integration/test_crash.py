@@ -31,6 +31,7 @@ from rmq_spark.model import TransferKey
 from rmq_spark.verify import verify_run_arrow
 from tests.support.brokers import (
     Brokers,
+    Transactions,
     fresh_vhost,
     result_of,
     spark_submit,
@@ -60,13 +61,13 @@ def seed_queues(node: LocalNode, brokers: Brokers, vhost: str) -> None:
     connection = node.connect(vhost)
     try:
         channel = connection.channel()
-        channel.confirm_delivery()
-        for q in range(QUEUES):
-            queue = queue_name(q)
-            channel.queue_declare(queue, durable=True)
-            for i in range(PER_QUEUE):
-                properties = pika.BasicProperties(delivery_mode=2, message_id=f"{queue}/{i}")
-                channel.basic_publish("", queue, body_of(queue, i), properties)
+        with Transactions(channel) as publish:
+            for q in range(QUEUES):
+                queue = queue_name(q)
+                channel.queue_declare(queue, durable=True)
+                for i in range(PER_QUEUE):
+                    properties = pika.BasicProperties(delivery_mode=2, message_id=f"{queue}/{i}")
+                    publish("", queue, body_of(queue, i), properties)
     finally:
         connection.close()
 

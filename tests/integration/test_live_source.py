@@ -25,7 +25,7 @@ from rmq_spark.broker.removals import removed_of
 from rmq_spark.config import Limits, load_config
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.pipeline import RunResult, run_transfer
-from tests.support.brokers import Brokers, fresh_vhost, write_config
+from tests.support.brokers import Brokers, Transactions, fresh_vhost, write_config
 from tests.support.faults import mover_connections, wait_until
 
 QUEUES = [f"live-{i}" for i in range(4)]
@@ -75,12 +75,12 @@ class Publisher(threading.Thread):
 def seed(brokers: Brokers, vhost: str) -> None:
     connection = brokers.dr.connect(vhost)
     channel = connection.channel()
-    channel.confirm_delivery()
-    for queue in QUEUES:
-        channel.queue_declare(queue, durable=True)
-        for n in range(SEEDED):
-            properties = pika.BasicProperties(delivery_mode=2, message_id=f"{queue}/{n}")
-            channel.basic_publish("", queue, f"{queue}/{n}".encode(), properties)
+    with Transactions(channel) as publish:
+        for queue in QUEUES:
+            channel.queue_declare(queue, durable=True)
+            for n in range(SEEDED):
+                properties = pika.BasicProperties(delivery_mode=2, message_id=f"{queue}/{n}")
+                publish("", queue, f"{queue}/{n}".encode(), properties)
     connection.close()
 
 

@@ -27,7 +27,7 @@ from rmq_spark.config import JobConfig, load_config
 from rmq_spark.ledger import tables
 from rmq_spark.pipeline import RunResult, run_transfer
 from rmq_spark.transfer.selective import FENCE_BODY
-from tests.support.brokers import Brokers, fresh_vhost, write_config
+from tests.support.brokers import Brokers, Transactions, fresh_vhost, write_config
 from tests.support.fault_scenarios import worker_pid_of
 from tests.support.faults import mover_connections, wait_until
 
@@ -48,18 +48,18 @@ def publish(brokers: Brokers, vhost: str, count: int) -> None:
     try:
         channel = connection.channel()
         channel.queue_declare(QUEUE, durable=True)
-        channel.confirm_delivery()
-        for index in range(count):
-            channel.basic_publish(
-                "",
-                QUEUE,
-                f"{index:06d}".encode(),
-                pika.BasicProperties(
-                    delivery_mode=2,
-                    message_id=f"m-{index}",
-                    headers={"tenant": tenant_of(index)},
-                ),
-            )
+        with Transactions(channel) as publish:
+            for index in range(count):
+                publish(
+                    "",
+                    QUEUE,
+                    f"{index:06d}".encode(),
+                    pika.BasicProperties(
+                        delivery_mode=2,
+                        message_id=f"m-{index}",
+                        headers={"tenant": tenant_of(index)},
+                    ),
+                )
     finally:
         connection.close()
 

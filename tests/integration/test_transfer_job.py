@@ -20,6 +20,7 @@ from rmq_spark.devtools.demo import (
 from rmq_spark.ledger import tables
 from tests.support.brokers import (
     Brokers,
+    Transactions,
     drain_fingerprints,
     fresh_vhost,
     result_of,
@@ -132,9 +133,9 @@ def delivered_by_source(brokers: Brokers, vhost: str, queue: str) -> Counter[tup
         channel = connection.channel()
         channel.queue_declare(reference, durable=True)
         channel.queue_purge(reference)
-        channel.confirm_delivery()
-        for message in demo_messages(vhost, queue, MESSAGES_PER_QUEUE_4X):
-            channel.basic_publish("", reference, message.body, message.properties)
+        with Transactions(channel) as publish:
+            for message in demo_messages(vhost, queue, MESSAGES_PER_QUEUE_4X):
+                publish("", reference, message.body, message.properties)
         wait_for_depth(channel, reference, MESSAGES_PER_QUEUE_4X)
     finally:
         connection.close()

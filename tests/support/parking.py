@@ -15,7 +15,7 @@ from rmq_spark.config import JobConfig, load_config
 from rmq_spark.devtools.demo import wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.transfer.amqp091 import wire
-from tests.support.brokers import Brokers, write_config
+from tests.support.brokers import Brokers, Transactions, write_config
 from tests.support.faults import key_ordered_messages
 
 QUEUE = "orders.parked"
@@ -31,9 +31,9 @@ def seed(node: LocalNode, vhost: str, count: int) -> None:
         channel.exchange_declare(EXCHANGE, "direct", durable=True)
         channel.queue_declare(QUEUE, durable=True)
         channel.queue_bind(QUEUE, EXCHANGE, ROUTING_KEY)
-        channel.confirm_delivery()
-        for message in key_ordered_messages(vhost, QUEUE, count):
-            channel.basic_publish(EXCHANGE, ROUTING_KEY, message.body, message.properties)
+        with Transactions(channel) as publish:
+            for message in key_ordered_messages(vhost, QUEUE, count):
+                publish(EXCHANGE, ROUTING_KEY, message.body, message.properties, mandatory=True)
         wait_for_depth(channel, QUEUE, count)
     finally:
         connection.close()
