@@ -116,8 +116,9 @@ unit: setup
 test: lint roots
 	$(MAKE) -j2 --output-sync=target test-integration test-fast-lane
 
+# -m "not soak": the runs tests/support/matrix.py marks wait for make soak.
 test-integration: roots
-	$(BIN)/pytest --durations=40 tests/integration
+	$(BIN)/pytest -m "not soak" --durations=40 tests/integration
 
 # -p no:cacheprovider: the integration lane's pytest owns .pytest_cache meanwhile.
 test-fast-lane: typecheck docs-build test-dbr
@@ -162,9 +163,11 @@ test-dbr: setup $(DBR_INSTALLED)
 	$(DBR_VENV)/bin/python -c 'import sys, pyspark, pyarrow, pandas; print("test-dbr: Python", sys.version.split()[0], "pyspark", pyspark.__version__, "pyarrow", pyarrow.__version__, "pandas", pandas.__version__)'
 	$(DBR_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/spark
 
-# The fault matrix three times over (each run starts its own brokers): flaky
-# recovery shows up here before it shows up in CI.
-soak: setup
+# The runs make test leaves out (tests/support/matrix.py), then the fault matrix three
+# times over (each run starts its own brokers): flaky recovery shows up here before it
+# shows up in CI.
+soak: setup roots
+	$(BIN)/pytest -q -m soak tests/integration
 	for round in 1 2 3; do $(BIN)/pytest -q tests/integration/test_faults.py tests/integration/test_crash.py || exit 1; done
 
 clean:

@@ -25,7 +25,6 @@ import pyarrow.compute as pc
 import pytest
 
 from rmq_spark.devtools.local_brokers import LocalNode, kill_vm, restart_node
-from rmq_spark.devtools.rabbitmq_roots import VERSIONS
 from rmq_spark.ledger import tables
 from rmq_spark.model import TransferKey
 from rmq_spark.verify import verify_run_arrow
@@ -38,6 +37,7 @@ from tests.support.brokers import (
     write_config,
 )
 from tests.support.faults import wait_until
+from tests.support.matrix import fault_versions
 
 QUEUES = 20
 PER_QUEUE = 3_000
@@ -155,7 +155,7 @@ def ledger_excerpt(queue: str, rows: pa.Table) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("brokers_of_version", VERSIONS, indirect=True)
+@pytest.mark.parametrize("brokers_of_version", fault_versions(), indirect=True)
 def test_destination_vm_killed_mid_move_ends_verified(
     brokers_of_version: Brokers, version_password_env: str, tmp_path: Path
 ) -> None:

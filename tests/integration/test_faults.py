@@ -25,7 +25,6 @@ import pika
 import pytest
 from pyspark.sql import SparkSession
 
-from rmq_spark.devtools.rabbitmq_roots import VERSIONS
 from rmq_spark.errors import TransferError
 from rmq_spark.pipeline import run_transfer
 from tests.support.brokers import (
@@ -54,11 +53,12 @@ from tests.support.faults import (
     mover_connections,
     wait_until,
 )
+from tests.support.matrix import fault_versions
 
 
 # The version parametrization stands alone (not combined with another argument), so
 # pytest groups the tests by version and starts each version's nodes once.
-@pytest.mark.parametrize("brokers_of_version", VERSIONS, indirect=True)
+@pytest.mark.parametrize("brokers_of_version", fault_versions(), indirect=True)
 def test_connection_closed_mid_window_reconnects_and_names_duplicates(
     brokers_of_version: Brokers, version_password_env: str, tmp_path: Path
 ) -> None:
@@ -90,7 +90,7 @@ def restart_mid_run(brokers: Brokers, tmp_path: Path, label: str) -> None:
     assert_nothing_lost(result, lost_sessions=transfer.outcome.sessions - 1)
 
 
-@pytest.mark.parametrize("brokers_of_version", VERSIONS, indirect=True)
+@pytest.mark.parametrize("brokers_of_version", fault_versions(), indirect=True)
 def test_destination_node_restarted_mid_run_is_ridden_out(
     brokers_of_version: Brokers, version_password_env: str, tmp_path: Path
 ) -> None:
@@ -292,7 +292,7 @@ def test_messages_published_during_the_drain_are_moved_or_stay(
 # -- Spark: a killed executor worker, and per-queue isolation ----------------------------------
 
 
-@pytest.mark.parametrize("brokers_of_version", VERSIONS, indirect=True)
+@pytest.mark.parametrize("brokers_of_version", fault_versions(), indirect=True)
 def test_killed_executor_worker_is_retried_by_spark_without_loss(
     brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
 ) -> None:
