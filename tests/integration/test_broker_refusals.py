@@ -28,7 +28,7 @@ from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.ledger import tables
 from rmq_spark.planning.discovery import discover
 from rmq_spark.transfer.executor import ExecutorSettings
-from tests.support.brokers import Brokers, MoverThread, depth, fresh_vhost
+from tests.support.brokers import Brokers, MoverThread, depth, fresh_vhost, take_all
 from tests.support.faults import fault_config, mover_connections, wait_until
 
 CONSUMER_TIMEOUT_MS = 3000
@@ -81,11 +81,9 @@ def drain_bodies(brokers: Brokers, node: LocalNode, vhost: str, queue: str) -> C
     connection = node.connect(vhost)
     try:
         channel = connection.channel()
-        while True:
-            method, _properties, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return found
+        for _properties, body in take_all(channel, queue):
             found[body] += 1
+        return found
     finally:
         connection.close()
 

@@ -34,6 +34,7 @@ from tests.support.brokers import (
     fresh_vhost,
     result_of,
     spark_submit,
+    take_all,
     write_config,
 )
 from tests.support.faults import wait_until
@@ -98,23 +99,12 @@ def ids_in(brokers: Brokers, node: LocalNode, vhost: str, queue: str) -> Counter
     connection = node.connect(vhost)
     try:
         channel = connection.channel()
-        depth = channel.queue_declare(queue, passive=True).method.message_count
-        channel.basic_qos(prefetch_count=1000)
-        deliveries = channel.consume(queue, inactivity_timeout=10)
-        for read, (method, properties, body) in enumerate(deliveries, start=1):
-            if method is None:
-                break
+        for properties, body in take_all(channel, queue):
             queue_of, index = str(properties.message_id).rsplit("/", 1)
             assert body == body_of(queue_of, int(index)), f"{properties.message_id} altered"
             found[properties.message_id] += 1
-            if read % 500 == 0 or read == depth:
-                channel.basic_ack(method.delivery_tag, multiple=True)
-            if read == depth:
-                break
-        channel.cancel()
     finally:
         connection.close()
-    assert sum(found.values()) == depth, f"{queue}: read {sum(found.values())} of {depth}"
     return found
 
 

@@ -25,7 +25,7 @@ from rmq_spark.model import QueueTransfer
 from rmq_spark.pipeline import check_delivery_limits, run_transfer
 from rmq_spark.planning.discovery import discover
 from rmq_spark.transfer.executor import ExecutorSettings
-from tests.support.brokers import Brokers, MoverThread, depth, fresh_vhost
+from tests.support.brokers import Brokers, MoverThread, depth, fresh_vhost, take_all
 from tests.support.faults import (
     fault_config,
     mover_connections,
@@ -77,10 +77,7 @@ def drain(brokers: Brokers, node_label: str, vhost: str, queue: str) -> tuple[Co
     connection = node.connect(vhost)
     try:
         channel = connection.channel()
-        while True:
-            method, properties, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
+        for properties, body in take_all(channel, queue):
             found[body] += 1
             highest = max(highest, int((properties.headers or {}).get("x-delivery-count", 0)))
     finally:

@@ -34,6 +34,7 @@ from tests.support.brokers import (
     drain_fingerprints,
     fresh_vhost,
     seed,
+    take_all,
 )
 from tests.support.fault_scenarios import (
     MESSAGES,
@@ -241,11 +242,9 @@ def test_destination_receives_source_order(
     assert transfer.outcome is not None
     assert transfer.outcome.status == "moved"
 
-    received = []
     connection = brokers.main.connect(vhost)
     channel = connection.channel()
-    while (message := channel.basic_get("orders", auto_ack=True))[0] is not None:
-        received.append(message[1].message_id)
+    received = [properties.message_id for properties, _body in take_all(channel, "orders")]
     connection.close()
     assert received == [f"{vhost}/orders/{i}" for i in range(count)]
     ledger = transfer.ledger().sort_by("position")

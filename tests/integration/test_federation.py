@@ -45,6 +45,7 @@ from tests.support.brokers import (
     fresh_vhost,
     job_environment,
     seed,
+    take_all,
 )
 from tests.support.faults import mover_connections, wait_until
 from tests.support.matrix import fault_versions
@@ -99,11 +100,9 @@ def message_ids(node: LocalNode, queue: str) -> Counter[str]:
     connection = node.connect(VHOST)
     try:
         channel = connection.channel()
-        while True:
-            method, properties, _body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return found
+        for properties, _body in take_all(channel, queue):
             found[str(properties.message_id)] += 1
+        return found
     finally:
         connection.close()
 

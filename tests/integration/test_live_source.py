@@ -25,7 +25,7 @@ from rmq_spark.broker.removals import removed_of
 from rmq_spark.config import Limits, load_config
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.pipeline import RunResult, run_transfer
-from tests.support.brokers import Brokers, Transactions, fresh_vhost, write_config
+from tests.support.brokers import Brokers, Transactions, fresh_vhost, take_all, write_config
 from tests.support.faults import mover_connections, wait_until
 
 QUEUES = [f"live-{i}" for i in range(4)]
@@ -89,10 +89,7 @@ def ids_in(brokers: Brokers, node_label: str, vhost: str, queue: str) -> Counter
     found: Counter[str] = Counter()
     connection = node.connect(vhost)
     channel = connection.channel()
-    while True:
-        method, properties, _body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
+    for properties, _body in take_all(channel, queue):
         found[str(properties.message_id)] += 1
     connection.close()
     return found

@@ -33,7 +33,7 @@ from rmq_spark.park.command import format_result
 from rmq_spark.park.run import ParkResult, run_park
 from rmq_spark.park.table import read_parked_spark
 from rmq_spark.transfer.parked_table import parked_files, read_parked
-from tests.support.brokers import Brokers, depth, fresh_vhost
+from tests.support.brokers import Brokers, depth, fresh_vhost, take_all
 from tests.support.fault_scenarios import worker_pid_of
 from tests.support.faults import mover_connections, wait_until
 from tests.support.parking import EXCHANGE, QUEUE, ROUTING_KEY, park_config, published, seed
@@ -55,10 +55,7 @@ def message_ids_left(node: LocalNode, vhost: str) -> list[str]:
     connection = node.connect(vhost)
     try:
         channel = connection.channel()
-        while True:
-            method, properties, _body = channel.basic_get(QUEUE, auto_ack=True)
-            if method is None:
-                break
+        for properties, _body in take_all(channel, QUEUE):
             found.append(str(properties.message_id))
     finally:
         connection.close()

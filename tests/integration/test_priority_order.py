@@ -24,7 +24,7 @@ from rmq_spark.ledger import tables
 from rmq_spark.pipeline import run_transfer
 from rmq_spark.report.console import print_queue_table
 from rmq_spark.report.html import load_run, render_report
-from tests.support.brokers import Brokers, cluster_block, fresh_vhost
+from tests.support.brokers import Brokers, cluster_block, fresh_vhost, take_all
 
 # Published in this order; None: no priority property at all.
 PRIORITIES = (0, None, 9, None, 5, None)
@@ -49,12 +49,7 @@ def priorities_in_order(node: LocalNode, vhost: str, queue: str) -> list[int | N
     connection = node.connect(vhost)
     try:
         channel = connection.channel()
-        found: list[int | None] = []
-        while True:
-            method, properties, _body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return found
-            found.append(properties.priority)
+        return [properties.priority for properties, _body in take_all(channel, queue)]
     finally:
         connection.close()
 

@@ -27,7 +27,7 @@ from rmq_spark.config import JobConfig, load_config
 from rmq_spark.ledger import tables
 from rmq_spark.pipeline import RunResult, run_transfer
 from rmq_spark.transfer.selective import FENCE_BODY
-from tests.support.brokers import Brokers, Transactions, fresh_vhost, write_config
+from tests.support.brokers import Brokers, Transactions, fresh_vhost, take_all, write_config
 from tests.support.fault_scenarios import worker_pid_of
 from tests.support.faults import mover_connections, wait_until
 
@@ -70,10 +70,7 @@ def read_all(brokers: Brokers, node: str, vhost: str) -> list[tuple[int, dict[st
     connection = (brokers.dr if node == "dr" else brokers.main).connect(vhost)
     try:
         channel = connection.channel()
-        while True:
-            method, properties, body = channel.basic_get(QUEUE, auto_ack=True)
-            if method is None:
-                break
+        for properties, body in take_all(channel, QUEUE):
             if body == FENCE_BODY:  # a fence left behind: index -1, so no set matches
                 found.append((-1, {}))
                 continue

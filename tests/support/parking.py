@@ -15,7 +15,7 @@ from rmq_spark.config import JobConfig, load_config
 from rmq_spark.devtools.demo import wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.transfer.amqp091 import wire
-from tests.support.brokers import Brokers, Transactions, write_config
+from tests.support.brokers import Brokers, Transactions, take_all, write_config
 from tests.support.faults import key_ordered_messages
 
 QUEUE = "orders.parked"
@@ -81,10 +81,7 @@ def read_queue(node: LocalNode, vhost: str, queue: str) -> list[dict[str, Any]]:
     connection = node.connect(vhost)
     try:
         channel = connection.channel()
-        while True:
-            method, properties, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
+        for properties, body in take_all(channel, queue):
             found.append(
                 {
                     "body_sha256": hashlib.sha256(body).hexdigest(),
