@@ -91,6 +91,9 @@ def queue_names(node: LocalNode, vhost: str) -> list[str]:
 
 # How many deliveries take_all's consumer holds unacked, and acks at once.
 TAKE_WINDOW = 1000
+# A consumer that waits this long for the next of the counted messages counts again,
+# rather than waiting forever for messages the queue no longer holds.
+TAKE_IDLE_SECONDS = 5.0
 
 
 def take_all(
@@ -114,13 +117,21 @@ def take_all(
                 return
             yield properties, body
             continue
+        taken, unacked = 0, None
         try:
-            for taken, (method, properties, body) in enumerate(channel.consume(queue), start=1):
+            deliveries = channel.consume(queue, inactivity_timeout=TAKE_IDLE_SECONDS)
+            for method, properties, body in deliveries:
+                if method is None:
+                    break  # fewer came than counted (expired, or another's): count again
                 yield properties, body
-                if taken % (TAKE_WINDOW // 2) == 0 or taken == ready:
-                    channel.basic_ack(method.delivery_tag, multiple=True)
+                taken, unacked = taken + 1, method.delivery_tag
+                if taken % (TAKE_WINDOW // 2) == 0:
+                    channel.basic_ack(unacked, multiple=True)
+                    unacked = None
                 if taken == ready:
                     break
+            if unacked is not None:
+                channel.basic_ack(unacked, multiple=True)
         finally:
             channel.cancel()
 
