@@ -117,8 +117,10 @@ test: lint roots
 	$(MAKE) -j2 --output-sync=target test-integration test-fast-lane
 
 # -m "not soak": the runs tests/support/matrix.py marks wait for make soak.
+# -n 2 --dist loadgroup: two pytest-xdist workers, each test grouped with the nodes it
+# needs (tests/integration/conftest.py); the suite waits on brokers more than it computes.
 test-integration: roots
-	$(BIN)/pytest -m "not soak" --durations=40 tests/integration
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not soak" --durations=40 tests/integration
 
 # -p no:cacheprovider: the integration lane's pytest owns .pytest_cache meanwhile.
 test-fast-lane: typecheck docs-build test-dbr

@@ -20,6 +20,53 @@ from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
 from tests.support.brokers import PASSWORD_ENV, Brokers
 from tests.support.wheel_env import WheelEnv, build_wheel_env
 
+# `make test` runs this suite on two pytest-xdist workers with --dist loadgroup: a group
+# runs whole on one worker, so what a group shares is started once, not once per worker.
+# The 4.x node pairs and the two 3-node clusters each take a group of their own; so do
+# the modules that build from the checkout (`make wheel`, `make executor-archive`: both
+# rebuild its build/ directory, so they must not run at once); every other test stays
+# with its module (its module-scoped fixtures). The 3.10 pair (`brokers`) is on every
+# worker: it starts in seconds.
+CHECKOUT_BUILDS = "checkout-builds"
+_CHECKOUT_BUILD_FIXTURES = {"wheel_env", "env_archive"}
+_CLUSTER_FIXTURES = {"quorum_cluster", "quorum_cluster_4_3"}
+
+
+def _node_group(item: pytest.Item) -> str | None:
+    """The group of a test that needs nodes a worker would otherwise start again."""
+    if set(getattr(item, "fixturenames", ())) & _CLUSTER_FIXTURES:
+        return "clusters"
+    callspec = getattr(item, "callspec", None)
+    version = callspec.params.get("brokers_of_version") if callspec else None
+    if version is not None and version != HOST_VERSION:
+        return f"rabbitmq-{version}"
+    return None
+
+
+def worker_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """Each test's xdist group, by node id (see above)."""
+    builds_in = {
+        item.path
+        for item in items
+        if set(getattr(item, "fixturenames", ())) & _CHECKOUT_BUILD_FIXTURES
+    }
+    groups: dict[str, str] = {}
+    for item in items:
+        module_group = CHECKOUT_BUILDS if item.path in builds_in else item.nodeid.split("::")[0]
+        groups[item.nodeid] = _node_group(item) or module_group
+    return groups
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its worker group, before xdist reads the marks; the groups
+    that hold nodes of their own (the longest) first, so that neither worker is left
+    with a long group at the end while the other idles."""
+    groups = worker_groups(items)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    items.sort(key=lambda item: _node_group(item) is None)
+
 
 @pytest.fixture(scope="session")
 def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
