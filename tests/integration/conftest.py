@@ -68,6 +68,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: _node_group(item) is None)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker under --dist loadgroup, stop at once if xdist ignored the groups
+    (it did, silently, under pytest 9.2: pytest-dev/pytest-xdist#1386): every worker
+    would then start every node pair and cluster again."""
+    if getattr(session.config.option, "loadgroup", False):
+        ungrouped = [item.nodeid for item in session.items if "@" not in item.nodeid]
+        if ungrouped:
+            raise pytest.UsageError(
+                f"pytest-xdist did not group {len(ungrouped)} tests (first: {ungrouped[0]}); "
+                "see pyproject.toml's pytest pin"
+            )
+
+
 @pytest.fixture(scope="session")
 def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
     base = tmp_path_factory.mktemp("brokers")
