@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import Iterator
 
@@ -9,11 +10,12 @@ import pytest
 
 from rmq_spark.devtools import azurite_server, s3_server
 from rmq_spark.devtools.local_brokers import (
+    LocalBrokerError,
     LocalCluster,
     LocalNode,
+    kill_vm,
     start_cluster,
     start_nodes,
-    stop_cluster,
     stop_nodes,
 )
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
@@ -81,6 +83,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             )
 
 
+def end_nodes(nodes: list[LocalNode]) -> None:
+    """End the session's nodes as a crash would, then remove them and their data.
+
+    Their data goes with them, so a graceful stop (a rabbitmqctl VM per node: tens of
+    seconds at the end of each worker) would prove nothing here; test_local_brokers.py
+    proves the graceful stop, and `stop_nodes` still makes sure no process is left.
+    """
+    for node in nodes:
+        with contextlib.suppress(LocalBrokerError):  # a node a test left stopped
+            kill_vm(node)
+    stop_nodes(nodes, remove_data=True)
+
+
 @pytest.fixture(scope="session")
 def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
     base = tmp_path_factory.mktemp("brokers")
@@ -88,7 +103,7 @@ def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
     try:
         yield Brokers(dr=nodes[0], main=nodes[1])
     finally:
-        stop_nodes(nodes, remove_data=True)
+        end_nodes(nodes)
 
 
 @pytest.fixture(scope="session", params=VERSIONS)
@@ -113,7 +128,7 @@ def brokers_of_version(
     try:
         yield Brokers(dr=nodes[0], main=nodes[1])
     finally:
-        stop_nodes(nodes, remove_data=True)
+        end_nodes(nodes)
 
 
 @pytest.fixture
@@ -139,7 +154,7 @@ def quorum_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
     try:
         yield cluster
     finally:
-        stop_cluster(cluster, remove_data=True)
+        end_nodes(list(cluster.nodes))
 
 
 @pytest.fixture(scope="session")
@@ -159,7 +174,7 @@ def quorum_cluster_4_3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
     try:
         yield cluster
     finally:
-        stop_cluster(cluster, remove_data=True)
+        end_nodes(list(cluster.nodes))
 
 
 @pytest.fixture
