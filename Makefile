@@ -108,11 +108,13 @@ unit: setup
 
 # make test, what CI runs: lint first (seconds, and a slip fails at once), then two lanes
 # at once (make -j2; --output-sync prints each lane's output whole when the lane ends):
-#   test-integration  the broker suites: real nodes, Spark, Delta (~30 minutes)
-#   test-fast-lane    types, the docs build, make test-dbr, the unit and Spark suites (~6 min)
-# The integration suite leaves a third of two cores idle while it waits on brokers (vmstat
-# over a whole fresh-clone run: 37 % idle), so the fast lane runs beside it, not before it.
-# --durations: CI's log says where the time goes (make test stays under 40 minutes).
+#   test-integration  the broker suites: real nodes, Spark, Delta, on two pytest-xdist
+#                     workers (~40 minutes here; see docs/testing.md)
+#   test-fast-lane    types, the docs build, make test-dbr, the unit and Spark suites (~6 min
+#                     alone, ~16 beside the integration lane)
+# One integration worker left a third of two cores idle while it waited on brokers (vmstat
+# over a whole fresh-clone run: 37 % idle); with two workers and the fast lane beside
+# them, 4 %. --durations: CI's log says where the time goes.
 test: lint roots
 	$(MAKE) -j2 --output-sync=target test-integration test-fast-lane
 
