@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -83,7 +83,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             )
 
 
-def end_nodes(nodes: list[LocalNode]) -> None:
+def end_nodes(nodes: Sequence[LocalNode]) -> None:
     """End the session's nodes as a crash would, then remove them and their data.
 
     Their data goes with them, so a graceful stop (a rabbitmqctl VM per node: tens of
@@ -154,7 +154,7 @@ def quorum_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
     try:
         yield cluster
     finally:
-        end_nodes(list(cluster.nodes))
+        end_nodes(cluster.nodes)
 
 
 @pytest.fixture(scope="session")
@@ -174,7 +174,7 @@ def quorum_cluster_4_3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
     try:
         yield cluster
     finally:
-        end_nodes(list(cluster.nodes))
+        end_nodes(cluster.nodes)
 
 
 @pytest.fixture
