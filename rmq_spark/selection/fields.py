@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 # The basic class's properties in wire order, with their flag bit and kind.
 PROPERTY_LAYOUT: tuple[tuple[str, int, str], ...] = (
@@ -62,9 +62,12 @@ class FieldDecodeError(ValueError):
     """A property block or field table that does not follow the grammar."""
 
 
-@dataclass(frozen=True)
-class Typed:
-    """One field value and its AMQP type name (`long-string`, `short-int`, ...)."""
+class Typed(NamedTuple):
+    """One field value and its AMQP type name (`long-string`, `short-int`, ...).
+
+    A named tuple, not a dataclass: a park decodes every header of every message, and a
+    tuple is the cheapest immutable value Python builds.
+    """
 
     type: str
     value: Any
@@ -78,30 +81,43 @@ class Properties:
     headers: dict[str, Typed] = field(default_factory=dict)
 
 
-class _Reader:
-    def __init__(self, raw: bytes, offset: int = 0) -> None:
-        self.raw = raw
-        self.at = offset
+# The decoder reads one buffer by offset: each reader takes (raw, at, end) and returns
+# (value, the offset after it), where `end` is the end of the enclosing table or array.
+# No slice or reader object per field: a park decodes every message's block
+# (transfer/parked_rows.py), so this is on the mover's path.
+_OCTET = struct.Struct(">B").unpack_from
+_SHORT = struct.Struct(">H").unpack_from
+_LONG = struct.Struct(">I").unpack_from
+_LONG_LONG = struct.Struct(">Q").unpack_from
+# tag byte -> (AMQP type name, unpack_from, size)
+_FIXED_AT: dict[int, tuple[str, Callable[[bytes, int], tuple[Any, ...]], int]] = {
+    tag[0]: (name, struct.Struct(fmt).unpack_from, struct.calcsize(fmt))
+    for tag, (name, fmt) in _FIXED.items()
+}
 
-    def take(self, size: int) -> bytes:
-        end = self.at + size
-        if size < 0 or end > len(self.raw):
-            raise FieldDecodeError(
-                f"the block ends at byte {len(self.raw)}; a field needs bytes up to {end}"
-            )
-        chunk = self.raw[self.at : end]
-        self.at = end
-        return chunk
 
-    def unpack(self, fmt: str) -> Any:
-        (value,) = struct.unpack(fmt, self.take(struct.calcsize(fmt)))
-        return value
+def _short_of(end: int, needed: int) -> FieldDecodeError:
+    return FieldDecodeError(f"the block ends at byte {end}; a field needs bytes up to {needed}")
 
-    def short_string(self) -> bytes:
-        return self.take(self.unpack(">B"))
 
-    def long_bytes(self) -> bytes:
-        return self.take(self.unpack(">I"))
+def _need(at: int, size: int, end: int) -> int:
+    """The offset after `size` bytes at `at`; an error past `end`."""
+    after = at + size
+    if after > end:
+        raise _short_of(end, after)
+    return after
+
+
+def _long_bytes(raw: bytes, at: int, end: int) -> tuple[bytes, int]:
+    start = _need(at, 4, end)
+    after = _need(start, _LONG(raw, at)[0], end)
+    return raw[start:after], after
+
+
+def _short_string(raw: bytes, at: int, end: int) -> tuple[bytes, int]:
+    start = _need(at, 1, end)
+    after = _need(start, raw[at], end)
+    return raw[start:after], after
 
 
 def text(raw: bytes) -> str:
@@ -117,50 +133,75 @@ def timestamp(seconds: int) -> datetime:
         raise FieldDecodeError(f"timestamp {seconds} is out of range") from exc
 
 
-def _array(reader: _Reader, depth: int) -> list[Typed]:
-    inner = _Reader(reader.long_bytes())
+def _array(raw: bytes, at: int, end: int, depth: int) -> tuple[list[Typed], int]:
+    start = _need(at, 4, end)
+    inner_end = _need(start, _LONG(raw, at)[0], end)
     items = []
-    while inner.at < len(inner.raw):
-        items.append(_value(inner, depth + 1))
-    return items
+    at = start
+    while at < inner_end:
+        item, at = _value(raw, at, inner_end, depth + 1)
+        items.append(item)
+    return items, inner_end
 
 
-def _decimal(reader: _Reader) -> Decimal:
-    scale = reader.unpack(">B")
-    return Decimal(reader.unpack(">I")).scaleb(-scale)
+def _nested_table(raw: bytes, at: int, end: int, depth: int) -> tuple[dict[str, Typed], int]:
+    start = _need(at, 4, end)
+    inner_end = _need(start, _LONG(raw, at)[0], end)
+    return _table(raw, start, inner_end, depth + 1), inner_end
+
+
+def _decimal(raw: bytes, at: int, end: int, depth: int) -> tuple[Decimal, int]:
+    after = _need(at, 5, end)
+    return Decimal(_LONG(raw, at + 1)[0]).scaleb(-raw[at]), after
+
+
+def _boolean(raw: bytes, at: int, end: int, depth: int) -> tuple[bool, int]:
+    after = _need(at, 1, end)
+    return raw[at] != 0, after
+
+
+def _timestamp(raw: bytes, at: int, end: int, depth: int) -> tuple[datetime, int]:
+    after = _need(at, 8, end)
+    return timestamp(_LONG_LONG(raw, at)[0]), after
 
 
 # The variable-width tags: (AMQP type name, reader of what follows the tag).
-_VARIABLE: dict[bytes, tuple[str, Callable[[_Reader, int], Any]]] = {
-    b"t": ("boolean", lambda r, d: r.unpack(">B") != 0),
-    b"D": ("decimal", lambda r, d: _decimal(r)),
-    b"T": ("timestamp", lambda r, d: timestamp(r.unpack(">Q"))),
-    b"S": ("long-string", lambda r, d: r.long_bytes()),
-    b"x": ("byte-array", lambda r, d: r.long_bytes()),
-    b"V": ("void", lambda r, d: None),
-    b"A": ("array", _array),
-    b"F": ("table", lambda r, d: _table(_Reader(r.long_bytes()), d + 1)),
+_VARIABLE: dict[int, tuple[str, Callable[[bytes, int, int, int], tuple[Any, int]]]] = {
+    ord("t"): ("boolean", _boolean),
+    ord("D"): ("decimal", _decimal),
+    ord("T"): ("timestamp", _timestamp),
+    ord("S"): ("long-string", lambda raw, at, end, depth: _long_bytes(raw, at, end)),
+    ord("x"): ("byte-array", lambda raw, at, end, depth: _long_bytes(raw, at, end)),
+    ord("V"): ("void", lambda raw, at, end, depth: (None, at)),
+    ord("A"): ("array", _array),
+    ord("F"): ("table", _nested_table),
 }
 
 
-def _value(reader: _Reader, depth: int) -> Typed:
+def _value(raw: bytes, at: int, end: int, depth: int) -> tuple[Typed, int]:
     if depth > _MAX_DEPTH:
         raise FieldDecodeError(f"field tables nested deeper than {_MAX_DEPTH}")
-    tag = reader.take(1)
-    if tag in _FIXED:
-        name, fmt = _FIXED[tag]
-        return Typed(name, reader.unpack(fmt))
-    if tag in _VARIABLE:
-        name, read = _VARIABLE[tag]
-        return Typed(name, read(reader, depth))
-    raise FieldDecodeError(f"unknown field type tag {tag!r} at byte {reader.at - 1}")
+    _need(at, 1, end)
+    tag = raw[at]
+    at += 1
+    fixed = _FIXED_AT.get(tag)
+    if fixed is not None:
+        name, unpack, size = fixed
+        after = _need(at, size, end)
+        return Typed(name, unpack(raw, at)[0]), after
+    variable = _VARIABLE.get(tag)
+    if variable is None:
+        raise FieldDecodeError(f"unknown field type tag {bytes([tag])!r} at byte {at - 1}")
+    name, read = variable
+    value, after = read(raw, at, end, depth)
+    return Typed(name, value), after
 
 
-def _table(reader: _Reader, depth: int) -> dict[str, Typed]:
+def _table(raw: bytes, at: int, end: int, depth: int) -> dict[str, Typed]:
     table: dict[str, Typed] = {}
-    while reader.at < len(reader.raw):
-        name = text(reader.short_string())
-        table[name] = _value(reader, depth)
+    while at < end:
+        name, at = _short_string(raw, at, end)
+        table[text(name)], at = _value(raw, at, end, depth)
     return table
 
 
@@ -170,27 +211,38 @@ def read_properties(raw: bytes) -> Properties:
     >>> read_properties(b"\\x80\\x00\\x04text").values
     {'content_type': 'text'}
     """
-    reader = _Reader(raw)
+    end = len(raw)
+    at = 0
     flags = 0
     shift = 0
     while True:  # property flags: 16-bit words, the lowest bit says another follows
-        word = reader.unpack(">H")
+        after = _need(at, 2, end)
+        word = _SHORT(raw, at)[0]
+        at = after
         flags |= (word & 0xFFFE) << shift
         if not word & 1:
             break
         shift += 16
     found = Properties()
+    values = found.values
     for name, flag, kind in PROPERTY_LAYOUT:
         if not flags & flag:
             continue
         if kind == "shortstr":
-            found.values[name] = text(reader.short_string())
+            chunk, at = _short_string(raw, at, end)
+            values[name] = text(chunk)
         elif kind == "octet":
-            found.values[name] = reader.unpack(">B")
+            after = _need(at, 1, end)
+            values[name] = raw[at]
+            at = after
         elif kind == "timestamp":
-            found.values[name] = timestamp(reader.unpack(">Q"))
+            after = _need(at, 8, end)
+            values[name] = timestamp(_LONG_LONG(raw, at)[0])
+            at = after
         else:
-            found.headers = _table(_Reader(reader.long_bytes()), 0)
+            start = _need(at, 4, end)
+            at = _need(start, _LONG(raw, at)[0], end)
+            found.headers = _table(raw, start, at, 0)
     return found
 
 
@@ -212,11 +264,12 @@ def table_entries(raw: bytes) -> list[tuple[str, bytes, Typed]]:
     rebuilt from some of them keeps every other entry exactly as it came (names repeated
     on the wire stay repeated). Used by the redrive's header policy.
     """
-    reader = _Reader(raw)
+    end = len(raw)
+    at = 0
     entries = []
-    while reader.at < len(raw):
-        start = reader.at
-        name = text(reader.short_string())
-        value = _value(reader, 0)
-        entries.append((name, raw[start : reader.at], value))
+    while at < end:
+        start = at
+        name, at = _short_string(raw, at, end)
+        value, at = _value(raw, at, end, 0)
+        entries.append((text(name), raw[start:at], value))
     return entries
