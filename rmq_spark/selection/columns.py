@@ -31,6 +31,7 @@ from rmq_spark.selection.fields import (
     read_properties,
     text,
 )
+from rmq_spark.selection.gc_pause import collection_paused
 
 _TIME = pa.timestamp("us")
 DEATH = pa.struct(
@@ -98,18 +99,25 @@ BY_NAME = {column.name: column for column in COLUMNS}
 SCHEMA = pa.schema([(column.name, column.type) for column in COLUMNS])
 
 
+# json.dumps with these options builds an encoder per call; one serves every header.
+_JSON = json.JSONEncoder(default=str, ensure_ascii=False)
+_BYTES_KINDS = frozenset({"long-string", "byte-array"})
+_NESTED_KINDS = frozenset({"array", "table"})
+
+
 def _header_text(value: Typed) -> str | None:
-    if value.type == "void":
+    kind, raw = value
+    if kind in _BYTES_KINDS:
+        return text(raw)
+    if kind == "void":
         return None
-    if value.type in {"long-string", "byte-array"}:
-        return text(value.value)
-    if value.type == "boolean":
-        return "true" if value.value else "false"
-    if value.type == "timestamp":
-        return str(value.value.isoformat(sep=" "))
-    if value.type in {"array", "table"}:
-        return json.dumps(plain(value), default=str, ensure_ascii=False)
-    return str(value.value)
+    if kind == "boolean":
+        return "true" if raw else "false"
+    if kind == "timestamp":
+        return str(raw.isoformat(sep=" "))
+    if kind in _NESTED_KINDS:
+        return _JSON.encode(plain(value))
+    return str(raw)
 
 
 def _death(entry: Typed) -> dict[str, Any] | None:
@@ -145,12 +153,35 @@ def deaths(properties: Properties) -> list[dict[str, Any]]:
     return [row for row in (_death(entry) for entry in found.value) if row is not None]
 
 
-def _typed_map(headers: dict[str, Typed], kinds: frozenset[str]) -> list[tuple[str, Any]]:
-    return [
-        (name, float(value.value) if isinstance(value.value, Decimal) else value.value)
-        for name, value in headers.items()
-        if value.type in kinds
-    ]
+# The header columns, in the order `_header_columns` returns them.
+_HEADER_COLUMNS = ("headers", "header_types", "header_ints", "header_floats", "header_times")
+_DEATH_COLUMNS = ("x_death", "last_death", "first_death")
+_PROPERTY_COLUMNS = frozenset({*TEXT_PROPERTIES, "delivery_mode", "priority", "timestamp"})
+_MESSAGE_ONLY = frozenset(
+    {"exchange", "routing_key", "redelivered", "body", "body_size", "body_text"}
+)
+_Pairs = list[tuple[str, Any]]
+
+
+def _header_columns(headers: dict[str, Typed]) -> tuple[_Pairs, _Pairs, _Pairs, _Pairs, _Pairs]:
+    """One message's map columns, in one pass over its headers: every header as text,
+    each one's AMQP type, and the integer, float (decimal as float) and timestamp ones."""
+    texts: _Pairs = []
+    types: _Pairs = []
+    ints: _Pairs = []
+    floats: _Pairs = []
+    times: _Pairs = []
+    for name, value in headers.items():
+        kind, raw = value
+        texts.append((name, _header_text(value)))
+        types.append((name, kind))
+        if kind in INTEGER_TYPES:
+            ints.append((name, raw))
+        elif kind in FLOAT_TYPES:
+            floats.append((name, float(raw) if isinstance(raw, Decimal) else raw))
+        elif kind == "timestamp":
+            times.append((name, raw))
+    return texts, types, ints, floats, times
 
 
 def _body_text(body: bytes) -> str | None:
@@ -160,53 +191,72 @@ def _body_text(body: bytes) -> str | None:
         return None
 
 
-_ROW: dict[str, Callable[[Message, Properties, list[dict[str, Any]]], Any]] = {
-    "exchange": lambda m, p, d: m.exchange,
-    "routing_key": lambda m, p, d: m.routing_key,
-    "redelivered": lambda m, p, d: m.redelivered,
-    "headers": lambda m, p, d: [(k, _header_text(v)) for k, v in p.headers.items()],
-    "header_types": lambda m, p, d: [(k, v.type) for k, v in p.headers.items()],
-    "header_ints": lambda m, p, d: _typed_map(p.headers, INTEGER_TYPES),
-    "header_floats": lambda m, p, d: _typed_map(p.headers, FLOAT_TYPES),
-    "header_times": lambda m, p, d: _typed_map(p.headers, frozenset({"timestamp"})),
-    "x_death": lambda m, p, d: d,
-    "last_death": lambda m, p, d: d[0] if d else None,
-    "first_death": lambda m, p, d: d[-1] if d else None,
-    "body_size": lambda m, p, d: len(m.body),
-    "body": lambda m, p, d: m.body,
-    "body_text": lambda m, p, d: _body_text(m.body),
-}
-_PROPERTY_COLUMNS = frozenset({*TEXT_PROPERTIES, "delivery_mode", "priority", "timestamp"})
+def _death_values(name: str, rows: list[dict[str, Any]]) -> Any:
+    if name == "x_death":
+        return rows
+    if not rows:
+        return None
+    return rows[0] if name == "last_death" else rows[-1]
+
+
+def _column_values(
+    name: str,
+    messages: Sequence[Message],
+    properties: Sequence[Properties],
+    header_maps: Sequence[tuple[_Pairs, ...]],
+    death_rows: Sequence[list[dict[str, Any]]],
+) -> list[Any]:
+    """One column's values for every message, from what was decoded once per message."""
+    if name in _PROPERTY_COLUMNS:
+        return [p.values.get(name) for p in properties]
+    if name in _HEADER_COLUMNS:
+        index = _HEADER_COLUMNS.index(name)
+        return [maps[index] for maps in header_maps]
+    if name in _DEATH_COLUMNS:
+        return [_death_values(name, rows) for rows in death_rows]
+    message_values: dict[str, Callable[[Message], Any]] = {
+        "exchange": lambda m: m.exchange,
+        "routing_key": lambda m: m.routing_key,
+        "redelivered": lambda m: m.redelivered,
+        "body_size": lambda m: len(m.body),
+        "body": lambda m: m.body,
+        "body_text": lambda m: _body_text(m.body),
+    }
+    return [message_values[name](m) for m in messages]
 
 
 def message_table(messages: Iterable[Message], names: Sequence[str] | None = None) -> pa.Table:
     """The messages as an Arrow table of the named columns (all of them by default).
 
     Only what is asked for is computed: a batch for `headers['tenant'] = 'a'` decodes the
-    property blocks but never copies a body.
+    property blocks but never copies a body. Each property block is decoded once, and
+    each column then built in one pass over the batch.
     """
     wanted = list(names) if names is not None else [column.name for column in COLUMNS]
     unknown = [name for name in wanted if name not in BY_NAME]
     if unknown:
         raise KeyError(f"no message column {unknown[0]!r}")
-    needs_properties = bool(
-        set(wanted) - {"exchange", "routing_key", "redelivered", "body", "body_size", "body_text"}
-    )
-    values: dict[str, list[Any]] = {name: [] for name in wanted}
-    for message in messages:
-        properties = read_properties(message.properties) if needs_properties else Properties()
-        death_rows = (
-            deaths(properties) if {"x_death", "last_death", "first_death"} & set(wanted) else []
+    batch = list(messages)
+    with collection_paused():  # gc_pause.py says why
+        properties = (
+            [read_properties(m.properties) for m in batch] if set(wanted) - _MESSAGE_ONLY else []
         )
-        for name in wanted:
-            if name in _PROPERTY_COLUMNS:
-                values[name].append(properties.values.get(name))
-            else:
-                values[name].append(_ROW[name](message, properties, death_rows))
-    return pa.table(
-        {name: pa.array(values[name], type=BY_NAME[name].type) for name in wanted},
-        schema=pa.schema([(name, BY_NAME[name].type) for name in wanted]),
-    )
+        header_maps = (
+            [_header_columns(p.headers) for p in properties]
+            if set(wanted) & set(_HEADER_COLUMNS)
+            else []
+        )
+        death_rows = [deaths(p) for p in properties] if set(wanted) & set(_DEATH_COLUMNS) else []
+        return pa.table(
+            {
+                name: pa.array(
+                    _column_values(name, batch, properties, header_maps, death_rows),
+                    type=BY_NAME[name].type,
+                )
+                for name in wanted
+            },
+            schema=pa.schema([(name, BY_NAME[name].type) for name in wanted]),
+        )
 
 
 _SCALAR_DDL: tuple[tuple[Callable[[pa.DataType], bool], str], ...] = (
