@@ -11,7 +11,8 @@ is not inflated by the benchmark.
   ``size`` bytes (persistent), then wait until the queue holds exactly ``count``.
 * ``move``: import what a Spark Python worker and the task import, then call
   ``rmq_spark.transfer.executor.move_queue`` for one plan row, as an executor task does, and
-  report peak RSS, the RSS after those imports, wall seconds and the outcome.
+  report peak RSS, the RSS after those imports, wall seconds and the outcome. With
+  ``"park": true`` the row parks its queue in the ledger's `parked` table.
 
 The password travels on stdin, never on a command line.
 """
@@ -97,7 +98,7 @@ def move(request: dict[str, Any]) -> dict[str, Any]:
     from pydantic import SecretStr
 
     from rmq_spark.config import ClusterConfig
-    from rmq_spark.transfer.executor import ExecutorSettings, move_queue
+    from rmq_spark.transfer.executor import ExecutorSettings, ParkSettings, move_queue
 
     baseline_rss = proc_status_kib("VmRSS")
     modules_before = list(sys.modules)
@@ -115,6 +116,8 @@ def move(request: dict[str, Any]) -> dict[str, Any]:
         },
         window_messages=int(request["window_messages"]),
         window_bytes=int(request["window_bytes"]),
+        # A park: the row's destination cluster is the parked table (`config.PARKED`).
+        park=ParkSettings() if request.get("park") else None,
     )
     started = time.monotonic()
     outcome = move_queue(request["row"], settings, str(request["attempt"]))

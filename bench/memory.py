@@ -22,9 +22,14 @@ confirm costs one message. The mixed case (1 KiB messages with a burst of 32 MiB
 ones) shows the byte window holding where no single prefetch fits; "held MiB" is the
 mover's own peak of bytes held (`MoveOutcome.peak_held_bytes`).
 
+``--park`` runs the park's cases instead (issue 27): 200 x 16 MiB and the 20 000 x 1 KiB
+control parked into the ledger's `parked` table (`transfer/parked.py`), checked by the
+table's committed rows of the queue instead of a destination's depth. A park holds a
+batch's bodies in its window while it turns them into Arrow rows and one Parquet file.
+
 Run from the repository root (it starts and removes its own two local nodes)::
 
-    python -m bench.memory
+    python -m bench.memory [--park]
 
 Results go to bench/results/memory-<UTC timestamp>.json and a table is printed.
 """
@@ -49,8 +54,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from rmq_spark.config import PARKED
 from rmq_spark.devtools.local_brokers import LocalNode, running_nodes
+from rmq_spark.park.table import commit_parked, ensure_parked_table
 from rmq_spark.transfer.byte_window import ByteWindow
+from rmq_spark.transfer.parked_table import read_parked
 from rmq_spark.transfer.window import prefetch_for
 
 log = logging.getLogger(__name__)
@@ -84,13 +92,16 @@ class Case:
     stalled: bool = False
     control: bool = False
     mixed: tuple[int, ...] = ()  # every message's size, when they differ
+    park: bool = False  # into the ledger's parked table instead of a queue
 
     @property
     def name(self) -> str:
         size = f"{self.size // MiB} MiB" if self.size >= MiB else f"{self.size // KiB} KiB"
         if self.mixed:
             return f"{self.count} mixed, to {size}"
-        return f"{self.count} x {size}{', stalled' if self.stalled else ''}"
+        return f"{self.count} x {size}{', stalled' if self.stalled else ''}" + (
+            ", parked" if self.park else ""
+        )
 
     @property
     def sizes(self) -> list[int]:
@@ -122,6 +133,12 @@ CASES = (
     # prefetch sized for the small ones would have all four out at once.
     Case(6004, 32 * MiB, mixed=(KiB,) * 3000 + (32 * MiB,) * 4 + (KiB,) * 3000),
 )
+# `--park` (issue 27): a park holds each batch's bodies in its window while it builds the
+# batch's rows and writes them as one Parquet data file.
+PARK_CASES = (
+    Case(200, 16 * MiB, park=True),
+    Case(20_000, KiB, control=True, park=True),
+)
 
 
 class BenchmarkError(Exception):
@@ -136,7 +153,8 @@ def run_case(
 ) -> dict[str, Any]:
     """Seed, move in a fresh process, check the brokers; returns the case's figures."""
     source_queue = f"memory.{case.count}x{case.size}{'.stalled' if case.stalled else ''}.{run_id}"
-    destination_queue = f"{source_queue}.moved"
+    # A park's plan row names its source queue as its destination (`discover_parked`).
+    destination_queue = source_queue if case.park else f"{source_queue}.moved"
     prefetch = prefetch_for(WINDOW_MESSAGES, WINDOW_BYTES, case.size)
     log.info("%s: seeding %s (prefetch will be %d)", case.name, source_queue, prefetch)
     seeded = run_isolated(
@@ -151,7 +169,8 @@ def run_case(
             "seed": f"{run_id}/{case.name}",
         },
     )
-    declare(destination, destination_queue)
+    if not case.park:
+        declare(destination, destination_queue)
     if (depth := passive_depth(source, source_queue)) != case.count:
         raise BenchmarkError(f"{case.name}: seeded {depth} messages, expected {case.count}")
 
@@ -165,11 +184,12 @@ def run_case(
         "window_messages": WINDOW_MESSAGES,
         "window_bytes": WINDOW_BYTES,
         "attempt": ATTEMPT,
+        "park": case.park,
         "row": {
             "source_cluster": source.label,
             "source_vhost": VHOST,
             "source_queue": source_queue,
-            "destination_cluster": destination.label,
+            "destination_cluster": PARKED if case.park else destination.label,
             "destination_vhost": VHOST,
             "destination_queue": destination_queue,
             "messages": case.count,
@@ -195,10 +215,13 @@ def run_case(
         case,
         outcome,
         source_left=passive_depth(source, source_queue),
-        destination_depth=passive_depth(destination, destination_queue),
+        destination_depth=parked_rows(ledger, run_id, source_queue)
+        if case.park
+        else passive_depth(destination, destination_queue),
     )
     delete_queue(source, source_queue)
-    delete_queue(destination, destination_queue)
+    if not case.park:
+        delete_queue(destination, destination_queue)
 
     baseline = moved["baseline_rss_kib"] * KiB
     peak = moved["peak_rss_kib"] * KiB
@@ -374,6 +397,14 @@ def passive_depth(node: LocalNode, queue: str) -> int:
         connection.close()
 
 
+def parked_rows(ledger: Path, run_id: str, queue: str) -> int:
+    """The parked table's committed rows of one source queue (committed here, as
+    `rmq-spark park` commits a run's files)."""
+    commit_parked(str(ledger), run_id)
+    rows = read_parked(str(ledger), run_id, ["source_queue"]).column("source_queue")
+    return sum(1 for name in rows.to_pylist() if name == queue)
+
+
 def delete_queue(node: LocalNode, queue: str) -> None:
     connection = node.connect(VHOST)
     try:
@@ -475,7 +506,7 @@ def write_results(results: dict[str, Any], directory: Path, stamp: str) -> Path:
 # -- main ---------------------------------------------------------------------------------
 
 
-def run(results_dir: Path) -> int:
+def run(results_dir: Path, cases: tuple[Case, ...]) -> int:
     started = datetime.now(UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     run_id = f"bench-memory-{stamp}"
@@ -488,15 +519,16 @@ def run(results_dir: Path) -> int:
         source, destination = nodes
         for node in nodes:
             node.add_vhost(VHOST)
+        ensure_parked_table(str(Path(base) / "ledger"))
         facts = {**machine_facts(), "rabbitmq": rabbitmq_version(source)}
-        for case in CASES:
+        for case in cases:
             figure = run_case(case, source, destination, Path(base) / "ledger", run_id)
             figures.append(figure)
             problems.extend(figure["problems"])
     results = {
         "benchmark": "memory",
         "started_at": started.isoformat(),
-        "command": "python -m bench.memory",
+        "command": "python -m bench.memory" + (" --park" if cases == PARK_CASES else ""),
         "machine": facts,
         "source": source_tree(),
         "window_messages": WINDOW_MESSAGES,
@@ -519,12 +551,15 @@ def run(results_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__)
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--park", action="store_true", help="park the queues in the parked table (PARK_CASES)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("pika").setLevel(logging.WARNING)  # one INFO line per socket event
     started = time.monotonic()
     try:
-        code = run(args.results_dir)
+        code = run(args.results_dir, PARK_CASES if args.park else CASES)
     except BenchmarkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
