@@ -27,6 +27,7 @@ from rmq_spark.park.replay.targets import parse_template
 from rmq_spark.park.run import run_park
 from rmq_spark.park.table import read_parked_spark
 from tests.support.brokers import Brokers, declare, depth, fresh_vhost
+from tests.support.matrix import SOAK
 from tests.support.parking import QUEUE, park_config, published, read_queue, seed
 
 MESSAGES = 3_000
@@ -40,25 +41,33 @@ def ledger_rows(tmp_path: Path, run_id: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("brokers_of_version", ["3.10", "4.3"], indirect=True)
+# Issue 27's size, 100,000, in `make soak` (about 4 min a version; the figures printed).
+@pytest.mark.parametrize("messages", [MESSAGES, pytest.param(100_000, marks=SOAK)])
 def test_a_parked_queue_replayed_to_its_source_is_byte_identical_in_order_and_only_once(
-    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
+    brokers_of_version: Brokers,
+    version_password_env: str,
+    tmp_path: Path,
+    spark: SparkSession,
+    messages: int,
 ) -> None:
     brokers = brokers_of_version
     vhost = fresh_vhost(brokers, "replay")
-    seed(brokers.dr, vhost, MESSAGES)
+    seed(brokers.dr, vhost, messages)
     config = park_config(tmp_path, brokers, vhost)
-    assert run_park(spark, config, run_id="park-1").verified
+    parked = run_park(spark, config, run_id="park-1")
+    assert parked.verified
     assert depth(brokers.dr, vhost, QUEUE) == 0
 
     first = run_replay(
         config, parked_run_id="park-1", target=parse_template("source"), run_id="replay-1"
     )
+    print(f"{messages} messages: park {parked.seconds:.1f} s, replay {first.seconds:.1f} s")
 
     assert first.verified
-    assert (first.selected, first.published, first.skipped) == (MESSAGES, MESSAGES, 0)
-    assert depth(brokers.dr, vhost, QUEUE) == MESSAGES
+    assert (first.selected, first.published, first.skipped) == (messages, messages, 0)
+    assert depth(brokers.dr, vhost, QUEUE) == messages
     rows = ledger_rows(tmp_path, "replay-1")
-    assert sorted(r["position"] for r in rows) == list(range(MESSAGES))
+    assert sorted(r["position"] for r in rows) == list(range(messages))
     assert {(r["decision"], r["reason"], r["destination_queue"]) for r in rows} == {
         ("replayed", "park-1", QUEUE)
     }
@@ -69,10 +78,10 @@ def test_a_parked_queue_replayed_to_its_source_is_byte_identical_in_order_and_on
     )
 
     assert again.verified
-    assert (again.published, again.skipped) == (0, MESSAGES)
-    assert depth(brokers.dr, vhost, QUEUE) == MESSAGES
+    assert (again.published, again.skipped) == (0, messages)
+    assert depth(brokers.dr, vhost, QUEUE) == messages
     assert ledger_rows(tmp_path, "replay-2") == []
-    expected = published(vhost, MESSAGES)
+    expected = published(vhost, messages)
     found = read_queue(brokers.dr, vhost, QUEUE)
     assert [m["message_id"] for m in found] == [e["message_id"] for e in expected]
     assert [m["properties_sha256"] for m in found] == [e["properties_sha256"] for e in expected]
