@@ -283,7 +283,7 @@ def add_restore_federation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_restore_federation_command(args: argparse.Namespace) -> int:
-    """Undo every federation pause a transfer left on the source clusters.
+    """Undo every federation pause a transfer or a park left on the source clusters.
 
     For after a crash that left queues paused (federation: pause); idempotent. Prints
     each restored policy (and upstream an earlier build cloned); exit 0, or 2 when a
@@ -485,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_restore_federation_arguments(
         commands.add_parser(
             "restore-federation",
-            help="undo the federation pause a crashed transfer left",
+            help="undo the federation pause a crashed transfer or park left",
         )
     )
     add_report_arguments(

@@ -379,9 +379,9 @@ class JobConfig(_Strict):
     """Timeout per management API call (retried with backoff; connecting is capped at
     5 s, and pre-flight's first call per cluster retries once)."""
     federation: Literal["keep", "pause"] = "keep"
-    """pause: the moved queues' federation links are stopped while the movers run (their
-    consumers would make federated queues pull from upstream) by a temporary override
-    policy, deleted afterwards, also when the move failed (see federation.py)."""
+    """pause: the moved (or parked) queues' federation links are stopped while the movers
+    run (their consumers would make federated queues pull from upstream) by a temporary
+    override policy, deleted afterwards, also when the move failed (see federation.py)."""
     limits: Limits = Limits()
     """A brake for live destinations, for the whole job: rates split evenly among the
     transfers that can move at once, the depth bound per destination queue."""

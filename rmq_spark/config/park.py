@@ -75,11 +75,6 @@ def check_parks_or_moves(config: Any) -> None:
                 "limits.destination_max_depth bounds a destination queue's depth; a "
                 "config that parks has none"
             )
-        if config.federation == "pause":
-            raise ValueError(
-                "federation: pause is not supported by rmq-spark park yet; park "
-                "federated queues with federation: keep after stopping their links"
-            )
         if PARKED in config.clusters:
             raise ValueError(
                 f"clusters: {PARKED!r} names the parked table in a park's ledger rows "

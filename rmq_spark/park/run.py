@@ -2,7 +2,8 @@
 
 The stages: the ledger's tables (the parked one too); the source half of discovery
 (`discovery.discover_parked`); exact readings of each source (depth, consumers); the
-movers as Spark tasks (`partition_tasks.run_tasks`, as `rmq-spark transfer` runs them),
+movers as Spark tasks (`partition_tasks.run_tasks`, as `rmq-spark transfer` runs them,
+inside `federation.paused_federation` as a move's are),
 each transfer's destination the table (`transfer/parked.py`); the ledger's messages
 commit, then the parked table's commit; readings again; the verdicts of `verdicts.py`
 from the committed rows of both tables; the run's `queues` and `runs` rows.
@@ -20,6 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rmq_spark.broker.counts import queue_readings
+from rmq_spark.broker.federation import paused_federation
 from rmq_spark.broker.management import management_clients
 from rmq_spark.config import JobConfig
 from rmq_spark.ledger import store, tables
@@ -142,23 +144,27 @@ def run_park(spark: SparkSession, config: JobConfig, *, run_id: str) -> ParkResu
     ensure_parked_table(config.ledger.path)
     with management_clients(config) as clients:
         transfers = discover_parked(config, clients)
-    if not transfers:
-        log.info("park %s: no queue to park", run_id)
-        return ParkResult(run_id, (), time.monotonic() - started, config.park.exclude_body)
-    before = _readings(config, transfers)
-    settings = executor_settings(
-        spark,
-        config,
-        run_id,
-        ledger_path,
-        rate_limits=route_rate_limits(config, len(transfers)),
-        selections=route_selections(config),
-        park=ParkSettings(exclude_body=config.park.exclude_body),
-    )
-    groups = plan_groups(transfers, task_count(config.max_active, config.mover.queues_per_task))
-    log.info("park %s: %d queue(s) in %d task(s)", run_id, len(transfers), len(groups))
-    task = partial(move_partition, groups=groups, settings=settings)
-    rows = run_tasks(spark, len(groups), task, OUTCOME_SCHEMA)
+        if not transfers:
+            log.info("park %s: no queue to park", run_id)
+            return ParkResult(run_id, (), time.monotonic() - started, config.park.exclude_body)
+        before = _readings(config, transfers)
+        settings = executor_settings(
+            spark,
+            config,
+            run_id,
+            ledger_path,
+            rate_limits=route_rate_limits(config, len(transfers)),
+            selections=route_selections(config),
+            park=ParkSettings(exclude_body=config.park.exclude_body),
+        )
+        groups = plan_groups(transfers, task_count(config.max_active, config.mover.queues_per_task))
+        log.info("park %s: %d queue(s) in %d task(s)", run_id, len(transfers), len(groups))
+        task = partial(move_partition, groups=groups, settings=settings)
+        # federation: pause, as for a move: a federated source's links would pull its
+        # upstream's messages in while the movers drain it. Restored on the way out,
+        # also after a failure; `rmq-spark restore-federation` after a crash.
+        with paused_federation(config, clients, transfers):
+            rows = run_tasks(spark, len(groups), task, OUTCOME_SCHEMA)
     outcomes = {o.key: o for o in map(outcome_of, rows)}
     tables.commit_run(config.ledger.path, run_id, committer_for(spark))
     commit_parked(config.ledger.path, run_id)

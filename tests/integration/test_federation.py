@@ -8,7 +8,8 @@ exchange `fed.x`. DR holds 3,000 orphans, main 2,000 messages of its own. A cons
 on a DR queue makes its link pull from main (the control shows it); with
 `federation: pause` the job moves the orphans to main without pulling anything back,
 main ends with exactly the 5,000, each once (by message id), the links run again and
-DR's policies are key by key what they were. Every test runs on 3.10, 4.0 and 4.3.
+DR's policies are key by key what they were. Every move test runs on 3.10, 4.0 and 4.3;
+the park (`rmq-spark park`, the same pause around its movers) on 3.10 and 4.3.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ from rmq_spark.config import load_config
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION, VERSIONS
 from rmq_spark.errors import DiscoveryError
+from rmq_spark.park.run import run_park
+from rmq_spark.partition_tasks import run_tasks
 from rmq_spark.pipeline import run_transfer
+from rmq_spark.transfer.parked_table import read_parked
 from tests.support.brokers import (
     Brokers,
     cluster_block,
@@ -450,3 +454,47 @@ def test_nothing_is_paused_when_pre_flight_fails(
 
     assert pauses == []
     assert policies(federated.brokers.dr) == federated.policies
+
+
+@pytest.mark.parametrize("brokers_of_version", [HOST_VERSION, "4.3"], indirect=True)
+@pytest.mark.parametrize("federated", ["all"], indirect=True)
+def test_a_park_pauses_federation_and_parks_only_the_orphans(
+    federated: Federated,
+    tmp_path: Path,
+    spark: SparkSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`rmq-spark park` with `federation: pause`: DR's federated queues are parked while
+    their links are stopped, so the table holds DR's orphans and nothing of main's."""
+    brokers = federated.brokers
+    dr = brokers.dr
+    raw = yaml.safe_load(job_config(tmp_path, brokers).read_text(encoding="utf-8"))
+    raw["routes"][0]["destination"] = {"table": "parked"}
+    path = tmp_path / "park.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    config = load_config(path)
+    wait_for_policy_listed(dr)
+    during: dict[str, Any] = {}
+
+    def recording_run_tasks(*args: Any, **kwargs: Any) -> Any:
+        during["policies"] = policies(dr)
+        during["links"] = links(dr)
+        return run_tasks(*args, **kwargs)
+
+    monkeypatch.setattr("rmq_spark.park.run.run_tasks", recording_run_tasks)
+
+    result = run_park(spark, config, run_id="park-federated")
+
+    assert result.verified
+    assert sorted(q.transfer.source_queue for q in result.queues) == list(FEDERATED)
+    assert OVERRIDE in during["policies"]
+    assert during["links"] == {EXCHANGE: "running"}  # the queues' links stopped
+    rows = read_parked(str(tmp_path / "ledger"), "park-federated", ["message_id"])
+    parked = Counter(rows.column("message_id").to_pylist())
+    assert parked == Counter(f"dr/{queue}/{i}" for queue in FEDERATED for i in range(ORPHANS))
+    # Federation is back as it was, and main kept its own.
+    assert policies(dr) == federated.policies
+    wait_until(lambda: running_queue_links(dr) == set(FEDERATED), "the links to run again")
+    for queue in FEDERATED:
+        assert depth(brokers.main, VHOST, queue) == OWN, queue
+        assert depth(dr, VHOST, queue) == 0, queue

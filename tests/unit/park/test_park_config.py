@@ -71,10 +71,6 @@ def test_a_parking_config_refuses_the_commands_that_move() -> None:
             r"routes\[0\] \(park-dlq\): limits.destination_max_depth",
         ),
         (
-            config_text(parked_route(), federation="pause"),
-            "federation: pause is not supported by rmq-spark park",
-        ),
-        (
             config_text(parked_route(destination={"table": "messages"})),
             r"routes.0.destination.table: Input should be 'parked'",
         ),
@@ -83,11 +79,17 @@ def test_a_parking_config_refuses_the_commands_that_move() -> None:
             r"routes.0.destination.cluster: unknown key",
         ),
     ],
-    ids=["mixed", "depth bound", "federation pause", "another table", "table and cluster"],
+    ids=["mixed", "depth bound", "another table", "table and cluster"],
 )
 def test_bad_park_config_is_one_error_naming_the_route_and_key(text: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
         parse_config(text, ENV)
+
+
+def test_a_park_may_pause_federation_as_a_move_does() -> None:
+    config = parse_config(config_text(parked_route(), federation="pause"), ENV)
+    assert config.federation == "pause"
+    assert config.routes[0].parks
 
 
 def test_a_cluster_named_like_the_table_is_refused_in_a_park() -> None:
