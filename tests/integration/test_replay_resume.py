@@ -4,11 +4,13 @@
 Real RabbitMQ 3.10 nodes, real Spark (the park), real Delta. A queue is parked, then
 replayed to its source by a real `rmq-spark replay` process, slowed by its rate limit
 so the fault lands mid-replay: the process group SIGKILLed once the ledger shows a
-confirmed batch, or the destination node's RabbitMQ restarted under it (one error,
-exit 2, saying to run it again). The confirmed rows the ledger shows are read before
-the same command runs again; then an independent pika consumer reads the queue and
-finds every parked message, byte-exact, in position order except for duplicates, and
-each duplicate is a row the ledger did not show confirmed, among those the re-run named.
+confirmed batch, or before it shows any, or the destination node's RabbitMQ restarted
+under it (one error, exit 2, saying to run it again). The confirmed rows the ledger
+shows are read before the same command runs again; then an independent pika consumer
+reads the queue and finds every parked message, byte-exact, in position order except
+for duplicates, and each duplicate is a row the ledger did not show confirmed, among
+those the re-run named: the killed attempt's last intended batch, or the stopped one's
+row in flight alone (park/replay/journal.py).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ PARKED = "park-resume"
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-def replay_command(config: Path, run_id: str) -> list[str]:
+def replay_command(config: Path, run_id: str, rate: int = RATE) -> list[str]:
     return [
         str(Path(sys.executable).parent / "rmq-spark"),
         "replay",
@@ -52,7 +54,7 @@ def replay_command(config: Path, run_id: str) -> list[str]:
         "--to",
         "source",
         "--messages-per-second",
-        str(RATE),
+        str(rate),
         "--run-id",
         run_id,
     ]
@@ -226,4 +228,43 @@ def test_a_replay_whose_destination_node_restarts_stops_with_one_error_and_a_rer
     assert (result["skipped"], result["published"]) == (in_flight, MESSAGES - in_flight)
     twice = duplicated_positions(brokers, vhost)
     assert set(twice) <= {in_flight}, "only the row in flight may be in the queue twice"
-    assert in_flight in named_positions(again.stdout)
+    # The stopped replay recorded its row in flight (journal.py): that row alone is named.
+    assert named_positions(again.stdout) == {in_flight}
+    assert result["interrupted"] == ["replay-restart"]
+
+
+@pytest.mark.parametrize("brokers_of_version", ["3.10"], indirect=True)
+def test_a_replay_killed_before_its_first_append_is_named_by_the_rerun(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    """It left no ledger row, only the intent it wrote before publishing its first batch."""
+    brokers = brokers_of_version
+    vhost = parked_queue(brokers, tmp_path, spark, "replay-early")
+    # Ten seconds to its first append: the kill lands among the first batch's publishes.
+    command = replay_command(tmp_path / "job.yaml", "replay-early", rate=LEDGER_BATCH // 10)
+    first = start(command)
+
+    def some_published() -> bool:
+        if first.poll() is not None:
+            raise AssertionError(f"the replay ended by itself: {first.communicate()}")
+        return depth(brokers.dr, vhost, QUEUE) >= 10
+
+    wait_until(some_published, "the first rows back in the queue", timeout=120)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(30)
+    assert confirmed_positions(tmp_path) == [], "the kill came after the first append"
+    in_queue_at_kill = depth(brokers.dr, vhost, QUEUE)
+
+    again = run(replay_command(tmp_path / "job.yaml", "replay-early"))  # at RATE: 5 s
+
+    print(again.stdout)
+    assert again.returncode == 0, again.stderr
+    result = result_of(again.stdout)
+    assert (result["verified"], result["missing"], result["duplicates"]) == (True, 0, 0)
+    assert (result["skipped"], result["published"]) == (0, MESSAGES)
+    assert result["interrupted"] == ["replay-early"]
+    named = named_positions(again.stdout)
+    assert named == set(range(LEDGER_BATCH))
+    twice = duplicated_positions(brokers, vhost)
+    assert len(twice) == in_queue_at_kill
+    assert set(twice) <= named, "a copy the re-run did not name"

@@ -12,12 +12,12 @@ property bytes, is `targets.py`'s.
 
 **What an interrupted replay may have left twice.** A replay appends its confirmed rows
 to the ledger a batch at a time and writes its `runs` row when it ends; one killed
-between a confirm and its append published rows the ledger never showed confirmed, all
-of them in the batch after its last append. A re-run publishes them again (at least
-once), and names them (`possibly_twice`): the rows of its plan that follow, in replay
-order, the last row an earlier replay of the same rows recorded without recording its
-end, at most one batch per such replay. A replay killed before its first append left
-nothing to know it by, and is not named.
+between a confirm and its append, or stopped by a failed publish, may have published
+rows the ledger never showed confirmed. Each attempt records what it is about to
+publish and the row in flight when it stopped (`journal.py`), so a re-run names exactly
+those of its rows (`possibly_twice`): the row in flight of an attempt that stopped on an
+error, or the rows a killed attempt intended (at most its last batch), also when it was
+killed before its first append.
 """
 
 from __future__ import annotations
@@ -159,36 +159,24 @@ def replay_counts(
 
 
 def possibly_twice(
-    publish: Sequence[Mapping[str, Any]],
-    routed_keys: Set[ReplayKey],
-    earlier: Iterable[tuple[str, ReplayKey]],
-    finished: Set[str],
-    batch: int,
+    publish: Sequence[Mapping[str, Any]], earlier: Iterable[tuple[str, Set[ReplayKey]]]
 ) -> tuple[tuple[str, ...], tuple[Mapping[str, Any], ...]]:
     """(interrupted replays, rows of `publish` they may have published already); a
     replay is named only with rows.
 
-    `earlier` is (run id, replay key) of each confirmed replayed row of the parked run in
-    the ledger, `finished` the run ids with a `runs` row, `batch` the confirms per ledger
-    append. An earlier replay is interrupted when it recorded rows this replay also
-    routes (the same rows to the same queues) but no end; the rows it may have published
-    unrecorded are the next `batch` of `publish` after its last recorded row.
+    `earlier` is (run id, replay keys it may have published unrecorded) of each earlier
+    attempt that recorded no end (`journal.Attempt.uncertain`). `publish` holds the rows
+    no replay confirmed to the same queue, so a key of theirs the ledger shows confirmed
+    is never named.
     """
-    last: dict[str, ParkedKey] = {}
-    for run_id, key in earlier:
-        if run_id in finished or key not in routed_keys:
-            continue
-        parked = key[:4]
-        if run_id not in last or parked > last[run_id]:
-            last[run_id] = (parked[0], parked[1], parked[2], parked[3])
     named: dict[ParkedKey, Mapping[str, Any]] = {}
-    runs = []
-    for run_id, after in sorted(last.items()):
-        following = [row for row in publish if parked_key(row) > after][:batch]
-        if following:
-            runs.append(run_id)
-            named.update((parked_key(row), row) for row in following)
-    return tuple(runs), tuple(in_replay_order(named.values()))
+    runs: set[str] = set()
+    for run_id, keys in earlier:
+        rows = [row for row in publish if replay_key(row, row["_to"]) in keys]
+        if rows:
+            runs.add(run_id)
+            named.update((parked_key(row), row) for row in rows)
+    return tuple(sorted(runs)), tuple(in_replay_order(named.values()))
 
 
 def position_ranges(positions: Iterable[int]) -> str:

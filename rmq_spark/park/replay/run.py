@@ -35,6 +35,7 @@ from rmq_spark.broker.confirmed_publisher import ConfirmedPublisher
 from rmq_spark.config import JobConfig
 from rmq_spark.errors import BrokerUnreachableError, ConfigError
 from rmq_spark.ledger import store, tables
+from rmq_spark.park.replay.journal import Journal, read_attempts
 from rmq_spark.park.replay.plan import (
     ParkedKey,
     ReplayKey,
@@ -220,11 +221,9 @@ def run_replay(
     plan = plan_replay(routed, set(map(ledger_replay_key, earlier)))
     interrupted, again = possibly_twice(
         plan.publish,
-        {replay_key(row, row["_to"]) for row in routed},
-        [(row["run_id"], ledger_replay_key(row)) for row in earlier],
-        finished_runs(ledger_path),
-        LEDGER_BATCH,
+        [(a.run_id, a.uncertain) for a in read_attempts(ledger_path, finished_runs(ledger_path))],
     )
+    journal = Journal(ledger_path, run_id)
     factory = publisher_for or (
         lambda cluster, vhost: ConfirmedPublisher(cluster, config.clusters[cluster], vhost)
     )
@@ -254,10 +253,14 @@ def run_replay(
             plan.skipped,
         )
         for batch in _batches(plan.publish, LEDGER_BATCH):
+            # Durable before any row of the batch is sent (journal.py).
+            journal.intend([replay_key(row, row["_to"]) for row in batch])
             done: list[dict[str, Any]] = []
             read_at = datetime.now(UTC)
+            in_flight: Mapping[str, Any] | None = None
             try:
                 for row in _braked(batch, messages_per_second, clock, sleep):
+                    in_flight = row
                     cluster, vhost, queue = row["_to"]
                     publishers[(cluster, vhost)].publish(queue, row["_sent"], row["body"])
                     by_queue[row["_to"]] = by_queue.get(row["_to"], 0) + 1
@@ -273,12 +276,16 @@ def run_replay(
                             confirmed_at=datetime.now(UTC),
                         )
                     )
+                    in_flight = None
             except BrokerUnreachableError as exc:
                 raise BrokerUnreachableError(
                     _stopped(exc, run_id, parked_run_id, sum(by_queue.values()), row)
                 ) from exc
             finally:
                 tables.append_rows(ledger_path, "messages", done)
+                # After the append: were it to fail, the batch's intent names them all.
+                if in_flight is not None:
+                    journal.stopped(replay_key(in_flight, in_flight["_to"]))
     missing, duplicates = replay_counts(
         routed, map(ledger_replay_key, _confirmed_rows(ledger_path, parked_run_id))
     )

@@ -27,6 +27,7 @@ from rmq_spark.ledger import tables
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.park.replay import run as replay_run
 from rmq_spark.park.replay.command import format_result
+from rmq_spark.park.replay.journal import Journal
 from rmq_spark.park.replay.plan import plan_replay, position_ranges, possibly_twice
 from rmq_spark.park.replay.refusals import TargetFacts
 from rmq_spark.park.replay.run import compile_where, run_replay
@@ -470,7 +471,7 @@ def test_the_cli_says_a_lost_connection_in_one_line_and_exits_2(
     assert "run the same replay again" in line
 
 
-def test_possibly_twice_names_the_batch_after_an_interrupted_replays_last_row() -> None:
+def test_possibly_twice_names_rows_left_to_publish_an_earlier_attempt_may_have_sent() -> None:
     def row(queue: str, position: int, to: str = "q") -> dict[str, Any]:
         return {
             "source_cluster": "dr",
@@ -484,21 +485,25 @@ def test_possibly_twice_names_the_batch_after_an_interrupted_replays_last_row() 
         return ("dr", "v", queue, position, "dr", "v", to)
 
     publish = [row("a", p) for p in range(4, 10)] + [row("b", p) for p in range(3)]
-    routed = {key("a", p) for p in range(10)} | {key("b", p) for p in range(3)}
-    killed = [("killed", key("a", p)) for p in range(4)]
+    killed = ("killed", {key("a", p) for p in range(3, 7)})  # a3 confirmed since: not named
 
-    interrupted, rows = possibly_twice(publish, routed, killed, set(), batch=3)
+    interrupted, rows = possibly_twice(publish, [killed])
     assert interrupted == ("killed",)
     assert [(r["source_queue"], r["position"]) for r in rows] == [("a", 4), ("a", 5), ("a", 6)]
-    # The batch runs on into the next queue, in replay order.
-    _, rows = possibly_twice(publish, routed, killed, set(), batch=8)
-    assert [(r["source_queue"], r["position"]) for r in rows][-2:] == [("b", 0), ("b", 1)]
-    # A replay that recorded its end, or one of the same rows to another queue: none.
-    assert possibly_twice(publish, routed, killed, {"killed"}, batch=3) == ((), ())
-    elsewhere = [("other", key("a", p, to="x")) for p in range(4)]
-    assert possibly_twice(publish, routed, elsewhere, set(), batch=3) == ((), ())
-    # Nothing left after its last row: nothing named, though the run never ended.
-    assert possibly_twice([], routed, killed, set(), batch=3) == ((), ())
+    # Two attempts naming the same rows: both named, each row once, in replay order.
+    stopped = ("stopped", {key("b", 1), key("a", 5)})
+    interrupted, rows = possibly_twice(publish, [stopped, killed])
+    assert interrupted == ("killed", "stopped")
+    assert [(r["source_queue"], r["position"]) for r in rows] == [
+        ("a", 4),
+        ("a", 5),
+        ("a", 6),
+        ("b", 1),
+    ]
+    # The same rows sent to another queue are another replay's: none.
+    assert possibly_twice(publish, [("other", {key("a", 4, to="x")})]) == ((), ())
+    # Nothing left to publish: nothing named, though the attempt never ended.
+    assert possibly_twice([], [killed]) == ((), ())
     assert position_ranges([9, 0, 1, 2, 4, 3, 7, 10]) == "0-4, 7, 9-10"
 
 
@@ -506,10 +511,12 @@ class Killed(BaseException):
     """A SIGKILL stands in: no except clause catches it, the ledger append still runs."""
 
 
-def test_a_rerun_after_an_interrupted_replay_names_the_rows_it_may_publish_twice(
+def test_a_rerun_after_a_killed_replay_names_the_rows_it_intended(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(replay_run, "LEDGER_BATCH", 3)
+    # A SIGKILL writes nothing more: no record of the row in flight.
+    monkeypatch.setattr(Journal, "stopped", lambda self, key: None)
     park(tmp_path, "park-1", ORDERS, bodies("o", 12))
     config = job_config(tmp_path)
     killed = Broker({"orders"}, refuse_at=6, refusal=Killed())
@@ -522,6 +529,7 @@ def test_a_rerun_after_an_interrupted_replay_names_the_rows_it_may_publish_twice
 
     assert (result.published, result.skipped, result.verified) == (6, 6, True)
     assert result.interrupted == ("r1",)
+    # Its last batch's intent: 6 to 8, of which 6 was in flight and 7, 8 never sent.
     assert result.possibly_twice == tuple(
         ("dr", "shop", "orders", p, "dr", "shop", "orders") for p in (6, 7, 8)
     )
@@ -537,3 +545,34 @@ def test_a_rerun_after_an_interrupted_replay_names_the_rows_it_may_publish_twice
     assert (third.published, third.interrupted, third.possibly_twice) == (0, (), ())
     assert "twice:" not in format_result(third)
     assert '"possibly_twice": 0, "interrupted": []' in format_result(third)
+
+
+def test_a_replay_killed_before_its_first_append_is_named_by_the_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replay_run, "LEDGER_BATCH", 3)
+    monkeypatch.setattr(Journal, "stopped", lambda self, key: None)
+    park(tmp_path, "park-1", ORDERS, bodies("o", 12))
+    config = job_config(tmp_path)
+    with pytest.raises(Killed):
+        replay(config, Broker({"orders"}, refuse_at=0, refusal=Killed()), "r1")
+    assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 0
+
+    result = replay(config, Broker({"orders"}), "r2")
+
+    assert (result.published, result.skipped, result.verified) == (12, 0, True)
+    assert result.interrupted == ("r1",)
+    assert [key[3] for key in result.possibly_twice] == [0, 1, 2]
+
+
+def test_a_rerun_after_a_failed_publish_names_only_the_row_in_flight(tmp_path: Path) -> None:
+    park(tmp_path, "park-1", ORDERS, bodies("o", 12))
+    config = job_config(tmp_path)
+    with pytest.raises(Killed):
+        replay(config, Broker({"orders"}, refuse_at=6, refusal=Killed()), "r1")
+
+    result = replay(config, Broker({"orders"}), "r2")
+
+    assert (result.published, result.skipped, result.verified) == (6, 6, True)
+    assert result.interrupted == ("r1",)
+    assert result.possibly_twice == (("dr", "shop", "orders", 6, "dr", "shop", "orders"),)
