@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -54,9 +54,10 @@ DEATH_FIELDS = tuple(DEATH.field(i).name for i in range(DEATH.num_fields))
 ROUTE_UNREAD = frozenset({"exchange", "routing_key"})
 
 
-@dataclass(frozen=True)
-class Message:
-    """What the selection sees of one delivery: its routing, its property block, its body."""
+class Message(NamedTuple):
+    """What the selection sees of one delivery: its routing, its property block, its body.
+
+    A named tuple: a park builds one per message it parks (transfer/parked_rows.py)."""
 
     exchange: str
     routing_key: str

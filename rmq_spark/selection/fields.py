@@ -178,12 +178,19 @@ _VARIABLE: dict[int, tuple[str, Callable[[bytes, int, int, int], tuple[Any, int]
 }
 
 
+_LONG_STRING_TAG = ord("S")
+
+
 def _value(raw: bytes, at: int, end: int, depth: int) -> tuple[Typed, int]:
     if depth > _MAX_DEPTH:
         raise FieldDecodeError(f"field tables nested deeper than {_MAX_DEPTH}")
     _need(at, 1, end)
     tag = raw[at]
     at += 1
+    if tag == _LONG_STRING_TAG:  # most headers: read here, without a call per step
+        start = _need(at, 4, end)
+        after = _need(start, _LONG(raw, at)[0], end)
+        return Typed("long-string", raw[start:after]), after
     fixed = _FIXED_AT.get(tag)
     if fixed is not None:
         name, unpack, size = fixed
@@ -199,9 +206,12 @@ def _value(raw: bytes, at: int, end: int, depth: int) -> tuple[Typed, int]:
 
 def _table(raw: bytes, at: int, end: int, depth: int) -> dict[str, Typed]:
     table: dict[str, Typed] = {}
-    while at < end:
-        name, at = _short_string(raw, at, end)
-        table[text(name)], at = _value(raw, at, end, depth)
+    while at < end:  # so raw[at], the name's length, is inside the table
+        start = at + 1
+        after = _need(start, raw[at], end)
+        table[raw[start:after].decode("utf-8", "backslashreplace")], at = _value(
+            raw, after, end, depth
+        )
     return table
 
 

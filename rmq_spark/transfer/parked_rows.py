@@ -29,6 +29,7 @@ from rmq_spark.ledger import store
 from rmq_spark.ledger.durable import write_data_file
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.selection.columns import BY_NAME, Message, message_table
+from rmq_spark.selection.gc_pause import collection_paused
 
 TABLE = "parked"
 # A parked transfer's nominal destination cluster in the ledger (`TransferKey`): the
@@ -161,9 +162,10 @@ class ParkedRowsWriter:
     def write(self, deliveries: Sequence[Delivery], route_of: RouteOf) -> None:
         if not deliveries:
             return
-        rows = parked_rows(
-            self._key, self._task_attempt, deliveries, route_of, exclude_body=self.exclude_body
-        )
+        with collection_paused():
+            rows = parked_rows(
+                self._key, self._task_attempt, deliveries, route_of, exclude_body=self.exclude_body
+            )
         name = f"{self._key.file_prefix}{self._task_attempt}-{uuid.uuid4().hex}.parquet"
         try:
             write_data_file(self._dir, name, rows)
