@@ -18,7 +18,7 @@ choose without decoding), and checksums. With `park.exclude_body` the body is nu
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +26,7 @@ import pyarrow as pa
 from rmq_spark.config import PARKED
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import store
-from rmq_spark.ledger.durable import write_data_file
+from rmq_spark.ledger.durable import write_row_groups
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.selection.columns import BY_NAME, Message, message_table
 from rmq_spark.selection.gc_pause import collection_paused
@@ -74,6 +74,14 @@ SCHEMA = pa.schema(
 )
 # Data files carry every column but the partition column, as Delta expects.
 DATA_SCHEMA = pa.schema([field for field in SCHEMA if field.name not in PARTITION_BY])
+# Bodies per row group of a data file. A batch's rows are built and encoded a group at a
+# time, so a batch of 16 MiB bodies (a 64 MiB window holds four) costs one body's Arrow
+# copy and pages beside the window, not the batch's: bench.memory --park.
+ROW_GROUP_BYTES = 8 << 20
+# Min/max statistics for the columns a reader filters on; none for the bytes (a
+# statistic of a 16 MiB body holds copies of the smallest and largest, and no query
+# filters on a body's order).
+STATISTICS_COLUMNS = [name for name in DATA_SCHEMA.names if name not in {"body", "properties"}]
 
 # (exchange, routing key) of a delivery tag: what the source link told (`inbound.OnRoute`);
 # None for a tag it did not tell.
@@ -83,6 +91,19 @@ RouteOf = Callable[[int], tuple[str, str] | None]
 def run_partition(ledger_path: str, run_id: str) -> Any:
     """The table's directory of one run's data files (a Path, or a StorePath)."""
     return store.root(ledger_path) / TABLE / f"run_id={run_id}"
+
+
+def row_groups(deliveries: Sequence[Delivery]) -> Iterator[Sequence[Delivery]]:
+    """The deliveries in order, in runs of at most ROW_GROUP_BYTES of bodies (a larger
+    body alone)."""
+    start, size = 0, 0
+    for index, delivery in enumerate(deliveries):
+        if index > start and size + delivery.body_size > ROW_GROUP_BYTES:
+            yield deliveries[start:index]
+            start, size = index, 0
+        size += delivery.body_size
+    if start < len(deliveries):
+        yield deliveries[start:]
 
 
 def parked_rows(
@@ -162,15 +183,28 @@ class ParkedRowsWriter:
     def write(self, deliveries: Sequence[Delivery], route_of: RouteOf) -> None:
         if not deliveries:
             return
-        with collection_paused():
-            rows = parked_rows(
-                self._key, self._task_attempt, deliveries, route_of, exclude_body=self.exclude_body
-            )
         name = f"{self._key.file_prefix}{self._task_attempt}-{uuid.uuid4().hex}.parquet"
         try:
-            write_data_file(self._dir, name, rows)
+            write_row_groups(
+                self._dir,
+                name,
+                DATA_SCHEMA,
+                self._row_groups(deliveries, route_of),
+                statistics=STATISTICS_COLUMNS,
+            )
         except OSError as exc:
             raise LedgerError(
                 f"ledger {self._dir}: cannot park rows of {self._key.label()} ({exc})"
             ) from exc
         self.rows_written += len(deliveries)
+
+    def _row_groups(self, deliveries: Sequence[Delivery], route_of: RouteOf) -> Iterator[pa.Table]:
+        """The batch's rows, a group of at most ROW_GROUP_BYTES of bodies at a time (one
+        delivery at least), each built only when the file's writer asks for it."""
+        for group in row_groups(deliveries):
+            with collection_paused():  # gc_pause.py says why
+                rows = parked_rows(
+                    self._key, self._task_attempt, group, route_of, exclude_body=self.exclude_body
+                )
+            yield rows
+            del rows  # written: free before the next group is built

@@ -19,6 +19,7 @@ import pytest
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
+from rmq_spark.transfer import parked_rows as parked_rows_module
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.parked import ParkedTableLink, RouteBook
 from rmq_spark.transfer.parked_rows import DATA_SCHEMA, ParkedRowsWriter, RouteOf, run_partition
@@ -248,3 +249,24 @@ def test_a_row_without_a_told_route_has_a_null_exchange(tmp_path: Path, route: A
     route_of: RouteOf = lambda _tag: route  # noqa: E731
     table = parked_rows(KEY, "0.0.0", [delivery], route_of, exclude_body=False)
     assert table.column("exchange").to_pylist() == [None if route is None else ""]
+
+
+def test_a_batch_of_large_bodies_is_one_file_of_row_groups_bounded_by_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parked_rows_module, "ROW_GROUP_BYTES", 10)
+    rig = park_rig(tmp_path)
+    rig.receive(b"aaaa", b"bbbb", b"cccc", b"d" * 25, b"ee")
+    [file] = rig.partition.glob("*.parquet")
+    metadata = pq.read_metadata(file)
+    # 4 + 4 fit in 10 bytes, 4 starts the next group; a larger body is a group alone.
+    assert [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)] == [2, 1, 1, 1]
+    assert [row["body"] for row in rig.parked()] == [b"aaaa", b"bbbb", b"cccc", b"d" * 25, b"ee"]
+    # Readers filter on positions and sources; no statistic holds copies of the bytes.
+    columns = {
+        metadata.schema.column(i).name: metadata.row_group(0).column(i).is_stats_set
+        for i in range(metadata.num_columns)
+    }
+    assert columns["position"] is True
+    assert columns["body"] is False
+    assert columns["properties"] is False
