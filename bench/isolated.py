@@ -1,6 +1,6 @@
 """The parts of a benchmark that run in a fresh interpreter of their own.
 
-``python -m bench.isolated seed|move`` reads one JSON request on stdin and prints one
+``python -m bench.isolated seed|move|parked`` reads one JSON request on stdin and prints one
 JSON result line on stdout (logs go to stderr). A fresh interpreter per step means
 the mover's memory figures are its own: the process holds nothing but what an
 executor's Python worker needs to move one queue. The module itself imports only
@@ -9,6 +9,9 @@ is not inflated by the benchmark.
 
 * ``seed``: declare a durable classic queue and publish ``count`` random bodies of
   ``size`` bytes (persistent), then wait until the queue holds exactly ``count``.
+* ``parked``: commit a park's data files and count one source queue's rows in the
+  `parked` table (the Delta readers stay out of the benchmark's own process, whose RSS
+  floors a mover's peak).
 * ``move``: import what a Spark Python worker and the task import, then call
   ``rmq_spark.transfer.executor.move_queue`` for one plan row, as an executor task does, and
   report peak RSS, the RSS after those imports, wall seconds and the outcome. With
@@ -125,10 +128,17 @@ def move(request: dict[str, Any]) -> dict[str, Any]:
     # Imported lazily on the way (pyarrow imports pandas on its first pa.array call, the
     # first intent-log write): in the transfer figure, but paid once per process.
     imported = sorted(_packages(sys.modules) - _packages(modules_before))
+    import pyarrow as pa
+
+    pool = pa.default_memory_pool()
     return {
         "baseline_rss_kib": baseline_rss,
         "peak_rss_kib": max_rss_kib(),
         "peak_hwm_kib": proc_status_kib("VmHWM"),
+        # Arrow's own buffers (row tables, Parquet pages): their peak, and the allocator
+        # behind them, which may keep freed pages (RSS counts them).
+        "arrow_peak_bytes": pool.max_memory(),
+        "arrow_pool": pool.backend_name,
         "seconds": seconds,
         "imported_during_move": imported,
         "outcome": {
@@ -143,11 +153,24 @@ def move(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def parked(request: dict[str, Any]) -> dict[str, Any]:
+    """The parked table's committed rows of one source queue: the run's files committed
+    as `rmq-spark park` commits them (the table created first if it is missing)."""
+    from rmq_spark.park.table import commit_parked, ensure_parked_table
+    from rmq_spark.transfer.parked_table import read_parked
+
+    ledger, run_id = str(request["ledger_path"]), str(request["run_id"])
+    ensure_parked_table(ledger)
+    commit_parked(ledger, run_id)
+    names = read_parked(ledger, run_id, ["source_queue"]).column("source_queue").to_pylist()
+    return {"rows": sum(1 for name in names if name == request["queue"])}
+
+
 def _packages(modules: Iterable[str]) -> set[str]:
     return {name.split(".")[0] for name in modules if not name.startswith("_")}
 
 
-COMMANDS = {"seed": seed, "move": move}
+COMMANDS = {"seed": seed, "move": move, "parked": parked}
 
 
 def main(argv: list[str]) -> int:

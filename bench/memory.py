@@ -56,9 +56,7 @@ from typing import Any
 
 from rmq_spark.config import PARKED
 from rmq_spark.devtools.local_brokers import LocalNode, running_nodes
-from rmq_spark.park.table import commit_parked, ensure_parked_table
 from rmq_spark.transfer.byte_window import ByteWindow
-from rmq_spark.transfer.parked_table import read_parked
 from rmq_spark.transfer.window import prefetch_for
 
 log = logging.getLogger(__name__)
@@ -238,6 +236,8 @@ def run_case(
         "peak_rss_mib": mib(peak),
         "transfer_rss_mib": mib(peak - baseline),
         "peak_vm_hwm_mib": mib(moved["peak_hwm_kib"] * KiB),
+        "arrow_peak_mib": mib(moved["arrow_peak_bytes"]),
+        "arrow_pool": moved["arrow_pool"],
         "parent_rss_at_spawn_mib": mib(parent_rss_kib * KiB),
         "within_target": peak <= TARGET_PEAK_BYTES,
         "seconds": round(moved["seconds"], 2),
@@ -398,11 +398,11 @@ def passive_depth(node: LocalNode, queue: str) -> int:
 
 
 def parked_rows(ledger: Path, run_id: str, queue: str) -> int:
-    """The parked table's committed rows of one source queue (committed here, as
-    `rmq-spark park` commits a run's files)."""
-    commit_parked(str(ledger), run_id)
-    rows = read_parked(str(ledger), run_id, ["source_queue"]).column("source_queue")
-    return sum(1 for name in rows.to_pylist() if name == queue)
+    """The parked table's committed rows of one source queue (committed in a child, as
+    `rmq-spark park` commits a run's files: the Delta readers would raise this process's
+    RSS, which floors the next mover's peak, `bench.isolated.max_rss_kib`)."""
+    found = run_isolated("parked", {"ledger_path": str(ledger), "run_id": run_id, "queue": queue})
+    return int(found["rows"])
 
 
 def delete_queue(node: LocalNode, queue: str) -> None:
@@ -519,7 +519,6 @@ def run(results_dir: Path, cases: tuple[Case, ...]) -> int:
         source, destination = nodes
         for node in nodes:
             node.add_vhost(VHOST)
-        ensure_parked_table(str(Path(base) / "ledger"))
         facts = {**machine_facts(), "rabbitmq": rabbitmq_version(source)}
         for case in cases:
             figure = run_case(case, source, destination, Path(base) / "ledger", run_id)
