@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from bench.memory import source_tree
 from rmq_spark.config import PARKED, ClusterConfig
 from rmq_spark.devtools.demo import demo_messages
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
@@ -231,6 +232,7 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             "size": args.size,
             "window": args.window,
             "rabbitmq": args.version or HOST_VERSION,
+            "source": source_tree(),
             "rounds": rounds,
             "park_over_move_median": round(
                 statistics.median(r["park_over_move"] for r in rounds), 3
