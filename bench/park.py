@@ -1,8 +1,9 @@
 """A park's rate against a move of the same queue (issue 27's 0.8x).
 
 ``python -m bench.park --messages 100000`` starts two local nodes (dr, main) and seeds two
-twin queues on dr with the same demo messages (``devtools.demo.demo_messages``: every
-basic property, headers of eight AMQP types, ``--size`` byte bodies, persistent). Then,
+twin queues on dr with the same demo messages (``devtools.demo.demo_messages``: nine
+basic properties, headers of six AMQP types, nested arrays and tables among them,
+``--size`` byte bodies, persistent). Then,
 with `rmq_spark.transfer.executor.move_queue` (what an executor task runs: ledger and
 intent log on, fsynced), in this order:
 
