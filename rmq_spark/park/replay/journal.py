@@ -46,22 +46,25 @@ def journal_dir(ledger_path: str, run_id: str) -> Any:
     return store.root(ledger_path) / DIRECTORY / f"run_id={run_id}"
 
 
-def _encode(keys: Iterable[ReplayKey]) -> bytes:
-    return json.dumps([list(key) for key in keys]).encode()
+def _encode(parked_run_id: str, keys: Iterable[ReplayKey]) -> bytes:
+    return json.dumps({"parked_run_id": parked_run_id, "keys": [list(k) for k in keys]}).encode()
 
 
-def _decode(content: bytes, *, where: str) -> list[ReplayKey]:
-    """Keys `_encode` wrote; anything else is a LedgerError naming the file.
+def _decode(content: bytes, *, where: str) -> tuple[str, list[ReplayKey]]:
+    """(parked run id, keys) as `_encode` wrote them; anything else is a LedgerError
+    naming the file.
 
-    >>> _decode(_encode([("dr", "/", "q", 7, "dr", "/", "q")]), where="x")
-    [('dr', '/', 'q', 7, 'dr', '/', 'q')]
+    >>> _decode(_encode("park-1", [("dr", "/", "q", 7, "dr", "/", "q")]), where="x")
+    ('park-1', [('dr', '/', 'q', 7, 'dr', '/', 'q')])
     """
     try:
-        return [
+        record = json.loads(content)
+        keys = [
             (str(c), str(v), str(q), int(p), str(dc), str(dv), str(dq))
-            for c, v, q, p, dc, dv, dq in json.loads(content)
+            for c, v, q, p, dc, dv, dq in record["keys"]
         ]
-    except (ValueError, TypeError) as exc:
+        return str(record["parked_run_id"]), keys
+    except (ValueError, TypeError, KeyError) as exc:
         raise LedgerError(f"{where}: not a replay's journal record ({exc})") from exc
 
 
@@ -69,8 +72,9 @@ class Journal:
     """One replay attempt's records: `intend` before each batch, `stopped` on a failed
     publish. Each call returns once its record is durable."""
 
-    def __init__(self, ledger_path: str, run_id: str) -> None:
+    def __init__(self, ledger_path: str, run_id: str, parked_run_id: str) -> None:
         self._dir = journal_dir(ledger_path, run_id)
+        self._parked_run_id = parked_run_id
         self._attempt = uuid.uuid4().hex
         self._batches = 0
 
@@ -85,7 +89,7 @@ class Journal:
     def _write(self, name: str, keys: Sequence[ReplayKey]) -> None:
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
-            write_file(self._dir, name, _encode(keys))
+            write_file(self._dir, name, _encode(self._parked_run_id, keys))
         except OSError as exc:
             raise LedgerError(
                 f"ledger {self._dir}: cannot record the replay's journal ({exc}); "
@@ -108,9 +112,11 @@ class Attempt:
         return {self.stopped} if self.stopped is not None else self.intended
 
 
-def read_attempts(ledger_path: str, skip_runs: Iterable[str]) -> list[Attempt]:
-    """Every recorded attempt of the replays not in `skip_runs` (those that recorded
-    their end), in run id and attempt order."""
+def read_attempts(ledger_path: str, parked_run_id: str, skip_runs: Iterable[str]) -> list[Attempt]:
+    """Every recorded attempt of a replay of `parked_run_id` not in `skip_runs` (those
+    that recorded their end), in run id and attempt order. Another parked run's rows
+    have the same keys (a queue parked twice starts at position 0 twice), so attempts
+    are told apart by the parked run their records name."""
     skip = set(skip_runs)
     root = store.root(ledger_path) / DIRECTORY
     attempts: dict[tuple[str, str], Attempt] = {}
@@ -120,13 +126,15 @@ def read_attempts(ledger_path: str, skip_runs: Iterable[str]) -> list[Attempt]:
             if run_id in skip or run_id == run_dir.name:
                 continue
             for entry in sorted(store.entries(run_dir), key=lambda entry: entry.name):
-                _read_record(entry, run_id, attempts)
+                _read_record(entry, run_id, parked_run_id, attempts)
     except OSError as exc:
         raise LedgerError(f"ledger {root}: cannot read the replays' journals ({exc})") from exc
     return [attempts[key] for key in sorted(attempts)]
 
 
-def _read_record(entry: Any, run_id: str, attempts: dict[tuple[str, str], Attempt]) -> None:
+def _read_record(
+    entry: Any, run_id: str, parked_run_id: str, attempts: dict[tuple[str, str], Attempt]
+) -> None:
     name = entry.name
     if name.startswith(TEMP_PREFIX) or not name.endswith(".json"):
         return  # a write a crash cut short: its batch was never published
@@ -136,8 +144,10 @@ def _read_record(entry: Any, run_id: str, attempts: dict[tuple[str, str], Attemp
         attempt_id = name.removeprefix(STOPPED_PREFIX).removesuffix(".json")
     else:
         return
+    replayed, keys = _decode(entry.read_bytes(), where=str(entry))
+    if replayed != parked_run_id:
+        return
     attempt = attempts.setdefault((run_id, attempt_id), Attempt(run_id))
-    keys = _decode(entry.read_bytes(), where=str(entry))
     if name.startswith(STOPPED_PREFIX):
         attempt.stopped = keys[0] if keys else None
     else:

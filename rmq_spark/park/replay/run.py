@@ -221,9 +221,12 @@ def run_replay(
     plan = plan_replay(routed, set(map(ledger_replay_key, earlier)))
     interrupted, again = possibly_twice(
         plan.publish,
-        [(a.run_id, a.uncertain) for a in read_attempts(ledger_path, finished_runs(ledger_path))],
+        [
+            (attempt.run_id, attempt.uncertain)
+            for attempt in read_attempts(ledger_path, parked_run_id, finished_runs(ledger_path))
+        ],
     )
-    journal = Journal(ledger_path, run_id)
+    journal = Journal(ledger_path, run_id, parked_run_id)
     factory = publisher_for or (
         lambda cluster, vhost: ConfirmedPublisher(cluster, config.clusters[cluster], vhost)
     )

@@ -18,14 +18,14 @@ def key(position: int) -> tuple[str, str, str, int, str, str, str]:
 def test_each_attempt_is_read_back_with_what_it_intended_and_where_it_stopped(
     tmp_path: Path,
 ) -> None:
-    killed = Journal(str(tmp_path), "r1")
+    killed = Journal(str(tmp_path), "r1", "park-1")
     killed.intend([key(0), key(1)])
     killed.intend([key(2), key(3)])
-    stopped = Journal(str(tmp_path), "r1")  # the same run id run again
+    stopped = Journal(str(tmp_path), "r1", "park-1")  # the same run id run again
     stopped.intend([key(2), key(3)])
     stopped.stopped(key(3))
 
-    attempts = read_attempts(str(tmp_path), skip_runs=())
+    attempts = read_attempts(str(tmp_path), "park-1", skip_runs=())
 
     assert sorted((a.run_id, sorted(a.intended), a.stopped) for a in attempts) == sorted(
         [
@@ -38,20 +38,30 @@ def test_each_attempt_is_read_back_with_what_it_intended_and_where_it_stopped(
 
 
 def test_finished_runs_and_a_torn_write_are_left_out(tmp_path: Path) -> None:
-    Journal(str(tmp_path), "done").intend([key(0)])
-    Journal(str(tmp_path), "killed").intend([key(1)])
+    Journal(str(tmp_path), "done", "park-1").intend([key(0)])
+    Journal(str(tmp_path), "killed", "park-1").intend([key(1)])
     (journal_dir(str(tmp_path), "killed") / f"{TEMP_PREFIX}intent-x-000001.json").write_text("[[")
 
-    attempts = read_attempts(str(tmp_path), skip_runs={"done"})
+    attempts = read_attempts(str(tmp_path), "park-1", skip_runs={"done"})
 
     assert [(a.run_id, a.intended) for a in attempts] == [("killed", {key(1)})]
-    assert read_attempts(str(tmp_path / "elsewhere"), skip_runs=()) == []
+    assert read_attempts(str(tmp_path / "elsewhere"), "park-1", skip_runs=()) == []
 
 
 def test_a_record_that_is_not_a_journal_is_one_error_naming_the_file(tmp_path: Path) -> None:
-    Journal(str(tmp_path), "r1").intend([key(0)])
+    Journal(str(tmp_path), "r1", "park-1").intend([key(0)])
     [record] = journal_dir(str(tmp_path), "r1").iterdir()
     record.write_text('{"not": "keys"}')
 
     with pytest.raises(LedgerError, match=rf"{record.name}: not a replay's journal record"):
-        read_attempts(str(tmp_path), skip_runs=())
+        read_attempts(str(tmp_path), "park-1", skip_runs=())
+
+
+def test_attempts_of_another_parked_runs_replay_are_left_out(tmp_path: Path) -> None:
+    """A queue parked twice has positions 0, 1, ... twice: the same replay keys."""
+    Journal(str(tmp_path), "replay-of-park-1", "park-1").intend([key(0), key(1)])
+    Journal(str(tmp_path), "replay-of-park-2", "park-2").intend([key(0)])
+
+    attempts = read_attempts(str(tmp_path), "park-2", skip_runs=())
+
+    assert [(a.run_id, a.intended) for a in attempts] == [("replay-of-park-2", {key(0)})]
