@@ -38,10 +38,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
-
+from bench import queues
 from bench.memory import source_tree
-from rmq_spark.config import PARKED, ClusterConfig
+from rmq_spark.config import PARKED
 from rmq_spark.devtools.demo import demo_messages
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
@@ -75,42 +74,9 @@ def seed(dr: LocalNode, main: LocalNode, round_: int, messages: int, size: int) 
     return fingerprints
 
 
-def depth(node: LocalNode, queue: str) -> int:
-    connection = node.connect(VHOST)
-    try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        connection.close()
-
-
 def read_bodies(node: LocalNode, queue: str) -> list[str]:
     """Every message of the queue in delivery order (taken), as its body's digest."""
-    connection = node.connect(VHOST)
-    found: list[str] = []
-    try:
-        channel = connection.channel()
-        expected = int(channel.queue_declare(queue, passive=True).method.message_count)
-        channel.basic_qos(prefetch_count=2000)
-        for method, _properties, body in channel.consume(queue, inactivity_timeout=30):
-            if method is None:
-                break
-            found.append(hashlib.sha256(body).hexdigest())
-            channel.basic_ack(method.delivery_tag, multiple=True)
-            if len(found) == expected:
-                break
-        channel.cancel()
-    finally:
-        connection.close()
-    return found
-
-
-def cluster(node: LocalNode) -> ClusterConfig:
-    return ClusterConfig(
-        amqp=[node.amqp_uri],
-        management=node.management_url,
-        username=node.username,
-        password=SecretStr(node.password),
-    )
+    return [hashlib.sha256(body).hexdigest() for body in queues.bodies(node, VHOST, queue)]
 
 
 def run_mover(settings: ExecutorSettings, queue: str, destination_cluster: str) -> dict[str, Any]:
@@ -191,7 +157,7 @@ def run_round(
     settings = ExecutorSettings(
         run_id=run_id,
         ledger_path=str(ledger),
-        clusters={"dr": cluster(dr), "main": cluster(main)},
+        clusters={"dr": queues.cluster(dr), "main": queues.cluster(main)},
         window_messages=args.window,
         window_bytes=64 << 20,
         park=ParkSettings(exclude_body=False),
@@ -204,7 +170,7 @@ def run_round(
         for name, case in (("move", move), ("park", park))
         if case["status"] != "moved" or case["messages"] != args.messages
     ]
-    if depth(dr, moved_queue) or depth(dr, parked_queue):
+    if queues.depth(dr, VHOST, moved_queue) or queues.depth(dr, VHOST, parked_queue):
         problems.append("a source is not empty")
     if read_bodies(main, moved_queue) != fingerprints:
         problems.append("the moved queue does not hold the published bodies, in order")

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pika
-from pydantic import SecretStr
 
-from rmq_spark.config import ClusterConfig
+from bench import queues
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
 from rmq_spark.ledger import tables
@@ -67,33 +66,9 @@ def seed(dr: LocalNode, main: LocalNode, vhost: str, messages: int, size: int) -
         destination.close()
 
 
-def depth(node: LocalNode, vhost: str) -> int:
-    connection = node.connect(vhost)
-    try:
-        return int(connection.channel().queue_declare(QUEUE, passive=True).method.message_count)
-    finally:
-        connection.close()
-
-
 def read_indices(node: LocalNode, vhost: str) -> list[int]:
     """Every message of the queue in delivery order (taken), as its body's index."""
-    connection = node.connect(vhost)
-    found: list[int] = []
-    try:
-        channel = connection.channel()
-        expected = int(channel.queue_declare(QUEUE, passive=True).method.message_count)
-        channel.basic_qos(prefetch_count=2000)
-        for method, _properties, body in channel.consume(QUEUE, inactivity_timeout=30):
-            if method is None:
-                break
-            found.append(int(body[:6]))
-            channel.basic_ack(method.delivery_tag)
-            if len(found) == expected:
-                break
-        channel.cancel()
-    finally:
-        connection.close()
-    return found
+    return [int(body[:6]) for body in queues.bodies(node, vhost, QUEUE)]
 
 
 def ledger_problems(ledger: Path, run_id: str, messages: int, select: str | None) -> list[str]:
@@ -120,22 +95,13 @@ def ledger_problems(ledger: Path, run_id: str, messages: int, select: str | None
     return problems
 
 
-def cluster(node: LocalNode) -> ClusterConfig:
-    return ClusterConfig(
-        amqp=[node.amqp_uri],
-        management=node.management_url,
-        username=node.username,
-        password=SecretStr(node.password),
-    )
-
-
 def move(
     dr: LocalNode, main: LocalNode, ledger: Path, vhost: str, *, select: str | None, window: int
 ) -> dict[str, Any]:
     settings = ExecutorSettings(
         run_id=f"selective-{vhost}",
         ledger_path=str(ledger),
-        clusters={"dr": cluster(dr), "main": cluster(main)},
+        clusters={"dr": queues.cluster(dr), "main": queues.cluster(main)},
         window_messages=window,
         window_bytes=64 << 20,
         selections={ROUTE: select} if select is not None else {},
@@ -157,8 +123,8 @@ def move(
         "kept": outcome.kept,
         "mover_seconds": round(outcome.seconds, 3),
         "wall_seconds": round(time.perf_counter() - started, 3),
-        "in_destination": depth(main, vhost),
-        "in_source": depth(dr, vhost),
+        "in_destination": queues.depth(main, vhost, QUEUE),
+        "in_source": queues.depth(dr, vhost, QUEUE),
     }
 
 
