@@ -17,20 +17,18 @@ rows are written, `tables.commit_run` turns the intents that have no row into
 
 from __future__ import annotations
 
-import array
 import operator
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Sequence
 from functools import partial
-from itertools import accumulate
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import pyarrow as pa
 
+from rmq_spark.arrow_columns import column as arrow_column
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import layout
 from rmq_spark.ledger.durable import fsync_dir, stream_to_data_file, write_data_file
@@ -50,8 +48,9 @@ def rows_table(key: TransferKey, task_attempt: str, deliveries: Sequence[Deliver
 
     Called for every intent batch and every ledger flush, on the mover's CPU: one
     C-level pass reads the per-delivery fields, each column is built from buffers
-    (`_arrow_column`), and the columns that are the same on every row (the transfer
-    key, the task attempt) are slices of cached arrays.
+    (`arrow_columns.column`: no pa.array, which would import pandas), and the columns
+    that are the same on every row (the transfer key, the task attempt) are slices of
+    cached arrays.
     """
     count = len(deliveries)
     constant = {
@@ -71,7 +70,7 @@ def rows_table(key: TransferKey, task_attempt: str, deliveries: Sequence[Deliver
         if field.name in constant:
             arrays.append(_repeated(field, constant[field.name], count))
         else:
-            arrays.append(_arrow_column(field.type, per_row.get(field.name, ())))
+            arrays.append(arrow_column(field.type, per_row.get(field.name, ())))
     return pa.Table.from_arrays(arrays, schema=DATA_SCHEMA)
 
 
@@ -104,82 +103,9 @@ def _repeated(field: pa.Field, value: str, count: int) -> pa.Array:
     if cached is None or len(cached) < count:
         if len(_REPEATED) > 256:  # many transfers in one worker: keep it small
             _REPEATED.clear()
-        cached = _arrow_column(field.type, (value,) * max(count, 4096))
+        cached = arrow_column(field.type, (value,) * max(count, 4096))
         _REPEATED[(field.name, value)] = cached
     return cached.slice(0, count)
-
-
-# -- Arrow columns from Python values, without pa.array ---------------------------------
-#
-# pa.array() asks whether its input is a pandas object, which imports pandas: a third
-# of a second of CPU, before the first intent batch of every Spark Python worker
-# (workers do not import pandas otherwise). The ledger's column types are few and
-# simple, so their buffers are built here.
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _arrow_column(kind: pa.DataType, values: Sequence[Any]) -> pa.Array:
-    """The Arrow array of `values` (None is null) for an int64, bool, string or
-    timestamp[us] column: what pa.array(values, kind) returns."""
-    count = len(values)
-    validity, nulls = _validity(values)
-    if kind == pa.string():
-        buffers = [validity, *_string_buffers(values, nulls)]
-    elif kind == pa.int64():
-        numbers = array.array("q", values if not nulls else (v or 0 for v in values))
-        buffers = [validity, pa.py_buffer(numbers)]
-    elif kind == pa.bool_():
-        buffers = [validity, pa.py_buffer(_bitmap(values))]
-    elif pa.types.is_timestamp(kind) and kind.unit == "us":
-        buffers = [validity, pa.py_buffer(_microseconds(values))]
-    else:
-        raise TypeError(f"no column builder for {kind}")
-    return pa.Array.from_buffers(kind, count, buffers, null_count=nulls)
-
-
-def _validity(values: Sequence[Any]) -> tuple[pa.Buffer | None, int]:
-    """Arrow's validity bitmap (None when nothing is null) and the null count."""
-    nulls = values.count(None)
-    if not nulls:
-        return None, 0
-    return pa.py_buffer(_bitmap([value is not None for value in values])), nulls
-
-
-def _string_buffers(values: Sequence[str | None], nulls: int) -> list[pa.Buffer]:
-    """Offsets and data of a UTF-8 string column (nulls are empty)."""
-    texts: Sequence[str] = [value or "" for value in values] if nulls else values  # type: ignore[assignment]
-    data = "".join(texts).encode("utf-8")
-    lengths: Iterable[int] = map(len, texts)
-    if len(data) != sum(map(len, texts)):  # not all ASCII: lengths in bytes, one by one
-        lengths = [len(text.encode("utf-8")) for text in texts]
-    offsets = array.array("i", accumulate(lengths, initial=0))
-    return [pa.py_buffer(offsets), pa.py_buffer(data)]
-
-
-def _bitmap(flags: Sequence[Any]) -> bytes:
-    """Arrow's bit-packed booleans (truthiness of each flag): LSB first, whole bytes."""
-    packed = int("".join("1" if flag else "0" for flag in reversed(flags)) or "0", 2)
-    return packed.to_bytes((len(flags) + 7) // 8, "little")
-
-
-def _microseconds(moments: Sequence[datetime | None]) -> array.array[int]:
-    """Microseconds since the epoch, as Arrow stores timestamp[us] (naive means UTC;
-    null is 0). Rows of a batch share their timestamps, so a repeat is not recomputed."""
-    result = array.array("q")
-    last: datetime | None = None
-    last_value = 0
-    for moment in moments:
-        if moment is not last:
-            last = moment
-            if moment is None:
-                last_value = 0
-            else:
-                aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-                last_value = (aware - _EPOCH) // _MICROSECOND
-        result.append(last_value)
-    return result
 
 
 class IntentLog:
