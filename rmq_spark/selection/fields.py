@@ -73,6 +73,14 @@ class Typed(NamedTuple):
     value: Any
 
 
+class Shared(Typed):
+    """A header value the decoder kept for its entry's repeats (`_headers`): every message
+    with the same entry gets this one object, so a reader may keep what it derives from
+    it by identity (`columns.py`'s map columns do)."""
+
+    __slots__ = ()
+
+
 @dataclass
 class Properties:
     """The basic properties of one message; headers as {name: Typed}."""
@@ -215,6 +223,66 @@ def _table(raw: bytes, at: int, end: int, depth: int) -> dict[str, Typed]:
     return table
 
 
+# The headers' entries seen lately, by their exact bytes (name and value): a queue's
+# messages mostly repeat their headers (a tenant, a flag, an x-death's reason and queue),
+# and a repeated entry is then one dictionary lookup instead of a decode. The decoded
+# values are shared between messages: every reader only reads them. Bounded: cleared
+# when full, and entries longer than _MEMO_ENTRY_BYTES are never kept.
+_MEMO_ENTRIES = 16384
+_MEMO_ENTRY_BYTES = 256
+_entry_memo: dict[bytes, tuple[str, Typed]] = {}
+# Bytes after a tag whose value's size does not depend on its content.
+_SIZE_AFTER_TAG: dict[int, int] = {
+    **{tag: size for tag, (_, _, size) in _FIXED_AT.items()},
+    ord("t"): 1,
+    ord("D"): 5,
+    ord("T"): 8,
+    ord("V"): 0,
+}
+_LENGTH_PREFIXED = frozenset(b"SxAF")
+
+
+def _headers(raw: bytes, at: int, end: int) -> dict[str, Typed]:
+    """The top-level headers table, each entry decoded once per distinct bytes."""
+    table: dict[str, Typed] = {}
+    memo = _entry_memo
+    while at < end:
+        entry_start = at
+        start = at + 1
+        after = _need(start, raw[at], end)
+        value_end = _value_end(raw, after, end)
+        cached = memo.get(raw[entry_start:value_end]) if value_end else None
+        if cached is not None:
+            table[cached[0]] = cached[1]
+            at = value_end
+            continue
+        name = raw[start:after].decode("utf-8", "backslashreplace")
+        value, at = _value(raw, after, end, 0)
+        if at - entry_start <= _MEMO_ENTRY_BYTES:
+            if len(memo) >= _MEMO_ENTRIES:
+                memo.clear()
+            value = Shared(*value)
+            memo[raw[entry_start:at]] = (name, value)
+        table[name] = value
+    return table
+
+
+def _value_end(raw: bytes, at: int, end: int) -> int:
+    """The offset after the value at `at` (its tag first) without decoding it; 0 when
+    that cannot be known from its head (let the decoder say why)."""
+    if at >= end:
+        return 0
+    tag = raw[at]
+    size = _SIZE_AFTER_TAG.get(tag)
+    if size is not None:
+        after = at + 1 + size
+    elif tag in _LENGTH_PREFIXED and at + 5 <= end:
+        after = at + 5 + _LONG(raw, at + 1)[0]
+    else:
+        return 0
+    return after if after <= end else 0
+
+
 def read_properties(raw: bytes) -> Properties:
     """Every property of a content-header property block (flags first), typed.
 
@@ -252,7 +320,7 @@ def read_properties(raw: bytes) -> Properties:
         else:
             start = _need(at, 4, end)
             at = _need(start, _LONG(raw, at)[0], end)
-            found.headers = _table(raw, start, at, 0)
+            found.headers = _headers(raw, start, at)
     return found
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from datetime import datetime
 from decimal import Decimal
 
@@ -85,4 +86,53 @@ def test_a_block_without_properties_has_none() -> None:
 )
 def test_a_malformed_block_is_an_error_that_says_why(block: bytes, problem: str) -> None:
     with pytest.raises(FieldDecodeError, match=problem):
+        read_properties(block)
+
+
+def test_a_repeated_header_entry_is_decoded_once_and_shared() -> None:
+    # Two messages of a queue: same tenant and tags, different sequence numbers.
+    def block(sequence: int) -> bytes:
+        return amqp.BasicProperties(
+            headers=amqp.table_bytes(
+                ("tenant", amqp.long_string("t-07")),
+                ("tags", amqp.array(amqp.long_string("a"), amqp.short(2))),
+                ("sequence", amqp.long_long(sequence)),
+            )
+        ).encode()
+
+    first, second = read_properties(block(1)).headers, read_properties(block(2)).headers
+    assert second["tags"] == Typed("array", [Typed("long-string", b"a"), Typed("short-int", 2)])
+    assert second["tags"] is first["tags"]
+    assert second["tenant"] is first["tenant"]
+    assert (first["sequence"], second["sequence"]) == (
+        Typed("long-long-int", 1),
+        Typed("long-long-int", 2),
+    )
+
+
+def test_a_long_header_entry_is_not_kept_and_decodes_each_time() -> None:
+    block = amqp.BasicProperties(
+        headers=amqp.table_bytes(("trace", amqp.long_string("x" * 1000)))
+    ).encode()
+    first, second = read_properties(block).headers, read_properties(block).headers
+    assert first == second == {"trace": Typed("long-string", b"x" * 1000)}
+    assert first["trace"] is not second["trace"]
+
+
+def test_a_header_named_twice_keeps_the_last_also_when_seen_before() -> None:
+    block = amqp.BasicProperties(
+        headers=amqp.table_bytes(("k", amqp.short(1)), ("k", amqp.short(2)))
+    ).encode()
+    for _ in range(2):
+        assert read_properties(block).headers == {"k": Typed("short-int", 2)}
+
+
+def test_an_entry_longer_than_its_table_is_still_an_error_after_a_whole_one() -> None:
+    read_properties(
+        amqp.BasicProperties(headers=amqp.table_bytes(("name", amqp.long_string("value")))).encode()
+    )
+    # The same name and value, its length saying 10 bytes where the table holds 5.
+    cut = amqp.raw_value(b"S", struct.pack(">I", 10) + b"value")
+    block = amqp.BasicProperties(headers=amqp.table_bytes(("name", cut))).encode()
+    with pytest.raises(FieldDecodeError, match="ends at byte"):
         read_properties(block)
