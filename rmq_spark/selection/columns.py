@@ -21,11 +21,13 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from rmq_spark.arrow_columns import column, list_column, map_column, struct_column
 from rmq_spark.selection.fields import (
     FLOAT_TYPES,
     INTEGER_TYPES,
     TEXT_PROPERTIES,
     Properties,
+    Shared,
     Typed,
     plain,
     read_properties,
@@ -154,35 +156,85 @@ def deaths(properties: Properties) -> list[dict[str, Any]]:
     return [row for row in (_death(entry) for entry in found.value) if row is not None]
 
 
-# The header columns, in the order `_header_columns` returns them.
 _HEADER_COLUMNS = ("headers", "header_types", "header_ints", "header_floats", "header_times")
 _DEATH_COLUMNS = ("x_death", "last_death", "first_death")
 _PROPERTY_COLUMNS = frozenset({*TEXT_PROPERTIES, "delivery_mode", "priority", "timestamp"})
 _MESSAGE_ONLY = frozenset(
     {"exchange", "routing_key", "redelivered", "body", "body_size", "body_text"}
 )
-_Pairs = list[tuple[str, Any]]
+# Which typed map a header value also goes to (`_header_columns`): none, ints, floats, times.
+_UNTYPED, _INTS, _FLOATS, _TIMES = range(4)
+# What each header value gives the map columns (its text, its typed map and value), by
+# the value's identity: fields.py hands out one `Shared` value for every repeat of an
+# entry, so a queue's repeated headers are turned into text (a JSON encoding for nested
+# ones) once.
+# The memo holds each value it describes, so no other object can take its id meanwhile.
+_ENTRY_COLUMNS: dict[int, tuple[Typed, str | None, int, Any]] = {}
+_ENTRY_COLUMNS_MAX = 4096
 
 
-def _header_columns(headers: dict[str, Typed]) -> tuple[_Pairs, _Pairs, _Pairs, _Pairs, _Pairs]:
-    """One message's map columns, in one pass over its headers: every header as text,
-    each one's AMQP type, and the integer, float (decimal as float) and timestamp ones."""
-    texts: _Pairs = []
-    types: _Pairs = []
-    ints: _Pairs = []
-    floats: _Pairs = []
-    times: _Pairs = []
-    for name, value in headers.items():
-        kind, raw = value
-        texts.append((name, _header_text(value)))
-        types.append((name, kind))
-        if kind in INTEGER_TYPES:
-            ints.append((name, raw))
-        elif kind in FLOAT_TYPES:
-            floats.append((name, float(raw) if isinstance(raw, Decimal) else raw))
-        elif kind == "timestamp":
-            times.append((name, raw))
-    return texts, types, ints, floats, times
+def _entry_columns(value: Typed) -> tuple[Typed, str | None, int, Any]:
+    kind, raw = value
+    if kind in INTEGER_TYPES:
+        return value, _header_text(value), _INTS, raw
+    if kind in FLOAT_TYPES:
+        return value, _header_text(value), _FLOATS, float(raw) if isinstance(raw, Decimal) else raw
+    if kind == "timestamp":
+        return value, _header_text(value), _TIMES, raw
+    return value, _header_text(value), _UNTYPED, None
+
+
+class _HeaderColumns:
+    """The five header map columns of a batch, gathered flat in one pass over each
+    message's headers: every header as text, each one's AMQP type, and the integer,
+    float (decimal as float) and timestamp ones. Names are shared by the first two."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+        self.names: list[str] = []
+        self.texts: list[str | None] = []
+        self.types: list[str] = []
+        # Per typed map: entries per message, names, values.
+        self.typed: dict[int, tuple[list[int], list[str], list[Any]]] = {
+            slot: ([], [], []) for slot in (_INTS, _FLOATS, _TIMES)
+        }
+
+    def add(self, headers: dict[str, Typed]) -> None:
+        memo = _ENTRY_COLUMNS
+        typed = self.typed
+        counted = dict.fromkeys(typed, 0)
+        for name, value in headers.items():
+            if type(value) is not Shared:  # seen once (so far): nothing to keep
+                found = _entry_columns(value)
+            else:
+                kept = memo.get(id(value))
+                if kept is None or kept[0] is not value:
+                    kept = _entry_columns(value)
+                    if len(memo) >= _ENTRY_COLUMNS_MAX:
+                        memo.clear()
+                    memo[id(value)] = kept
+                found = kept
+            _, text_value, slot, converted = found
+            self.names.append(name)
+            self.texts.append(text_value)
+            self.types.append(value.type)
+            if slot != _UNTYPED:
+                _, names, values = typed[slot]
+                names.append(name)
+                values.append(converted)
+                counted[slot] += 1
+        self.counts.append(len(headers))
+        for slot, count in counted.items():
+            typed[slot][0].append(count)
+
+    def array(self, name: str) -> pa.Array:
+        kind = BY_NAME[name].type
+        if name == "headers":
+            return map_column(kind, self.counts, self.names, self.texts)
+        if name == "header_types":
+            return map_column(kind, self.counts, self.names, self.types)
+        slot = {"header_ints": _INTS, "header_floats": _FLOATS, "header_times": _TIMES}[name]
+        return map_column(kind, *self.typed[slot])
 
 
 def _body_text(body: bytes) -> str | None:
@@ -192,38 +244,58 @@ def _body_text(body: bytes) -> str | None:
         return None
 
 
-def _death_values(name: str, rows: list[dict[str, Any]]) -> Any:
-    if name == "x_death":
-        return rows
-    if not rows:
-        return None
-    return rows[0] if name == "last_death" else rows[-1]
+def _deaths(rows: Sequence[dict[str, Any] | None]) -> pa.Array:
+    """A DEATH struct column of death rows (None is a null entry)."""
+    if not any(rows):  # most queues' messages never died
+        return pa.nulls(len(rows), DEATH)
+    present = [row or _NO_DEATH for row in rows]
+    children = []
+    for name in DEATH_FIELDS:
+        kind = DEATH.field(name).type
+        values = [row[name] for row in present]
+        if name == "routing_keys":
+            flat = column(kind.value_type, [key for keys in values for key in keys])
+            children.append(list_column(kind, [len(keys) for keys in values], flat))
+        else:
+            children.append(column(kind, values))
+    return struct_column(DEATH, children, [row is None for row in rows])
 
 
-def _column_values(
+_NO_DEATH: dict[str, Any] = {name: None for name in DEATH_FIELDS} | {"routing_keys": []}
+
+
+_MESSAGE_VALUES: dict[str, Callable[[Message], Any]] = {
+    "exchange": lambda m: m.exchange,
+    "routing_key": lambda m: m.routing_key,
+    "redelivered": lambda m: m.redelivered,
+    "body_size": lambda m: len(m.body),
+    "body": lambda m: m.body,
+    "body_text": lambda m: _body_text(m.body),
+}
+
+
+def _column_array(
     name: str,
     messages: Sequence[Message],
     properties: Sequence[Properties],
-    header_maps: Sequence[tuple[_Pairs, ...]],
+    header_columns: _HeaderColumns,
     death_rows: Sequence[list[dict[str, Any]]],
-) -> list[Any]:
-    """One column's values for every message, from what was decoded once per message."""
+) -> pa.Array:
+    """One column's array for every message, from what was decoded once per message;
+    built from buffers (`arrow_columns`), never by pa.array, which imports pandas."""
+    kind = BY_NAME[name].type
     if name in _PROPERTY_COLUMNS:
-        return [p.values.get(name) for p in properties]
+        return column(kind, [p.values.get(name) for p in properties])
     if name in _HEADER_COLUMNS:
-        index = _HEADER_COLUMNS.index(name)
-        return [maps[index] for maps in header_maps]
+        return header_columns.array(name)
+    if name == "x_death":
+        flat = [row for rows in death_rows for row in rows]
+        return list_column(kind, [len(rows) for rows in death_rows], _deaths(flat))
     if name in _DEATH_COLUMNS:
-        return [_death_values(name, rows) for rows in death_rows]
-    message_values: dict[str, Callable[[Message], Any]] = {
-        "exchange": lambda m: m.exchange,
-        "routing_key": lambda m: m.routing_key,
-        "redelivered": lambda m: m.redelivered,
-        "body_size": lambda m: len(m.body),
-        "body": lambda m: m.body,
-        "body_text": lambda m: _body_text(m.body),
-    }
-    return [message_values[name](m) for m in messages]
+        newest = name == "last_death"
+        return _deaths([(rows[0] if newest else rows[-1]) if rows else None for rows in death_rows])
+    value_of = _MESSAGE_VALUES[name]
+    return column(kind, [value_of(m) for m in messages])
 
 
 def message_table(messages: Iterable[Message], names: Sequence[str] | None = None) -> pa.Table:
@@ -242,20 +314,13 @@ def message_table(messages: Iterable[Message], names: Sequence[str] | None = Non
         properties = (
             [read_properties(m.properties) for m in batch] if set(wanted) - _MESSAGE_ONLY else []
         )
-        header_maps = (
-            [_header_columns(p.headers) for p in properties]
-            if set(wanted) & set(_HEADER_COLUMNS)
-            else []
-        )
+        header_columns = _HeaderColumns()
+        if set(wanted) & set(_HEADER_COLUMNS):
+            for found in properties:
+                header_columns.add(found.headers)
         death_rows = [deaths(p) for p in properties] if set(wanted) & set(_DEATH_COLUMNS) else []
-        return pa.table(
-            {
-                name: pa.array(
-                    _column_values(name, batch, properties, header_maps, death_rows),
-                    type=BY_NAME[name].type,
-                )
-                for name in wanted
-            },
+        return pa.Table.from_arrays(
+            [_column_array(name, batch, properties, header_columns, death_rows) for name in wanted],
             schema=pa.schema([(name, BY_NAME[name].type) for name in wanted]),
         )
 

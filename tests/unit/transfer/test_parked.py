@@ -24,6 +24,7 @@ from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.parked import ParkedTableLink, RouteBook
 from rmq_spark.transfer.parked_rows import DATA_SCHEMA, ParkedRowsWriter, RouteOf, run_partition
 from rmq_spark.transfer.ports import SessionEvents
+from tests.support import amqp_encoding as amqp
 from tests.support.fakes import (
     FakeClock,
     FakeConnections,
@@ -34,6 +35,7 @@ from tests.support.fakes import (
     RecordingIntents,
     RecordingLedger,
 )
+from tests.support.imports import imported_after
 
 KEY = TransferKey("dr", "/", "orders.dlq", "parked", "/", "orders.dlq")
 # message_id "m-1": the flags word's bit 7 (message-id), then a short string.
@@ -270,3 +272,41 @@ def test_a_batch_of_large_bodies_is_one_file_of_row_groups_bounded_by_bytes(
     assert columns["position"] is True
     assert columns["body"] is False
     assert columns["properties"] is False
+    # Dictionary pages only where values repeat: none for a body or a digest.
+    encodings = {
+        metadata.schema.column(i).name: metadata.row_group(0).column(i).encodings
+        for i in range(metadata.num_columns)
+    }
+    assert "RLE_DICTIONARY" in encodings["source_queue"]
+    assert "RLE_DICTIONARY" not in encodings["body"]
+    assert "RLE_DICTIONARY" not in encodings["body_sha256"]
+
+
+def test_parking_rows_does_not_import_pandas(tmp_path: Path) -> None:
+    """pa.array would import pandas: 55 MiB of a worker's RSS (arrow_columns.py)."""
+    block = amqp.BasicProperties(
+        content_type="text/plain",
+        priority=3,
+        timestamp=1_790_000_000,
+        headers=amqp.table_bytes(
+            ("tenant", amqp.long_string("t-1")),
+            ("retries", amqp.short(2)),
+            ("x-death", amqp.array(amqp.death_entry("orders", "rejected", "orders"))),
+        ),
+    ).encode()
+    script = (
+        "from datetime import UTC, datetime\n"
+        "from rmq_spark.model import Delivery, TransferKey\n"
+        "from rmq_spark.transfer.parked_rows import ParkedRowsWriter\n"
+        "delivery = Delivery(1, 1, 0, False, 1, 'b', 'p', None, datetime.now(UTC),\n"
+        f"    body=b'x', properties={block!r})\n"
+        "key = TransferKey('dr', '/', 'q', 'parked', '/', 'q')\n"
+        f"writer = ParkedRowsWriter({str(tmp_path)!r}, 'r1', key, '0')\n"
+        "writer.write([delivery], lambda tag: ('', 'q'))\n"
+        "assert writer.rows_written == 1\n"
+    )
+    assert not imported_after(script, "pandas")
+    [file] = run_partition(str(tmp_path), "r1").glob("*.parquet")
+    [row] = pq.read_table(file).to_pylist()
+    assert row["last_death"]["reason"] == "rejected"
+    assert dict(row["header_ints"]) == {"retries": 2}
