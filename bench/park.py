@@ -41,7 +41,7 @@ from typing import Any
 from bench import queues
 from bench.memory import source_tree
 from rmq_spark.config import PARKED
-from rmq_spark.devtools.demo import demo_messages
+from rmq_spark.devtools.demo import demo_messages, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.devtools.rabbitmq_roots import HOST_VERSION
 from rmq_spark.ledger import tables
@@ -56,21 +56,30 @@ MOVED, PARKED_QUEUE = "orders.moved", "orders.parked"
 def seed(dr: LocalNode, main: LocalNode, round_: int, messages: int, size: int) -> list[str]:
     """The twins (and the move's destination), filled with the same messages; returns
     each message's fingerprint (body digest, property digest) in publish order."""
-    connection, destination = dr.connect(VHOST), main.connect(VHOST)
+    # The destination's connection is closed before the seeding: a blocking connection
+    # left idle through minutes of publishing misses its heartbeats and is reset.
+    destination = main.connect(VHOST)
+    try:
+        destination.channel().queue_declare(f"{MOVED}.{round_}", durable=True)
+    finally:
+        destination.close()
+    connection = dr.connect(VHOST)
     fingerprints = []
     try:
+        # Unconfirmed publishes, then each twin's depth awaited: a confirm awaited per
+        # message made seeding most of the benchmark's time.
         publish = connection.channel()
-        publish.confirm_delivery()
-        for queue in (f"{MOVED}.{round_}", f"{PARKED_QUEUE}.{round_}"):
+        twins = (f"{MOVED}.{round_}", f"{PARKED_QUEUE}.{round_}")
+        for queue in twins:
             publish.queue_declare(queue, durable=True)
-        destination.channel().queue_declare(f"{MOVED}.{round_}", durable=True)
         for message in demo_messages(VHOST, "orders", messages, body_bytes=size):
-            for queue in (f"{MOVED}.{round_}", f"{PARKED_QUEUE}.{round_}"):
+            for queue in twins:
                 publish.basic_publish("", queue, message.body, message.properties)
             fingerprints.append(hashlib.sha256(message.body).hexdigest())
+        for queue in twins:
+            wait_for_depth(publish, queue, messages)
     finally:
         connection.close()
-        destination.close()
     return fingerprints
 
 
