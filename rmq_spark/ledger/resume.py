@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rmq_spark.arrow_columns import column
 from rmq_spark.ledger import store
 from rmq_spark.ledger.durable import read_stream
 from rmq_spark.ledger.fences import fence_file_name
@@ -115,13 +116,15 @@ def compacted_positions(files: Sequence[Any], key: TransferKey) -> pa.Table:
     """
     wanted = None
     for name in KEY_COLUMNS:
-        match = pc.field(name) == getattr(key, name)
+        # The value as an Arrow scalar built from buffers: a Python string here would
+        # go through pa.scalar, which imports pandas (arrow_columns.py).
+        match = pc.field(name) == column(pa.string(), [getattr(key, name)])[0]
         wanted = match if wanted is None else wanted & match
     tables = [
         store.read_parquet(path, columns=["position"], filters=wanted) for path in sorted(files)
     ]
-    if not tables:
-        return pa.table({"position": pa.array([], pa.int64())})
+    if not tables:  # built from buffers: pa.array (and Schema.empty_table) import pandas
+        return pa.Table.from_arrays([column(pa.int64(), [])], names=["position"])
     return pa.concat_tables(tables)
 
 

@@ -3,6 +3,7 @@ ends, every ROLL_ROWS rows, or at commit for a task that died."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -222,3 +223,17 @@ def test_a_ledger_from_before_rabbitmq_versions_gains_the_column(tmp_path: Path)
         ("new", versions),
         ("old", None),
     ]
+
+
+def test_starting_a_fresh_transfer_does_not_import_pandas(tmp_path: Path) -> None:
+    """Every executor task asks where its transfer resumes (`resume.next_position`). A
+    resume that reads earlier Parquet files does import pandas: pyarrow's Parquet and
+    dataset readers do, whatever is asked of them."""
+    script = (
+        "from rmq_spark.ledger.resume import compacted_positions, next_position\n"
+        "from rmq_spark.model import TransferKey\n"
+        f"key = TransferKey(*{dataclasses.astuple(KEY)!r})\n"
+        f"assert next_position({str(tmp_path)!r}, 'r1', key) == 0\n"
+        "assert compacted_positions([], key).num_rows == 0\n"
+    )
+    assert not imported_after(script, "pandas")
