@@ -28,9 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
-
-from rmq_spark.config import ClusterConfig, MoverConfig
+from bench import queues
+from rmq_spark.config import MoverConfig
 from rmq_spark.devtools.demo import demo_messages
 from rmq_spark.devtools.local_brokers import LocalNode, start_nodes, stop_nodes
 from rmq_spark.ledger import tables
@@ -81,15 +80,6 @@ def destination_depths(main: LocalNode, layout: list[tuple[str, str]]) -> int:
     return total
 
 
-def cluster(node: LocalNode) -> ClusterConfig:
-    return ClusterConfig(
-        amqp=[node.amqp_uri],
-        management=node.management_url,
-        username=node.username,
-        password=SecretStr(node.password),
-    )
-
-
 def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     dr, main = start_nodes(["dr", "main"], base / "nodes")
     try:
@@ -100,7 +90,7 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         settings = ExecutorSettings(
             run_id="per-queue",
             ledger_path=str(ledger),
-            clusters={"dr": cluster(dr), "main": cluster(main)},
+            clusters={"dr": queues.cluster(dr), "main": queues.cluster(main)},
             window_messages=1000,
             window_bytes=64 << 20,
             mover=MoverConfig(queues_per_task=args.at_once),
