@@ -18,7 +18,11 @@ pyarrow nor pyspark at the top, so a probe task unpickles where they are missing
 
 from __future__ import annotations
 
+import secrets
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
 #: A task: the indices of its partition (one, normally) -> its result rows.
 IndexTask = Callable[[Sequence[int]], Iterable[Mapping[str, Any]]]
 
+# Seconds between cancellations of a failed future's jobs (`cancelled_if_failed`).
+CANCEL_EVERY = 0.1
 # What Spark's Python worker says when the executor's Python has no pyarrow.
 _NO_ARROW = "No module named 'pyarrow'"
 
@@ -88,6 +94,67 @@ def _rdd_task(partition: Iterable[int], *, task: IndexTask) -> Iterator[dict[str
 def missing_arrow(error: BaseException) -> bool:
     """Whether a failed task's error says the executor's Python lacks pyarrow."""
     return _NO_ARROW in str(error)
+
+
+@contextmanager
+def cancelled_if_failed(spark: SparkSession, future: Future[Any]) -> Iterator[None]:
+    """The Spark jobs this thread starts inside the block are cancelled once `future`
+    fails (their actions raise); a future that succeeds changes nothing.
+
+    The jobs carry a tag of their own. A tag cancels only the jobs running when asked,
+    and the block's job may be submitted just after the future failed (a probe's first
+    job is tens of ms of Python away from its start): so, once failed, the tag is
+    cancelled again every CANCEL_EVERY seconds until the block ends.
+    """
+    tag = f"rmq-spark-{secrets.token_hex(6)}"
+    over = threading.Event()
+
+    def keep_cancelling() -> None:
+        while not over.is_set():
+            _cancel_tagged(spark, tag)
+            over.wait(CANCEL_EVERY)
+
+    def on_done(done: Future[Any]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            threading.Thread(target=keep_cancelling, name=f"{tag}-cancel", daemon=True).start()
+
+    with _tagged_jobs(spark, tag):
+        future.add_done_callback(on_done)
+        try:
+            yield
+        finally:
+            over.set()
+
+
+@contextmanager
+def _tagged_jobs(spark: SparkSession, tag: str) -> Iterator[None]:
+    """The Spark jobs this thread starts inside the block carry `tag`.
+
+    Classic PySpark pins each Python thread to a JVM thread (the default since 3.2), and
+    a SparkContext job tag belongs to the thread that adds it; a Spark Connect session's
+    tags likewise belong to the client thread that adds them.
+    """
+    if is_connect(spark):
+        spark.addTag(tag)
+        try:
+            yield
+        finally:
+            spark.removeTag(tag)
+        return
+    context = spark.sparkContext
+    context.addJobTag(tag)
+    try:
+        yield
+    finally:
+        context.removeJobTag(tag)
+
+
+def _cancel_tagged(spark: SparkSession, tag: str) -> None:
+    """Cancel the running jobs that carry `tag` (from any thread)."""
+    if is_connect(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobsWithTag(tag)
 
 
 def is_connect(spark: SparkSession) -> bool:
