@@ -139,3 +139,78 @@ def test_the_demo_job_over_spark_connect_ends_verified(
     assert result["queues"] == len(vhosts) * QUEUES_PER_VHOST
     assert result["messages"] == seeded == len(vhosts) * QUEUES_PER_VHOST * MESSAGES_PER_QUEUE
     assert (result["lost"], result["duplicates"], result["verified"]) == (0, 0, True)
+
+
+# Run in a process of its own, as the CLI runs: a Spark Connect session beside the tests'
+# classic one would share pyspark's default-session state. The stuck task is a nested
+# function, so it is pickled by value (the server's workers cannot import the tests).
+CANCEL_SCRIPT = """
+import sys, time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import pyarrow as pa
+
+from rmq_spark.errors import ConfigError
+from rmq_spark.partition_tasks import run_tasks
+from rmq_spark.pipeline import probe_beside
+from rmq_spark.spark_session import connect_session
+
+remote, started, stuck_seconds = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
+
+
+def stuck_probe(session, ledger_path):
+    def stuck_task(indices):
+        started.touch()
+        time.sleep(stuck_seconds)
+        return [{"i": 0}]
+
+    run_tasks(session, 1, stuck_task, pa.schema([("i", pa.int64())]))
+
+
+def refused_pre_flight():
+    deadline = time.monotonic() + 120
+    while not started.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the probe's task did not start")
+        time.sleep(0.02)
+    raise ConfigError("cluster dr: the username or password was refused")
+
+
+spark = connect_session("cancel-probe", remote)
+began = time.monotonic()
+try:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        probe_beside(spark, str(started.parent), pool.submit(refused_pre_flight), stuck_probe)
+except ConfigError as exc:
+    print(f"raised {type(exc).__name__} after {time.monotonic() - began:.1f}s")
+spark.stop()
+"""
+
+
+def test_a_failed_pre_flight_interrupts_the_probe_over_spark_connect(
+    connect_server: str, tmp_path: Path
+) -> None:
+    """The probe's job is tagged and interrupted through the Connect session's tag."""
+    stuck_seconds = 120
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CANCEL_SCRIPT,
+            connect_server,
+            str(tmp_path / "started"),
+            str(stuck_seconds),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    said = completed.stdout.strip().splitlines()[-1]
+    assert said.startswith("raised ConfigError after "), completed.stdout
+    assert float(said.removeprefix("raised ConfigError after ").rstrip("s")) < stuck_seconds / 3
