@@ -222,12 +222,14 @@ def assert_redriven(
             "not selected",  # the stray too: --where is NULL without an x-death
         )
 
-    # The rate brake held every publish (moved and kept) to the rate asked: the confirms'
-    # span, as the ledger recorded it, within 10%.
+    # The rate brake held every publish (moved and kept) to the rate asked: over the
+    # confirms' span, as the ledger recorded it, never more than 10% faster. Slower only
+    # by the pauses of a loaded machine, which a brake does not make up with a burst
+    # afterwards (44.1/s once, a rehearsal's load average at 10): no lower than 70%.
     confirmed = sorted(r["confirmed_at"] for r in rows)
     measured = (len(confirmed) - 1) / (confirmed[-1] - confirmed[0]).total_seconds()
     print(f"{run_id}: {len(confirmed)} confirms at {measured:.2f} msg/s (asked {RATE})")
-    assert abs(measured - RATE) <= 0.1 * RATE, measured
+    assert 0.7 * RATE <= measured <= 1.1 * RATE, measured
 
 
 class OriginConsumer(threading.Thread):
