@@ -55,8 +55,16 @@ class ConfirmedPublisher:
         self.cluster_name = cluster_name
         self.vhost = vhost
         self._connection = blocking_connection(cluster_name, cluster, vhost, purpose="replay")
-        self._channel = self._connection.channel()
-        self._channel.confirm_delivery()
+        try:
+            self._channel = self._connection.channel()
+            self._channel.confirm_delivery()
+        except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
+            # A node still booting (or going down) may take the connection and close it.
+            self.close()
+            raise BrokerUnreachableError(
+                f"cluster {cluster_name} vhost {vhost!r}: the connection closed as its "
+                f"channel opened ({_lost_reason(exc)})"
+            ) from exc
 
     def __enter__(self) -> ConfirmedPublisher:
         return self
@@ -70,8 +78,12 @@ class ConfirmedPublisher:
         self.close()
 
     def close(self) -> None:
+        """Close the connection if it is still open; one that is going already is let go."""
         if self._connection.is_open:
-            self._connection.close()
+            try:
+                self._connection.close()
+            except pika.exceptions.AMQPError as exc:
+                log.debug("closing the replay's connection: %s", _lost_reason(exc))
 
     def _where(self, queue: str) -> str:
         return f"cluster {self.cluster_name} vhost {self.vhost!r} queue {queue!r}"

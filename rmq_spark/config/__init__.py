@@ -349,7 +349,8 @@ class MoverConfig(_Strict):
     reconnect_attempts: int = Field(default=5, ge=0)
     """Lost connections reopened per queue transfer before the task fails and Spark
     retries it. A quorum source's delivery limit must be at least this + task attempts +
-    1 (pre-flight refuses the run otherwise)."""
+    1 (pre-flight refuses the run otherwise). `rmq-spark replay` reopens a lost
+    connection up to this many times in a row for one row before it stops."""
     blocked_timeout_seconds: float = Field(default=300.0, gt=0)
     """How long a connection may stay blocked by a memory or disk alarm before it counts
     as lost."""

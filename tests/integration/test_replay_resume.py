@@ -1,16 +1,16 @@
-"""An interrupted `rmq-spark replay`, run again, publishes no ledger-confirmed row twice
-(issue 27).
+"""An interrupted `rmq-spark replay` publishes no ledger-confirmed row twice (issue 27).
 
 Real RabbitMQ 3.10 nodes, real Spark (the park), real Delta. A queue is parked, then
 replayed to its source by a real `rmq-spark replay` process, slowed by its rate limit
 so the fault lands mid-replay: the process group SIGKILLed once the ledger shows a
-confirmed batch, or before it shows any, or the destination node's RabbitMQ restarted
-under it (one error, exit 2, saying to run it again). The confirmed rows the ledger
-shows are read before the same command runs again; then an independent pika consumer
-reads the queue and finds every parked message, byte-exact, in position order except
-for duplicates, and each duplicate is a row the ledger did not show confirmed, among
-those the re-run named: the killed attempt's last intended batch, or the stopped one's
-row in flight alone (park/replay/journal.py).
+confirmed batch, or before it shows any; or the destination node's RabbitMQ restarted
+under it (it reconnects, sends the row in flight again and finishes), or stopped for
+longer than its reconnects (one error, exit 2, saying to run it again). After a stop,
+the confirmed rows the ledger shows are read before the same command runs again. Then
+an independent pika consumer reads the queue and finds every parked message, byte-exact,
+in position order except for duplicates, and each duplicate is a row the replay named:
+the killed attempt's last intended batch or the stopped one's row in flight (named by
+the re-run, park/replay/journal.py), or the row it sent again after reconnecting.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pyspark.sql import SparkSession
 
+from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.ledger import tables
 from rmq_spark.park.replay.run import LEDGER_BATCH
 from rmq_spark.park.run import run_park
@@ -106,6 +108,20 @@ def confirmed_positions(tmp_path: Path) -> list[int]:
     )
 
 
+def publish_attempts(tmp_path: Path) -> dict[int, int]:
+    """How many times each position's confirmed replay row says it was sent."""
+    rows = tables.read_arrow(
+        str(tmp_path / "ledger"),
+        "messages",
+        columns=["position", "decision", "reason", "confirmed_at", "publish_attempts"],
+    ).to_pylist()
+    return {
+        r["position"]: r["publish_attempts"]
+        for r in rows
+        if r["decision"] == "replayed" and r["reason"] == PARKED and r["confirmed_at"] is not None
+    }
+
+
 def result_of(stdout: str) -> dict[str, Any]:
     [line] = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
@@ -180,22 +196,71 @@ def test_a_killed_replay_run_again_publishes_no_confirmed_row_twice_and_names_it
     assert len(twice) == in_queue_at_kill - len(at_kill)
 
 
-@pytest.mark.parametrize("brokers_of_version", ["3.10"], indirect=True)
-def test_a_replay_whose_destination_node_restarts_stops_with_one_error_and_a_rerun_finishes(
-    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
-) -> None:
-    brokers = brokers_of_version
-    node = brokers.dr  # --to source: the parked queue's own node is the destination
-    vhost = parked_queue(brokers, tmp_path, spark, "replay-restart")
-    command = replay_command(tmp_path / "job.yaml", "replay-restart")
-    first = start(command)
+def with_reconnects(config: Path, attempts: int) -> Path:
+    """The job's config with `mover.reconnect_attempts` set (the replay's reconnects)."""
+    raw = yaml.safe_load(config.read_text(encoding="utf-8"))
+    raw["mover"] = {"reconnect_attempts": attempts}
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return config
 
+
+def wait_for_replayed_rows(first: subprocess.Popen[str], node: LocalNode, vhost: str) -> None:
     def some_published() -> bool:
         if first.poll() is not None:
             raise AssertionError(f"the replay ended by itself: {first.communicate()}")
         return depth(node, vhost, QUEUE) >= LEDGER_BATCH + 100
 
     wait_until(some_published, "a batch and more back in the queue", timeout=120)
+
+
+@pytest.mark.parametrize("brokers_of_version", ["3.10"], indirect=True)
+def test_a_replay_whose_destination_node_restarts_reconnects_and_finishes(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    """The node's RabbitMQ stopped and started under the replay: it reconnects (eight
+    reconnects: up to 91 s of backoff, longer than a start here), sends the row in
+    flight again and finishes, verified; only that row may be in the queue twice, and
+    it is named, in the console and in its ledger row's publish_attempts."""
+    brokers = brokers_of_version
+    node = brokers.dr  # --to source: the parked queue's own node is the destination
+    vhost = parked_queue(brokers, tmp_path, spark, "replay-restart")
+    command = replay_command(with_reconnects(tmp_path / "job.yaml", 8), "replay-restart")
+    first = start(command)
+
+    wait_for_replayed_rows(first, node, vhost)
+    node.rabbitmqctl("stop_app")
+    node.rabbitmqctl("start_app")
+    node.rabbitmqctl("await_startup")
+    stdout, stderr = first.communicate(timeout=240)
+
+    print(stdout)
+    assert first.returncode == 0, stderr
+    assert "reconnecting in" in stderr  # it did lose the connection
+    result = result_of(stdout)
+    assert (result["verified"], result["missing"], result["duplicates"]) == (True, 0, 0)
+    assert (result["published"], result["reconnected"]) == (MESSAGES, 1)
+    [in_flight] = named_positions(stdout)
+    twice = duplicated_positions(brokers, vhost)
+    assert set(twice) <= {in_flight}, "only the row in flight may be in the queue twice"
+    assert confirmed_positions(tmp_path) == list(range(MESSAGES))
+    attempts = publish_attempts(tmp_path)
+    assert attempts[in_flight] >= 2
+    assert {p for p, sent in attempts.items() if sent > 1} == {in_flight}
+
+
+@pytest.mark.parametrize("brokers_of_version", ["3.10"], indirect=True)
+def test_a_replay_whose_destination_node_stays_down_stops_with_one_error_and_a_rerun_finishes(
+    brokers_of_version: Brokers, version_password_env: str, tmp_path: Path, spark: SparkSession
+) -> None:
+    """Two reconnects (1.5 s of backoff) while the node's RabbitMQ is stopped: the replay
+    gives up with one error, exit 2; the re-run, with the node back, finishes it."""
+    brokers = brokers_of_version
+    node = brokers.dr
+    vhost = parked_queue(brokers, tmp_path, spark, "replay-down")
+    command = replay_command(with_reconnects(tmp_path / "job.yaml", 2), "replay-down")
+    first = start(command)
+
+    wait_for_replayed_rows(first, node, vhost)
     node.rabbitmqctl("stop_app")
     try:
         _, stderr = first.communicate(timeout=60)
@@ -208,10 +273,12 @@ def test_a_replay_whose_destination_node_restarts_stops_with_one_error_and_a_rer
     assert "Traceback" not in stderr
     [error] = [line for line in stderr.splitlines() if line.startswith("rmq-spark: error:")]
     assert error.startswith(
-        f"rmq-spark: error: replay replay-restart of parked run {PARKED} stopped: cluster dr "
+        f"rmq-spark: error: replay replay-down of parked run {PARKED} stopped: cluster dr "
         f"vhost '{vhost}' queue '{QUEUE}': the connection was lost while a replayed message "
         "awaited its confirm ("
     ), error
+    assert "; 2 reconnect(s) failed, the last: cluster dr (127.0.0.1:" in error
+    assert f"vhost '{vhost}': cannot connect (connection refused)" in error
     assert "run the same replay again when the broker is back" in error
     said = re.search(r"the row in flight, position (\d+) of ", error)
     assert said is not None, error
@@ -230,7 +297,7 @@ def test_a_replay_whose_destination_node_restarts_stops_with_one_error_and_a_rer
     assert set(twice) <= {in_flight}, "only the row in flight may be in the queue twice"
     # The stopped replay recorded its row in flight (journal.py): that row alone is named.
     assert named_positions(again.stdout) == {in_flight}
-    assert result["interrupted"] == ["replay-restart"]
+    assert result["interrupted"] == ["replay-down"]
 
 
 @pytest.mark.parametrize("brokers_of_version", ["3.10"], indirect=True)

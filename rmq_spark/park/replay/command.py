@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from rmq_spark.redrive.header_options import (
 )
 
 if TYPE_CHECKING:
+    from rmq_spark.park.replay.plan import ReplayKey
     from rmq_spark.park.replay.run import ReplayResult
 
 EXIT_OK, EXIT_UNVERIFIED = 0, 1
@@ -126,6 +127,8 @@ def format_result(result: ReplayResult) -> str:
             lines.append(f"  {label:<{width}}  {count:>9}")
     if result.possibly_twice:
         lines.extend(_possibly_twice_lines(result))
+    if result.reconnected:
+        lines.extend(_reconnected_lines(result))
     if not result.verified:
         lines.append(
             f"  {result.missing} selected row(s) not confirmed by any replay, "
@@ -144,6 +147,7 @@ def format_result(result: ReplayResult) -> str:
         "duplicates": result.duplicates,
         "possibly_twice": len(result.possibly_twice),
         "interrupted": list(result.interrupted),
+        "reconnected": len(result.reconnected),
         "bytes": result.bytes,
         "seconds": round(result.seconds, 2),
         "messages_per_second": round(rate, 1),
@@ -152,20 +156,34 @@ def format_result(result: ReplayResult) -> str:
     return "\n".join(lines)
 
 
-def _possibly_twice_lines(result: ReplayResult) -> list[str]:
-    """The rows published again that an interrupted replay may have published already,
-    as position ranges per source and destination queue."""
+def _reconnected_lines(result: ReplayResult) -> list[str]:
+    """The rows sent again after a lost connection, as position ranges per queue."""
+    lines = [
+        f"  {len(result.reconnected)} row(s) were in flight when a connection was lost and "
+        "were sent again after reconnecting: each may be in its queue twice"
+    ]
+    return lines + _ranges(result.reconnected)
+
+
+def _ranges(keys: Sequence[ReplayKey]) -> list[str]:
     from rmq_spark.park.replay.plan import position_ranges
 
     groups: dict[tuple[str, str], list[int]] = {}
-    for key in result.possibly_twice:
+    for key in keys:
         queues = (":".join(key[:3]), ":".join(key[4:]))
         groups.setdefault(queues, []).append(key[3])
+    return [
+        f"    {source} positions {position_ranges(positions)} -> {destination}"
+        for (source, destination), positions in sorted(groups.items())
+    ]
+
+
+def _possibly_twice_lines(result: ReplayResult) -> list[str]:
+    """The rows published again that an interrupted replay may have published already,
+    as position ranges per source and destination queue."""
     lines = [
         f"  {len(result.possibly_twice)} row(s) published again may be in their queue twice: "
         f"{', '.join(result.interrupted)} stopped without recording its end, and may have "
         "published them after its last ledger append"
     ]
-    for (source, destination), positions in sorted(groups.items()):
-        lines.append(f"    {source} positions {position_ranges(positions)} -> {destination}")
-    return lines
+    return lines + _ranges(result.possibly_twice)

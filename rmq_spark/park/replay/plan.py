@@ -107,6 +107,7 @@ def ledger_row(
     parked_run_id: str,
     publish_seq: int,
     message_id: str | None,
+    publish_attempts: int = 1,
     read_at: datetime,
     confirmed_at: datetime,
 ) -> dict[str, Any]:
@@ -125,7 +126,7 @@ def ledger_row(
         "destination_queue": queue,
         "position": row["position"],
         "publish_seq": publish_seq,
-        "publish_attempts": 1,
+        "publish_attempts": publish_attempts,
         "redelivered": bool(row["redelivered"]),
         "body_size": len(body),
         "body_sha256": hashlib.sha256(body).hexdigest(),

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from rmq_spark.broker.confirmed_publisher import ConfirmedPublisher
-from rmq_spark.config import JobConfig
+from rmq_spark.config import JobConfig, MoverConfig
 from rmq_spark.errors import BrokerUnreachableError, ConfigError
 from rmq_spark.ledger import store, tables
 from rmq_spark.park.replay.journal import Journal, read_attempts
@@ -60,6 +59,7 @@ from rmq_spark.park.replay.targets import Queue, Target, route_rows
 from rmq_spark.park.table import read_parked_spark
 from rmq_spark.selection.expression import Selection
 from rmq_spark.transfer.decisions import REPLAYED
+from rmq_spark.transfer.outbound import backoff_seconds
 from rmq_spark.transfer.parked_rows import SCHEMA
 from rmq_spark.transfer.parked_table import read_parked
 from rmq_spark.transfer.rate_limit import bucket_for
@@ -116,6 +116,9 @@ class ReplayResult:
     # so no body is held in (or printed with) a result.
     interrupted: tuple[str, ...] = ()
     possibly_twice: tuple[ReplayKey, ...] = ()
+    # Rows this replay sent again after a lost connection, confirmed then: the send that
+    # the lost connection cut off may have reached the queue too.
+    reconnected: tuple[ReplayKey, ...] = ()
 
     @property
     def verified(self) -> bool:
@@ -206,7 +209,9 @@ def run_replay(
     rows or is of another schema version, a selected row has no body or (`origin`) no
     x-death, or a destination queue does not exist or would refuse its rows
     (`refusals.py`); a broker that returns or nacks a message stops the replay (the
-    rows confirmed before it are in the ledger). `publisher_for` and `facts_reader`
+    rows confirmed before it are in the ledger), and so does a connection that stays
+    lost through `mover.reconnect_attempts` reconnects (`_Publishers`). `sleep` waits
+    out the brake and the reconnect backoff. `publisher_for` and `facts_reader`
     stand in for the brokers' AMQP and management API in tests.
     """
     started, started_at = clock(), datetime.now(UTC)
@@ -232,19 +237,17 @@ def run_replay(
     )
     by_queue: dict[Queue, int] = {}
     published_bytes = 0
-    with ExitStack() as stack:
-        publishers: dict[tuple[str, str], Publisher] = {}
+    # Rows sent again after a lost connection: the first send may have reached the queue.
+    republished: list[Mapping[str, Any]] = []
+    publishers = _Publishers(factory, config.mover, sleep)
+    with publishers:
         demand = demand_of(plan.publish)
         # A named target is checked even when nothing is left to publish to it.
         if target.queue is not None:
             demand.setdefault(target.queue, (0, 0))
         depths: dict[Queue, int] = {}
         for cluster, vhost, queue in sorted(demand):
-            if (cluster, vhost) not in publishers:
-                publisher = factory(cluster, vhost)
-                stack.callback(publisher.close)
-                publishers[(cluster, vhost)] = publisher
-            depths[(cluster, vhost, queue)] = publishers[(cluster, vhost)].require_queue(queue)
+            depths[(cluster, vhost, queue)] = publishers.of(cluster, vhost).require_queue(queue)
         reader = facts_reader or management_reader(config)
         check_targets(target.label, demand, depths, read_targets(reader, demand))
         log.info(
@@ -264,8 +267,9 @@ def run_replay(
             try:
                 for row in _braked(batch, messages_per_second, clock, sleep):
                     in_flight = row
-                    cluster, vhost, queue = row["_to"]
-                    publishers[(cluster, vhost)].publish(queue, row["_sent"], row["body"])
+                    sends = publishers.publish(row)
+                    if sends > 1:
+                        republished.append(row)
                     by_queue[row["_to"]] = by_queue.get(row["_to"], 0) + 1
                     published_bytes += len(row["body"])
                     done.append(
@@ -274,6 +278,7 @@ def run_replay(
                             run_id=run_id,
                             parked_run_id=parked_run_id,
                             publish_seq=sum(by_queue.values()),
+                            publish_attempts=sends,
                             message_id=row.get("message_id"),
                             read_at=read_at,
                             confirmed_at=datetime.now(UTC),
@@ -306,6 +311,7 @@ def run_replay(
         seconds=clock() - started,
         interrupted=interrupted,
         possibly_twice=tuple(replay_key(row, row["_to"]) for row in again),
+        reconnected=tuple(replay_key(row, row["_to"]) for row in republished),
     )
     _record(ledger_path, result, config, started_at, rows)
     log.info("replay %s: published %d, skipped %d", run_id, result.published, result.skipped)
@@ -329,6 +335,73 @@ def _stopped(
         f"{row['position']} of {source}, was not confirmed and is published again, so its "
         "queue may hold it twice)"
     )
+
+
+class _Publishers:
+    """The replay's publishers, one per cluster and vhost, opened on first use; a lost
+    connection is opened again and the row in flight sent again, as a mover's session
+    is (`mover.reconnect_attempts` times in a row at most, after `mover.backoff_seconds`
+    doubling up to `mover.max_backoff_seconds`).
+
+    The row whose confirm the lost connection cut off may be in its queue already: the
+    caller records how many times it was sent (`publish_attempts`) and names it.
+    """
+
+    def __init__(
+        self, factory: PublisherFactory, limits: MoverConfig, sleep: Callable[[float], None]
+    ) -> None:
+        self._factory, self._limits, self._sleep = factory, limits, sleep
+        self._open: dict[tuple[str, str], Publisher] = {}
+
+    def of(self, cluster: str, vhost: str) -> Publisher:
+        publisher = self._open.get((cluster, vhost))
+        if publisher is None:
+            publisher = self._open[(cluster, vhost)] = self._factory(cluster, vhost)
+        return publisher
+
+    def publish(self, row: Mapping[str, Any]) -> int:
+        """Send the row until it is confirmed; how many times it was sent. Once the
+        reconnects are spent, raises the first loss's BrokerUnreachableError (what
+        happened to the row in flight) with the last reconnect's failure added."""
+        cluster, vhost, queue = row["_to"]
+        sends, first = 0, None
+        for attempt in range(self._limits.reconnect_attempts + 1):
+            if attempt:
+                delay = backoff_seconds(attempt, self._limits)
+                log.warning(
+                    "%s; reconnecting in %.1fs to send position %d of %s again",
+                    first,
+                    delay,
+                    row["position"],
+                    ":".join(parked_key(row)[:3]),
+                )
+                self._sleep(delay)
+            try:
+                publisher = self.of(cluster, vhost)
+                sends += 1
+                publisher.publish(queue, row["_sent"], row["body"])
+                return sends
+            except BrokerUnreachableError as exc:
+                self._forget(cluster, vhost)
+                first, last = first or exc, exc
+        assert first is not None
+        if attempt == 0:
+            raise first
+        raise BrokerUnreachableError(
+            f"{first}; {attempt} reconnect(s) failed, the last: {last}"
+        ) from first
+
+    def _forget(self, cluster: str, vhost: str) -> None:
+        publisher = self._open.pop((cluster, vhost), None)
+        if publisher is not None:
+            publisher.close()
+
+    def __enter__(self) -> _Publishers:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for cluster, vhost in list(self._open):
+            self._forget(cluster, vhost)
 
 
 def _batches(rows: Sequence[Mapping[str, Any]], size: int) -> Iterator[Sequence[Mapping[str, Any]]]:

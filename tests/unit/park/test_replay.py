@@ -109,39 +109,41 @@ def park(
 
 
 class FakePublisher:
-    """Records each publish; refuses queues it does not hold, or the n-th publish (with
-    `refusal`: a nack's TransferError, or the error another failure raises)."""
+    """Records each publish; refuses queues it does not hold, or the n-th publish (the
+    broker's `refusal`: a nack's TransferError, or the error another failure raises)."""
 
-    def __init__(
-        self,
-        log: list[tuple[str, str, str, bytes, bytes]],
-        cluster: str,
-        vhost: str,
-        queues: set[str],
-        *,
-        refuse_at: int | None = None,
-        refusal: BaseException | None = None,
-    ) -> None:
-        self.log, self.cluster, self.vhost = log, cluster, vhost
-        self.queues, self.refuse_at, self.refusal = queues, refuse_at, refusal
+    def __init__(self, broker: Broker, cluster: str, vhost: str) -> None:
+        self.broker, self.cluster, self.vhost = broker, cluster, vhost
 
     def require_queue(self, queue: str) -> int:
-        if queue not in self.queues:
+        if queue not in self.broker.queues:
             raise DestinationIncompatibleError(f"queue {queue!r}: none")
         return 0
 
     def publish(self, queue: str, property_bytes: bytes, body: bytes) -> None:
-        if self.refuse_at is not None and len(self.log) == self.refuse_at:
-            raise self.refusal or TransferError(f"queue {queue!r}: nack")
-        self.log.append((self.cluster, self.vhost, queue, property_bytes, body))
+        broker, published = self.broker, (self.cluster, self.vhost, queue, property_bytes, body)
+        if (
+            broker.refuse_at is not None
+            and broker.refusals_left
+            and len(broker.published) == (broker.refuse_at)
+        ):
+            broker.refusals_left -= 1
+            if broker.enqueued_before_refusal:
+                broker.published.append(published)  # the broker had it; the confirm was lost
+                broker.refuse_at += 1
+            raise broker.refusal or TransferError(f"queue {queue!r}: nack")
+        broker.published.append(published)
 
     def close(self) -> None:
-        pass
+        self.broker.closed += 1
 
 
 class Broker:
     """The fake broker's AMQP side (called: a publisher) and management side (`facts`:
-    its queues as classic queues without limits, or the rows given)."""
+    its queues as classic queues without limits, or the rows given). It refuses the
+    publish that would be its `refuse_at`-th, `refusals` times (every time by default);
+    with `enqueued_before_refusal` the refused message is in the queue all the same, as
+    when a connection is lost between the enqueue and the confirm."""
 
     def __init__(
         self,
@@ -149,20 +151,19 @@ class Broker:
         refuse_at: int | None = None,
         rows: Mapping[str, Mapping[str, Any]] | None = None,
         refusal: BaseException | None = None,
+        *,
+        refusals: int = 1_000_000,
+        enqueued_before_refusal: bool = False,
     ) -> None:
         self.published: list[tuple[str, str, str, bytes, bytes]] = []
         self.queues, self.refuse_at, self.rows = queues, refuse_at, rows or {}
-        self.refusal = refusal
+        self.refusal, self.refusals_left = refusal, refusals
+        self.enqueued_before_refusal = enqueued_before_refusal
+        self.opened = self.closed = 0
 
     def __call__(self, cluster: str, vhost: str) -> FakePublisher:
-        return FakePublisher(
-            self.published,
-            cluster,
-            vhost,
-            self.queues,
-            refuse_at=self.refuse_at,
-            refusal=self.refusal,
-        )
+        self.opened += 1
+        return FakePublisher(self, cluster, vhost)
 
     def facts(self, cluster: str, vhost: str, queues: Sequence[str]) -> TargetFacts:
         return TargetFacts({q: self.rows.get(q, {"name": q, "type": "classic"}) for q in queues})
@@ -402,30 +403,73 @@ LOST = BrokerUnreachableError(
 )
 
 
-def test_a_lost_connection_is_one_error_that_says_what_is_recorded_and_to_run_again(
+def test_a_connection_that_stays_lost_is_one_error_that_says_what_is_recorded_and_to_run_again(
     tmp_path: Path,
 ) -> None:
+    """Reopened `mover.reconnect_attempts` times (5) after the backoff, then given up."""
     park(tmp_path, "park-1", ORDERS, bodies("o", 6))
     config = job_config(tmp_path)
     lost = Broker({"orders"}, refuse_at=4, refusal=LOST)
+    slept: list[float] = []
 
     with pytest.raises(BrokerUnreachableError) as raised:
-        replay(config, lost, "r1")
+        replay(config, lost, "r1", sleep=slept.append)
 
     assert str(raised.value) == (
         "replay r1 of parked run park-1 stopped: cluster dr vhost 'shop' queue 'orders': the "
         "connection was lost while a replayed message awaited its confirm (StreamLostError: "
-        "Transport indicated EOF). The 4 row(s) it confirmed are in the ledger; run the same "
-        "replay again when the broker is back: it skips them and publishes the rest (the row "
-        "in flight, position 4 of dr:shop:orders, was not confirmed and is published again, "
-        "so its queue may hold it twice)"
+        f"Transport indicated EOF); 5 reconnect(s) failed, the last: {LOST}. The 4 row(s) it "
+        "confirmed are in the ledger; run the same replay again when the broker is back: it "
+        "skips them and publishes the rest (the row in flight, position 4 of dr:shop:orders, "
+        "was not confirmed and is published again, so its queue may hold it twice)"
     )
-    assert raised.value.__cause__ is LOST
+    assert raised.value.__cause__ is not None
+    assert raised.value.__cause__.__cause__ is LOST
+    assert slept == [0.5, 1.0, 2.0, 4.0, 8.0]  # mover.backoff_seconds, doubled
+    assert (lost.opened, lost.closed) == (6, 6)  # each lost connection closed before the next
     assert tables.read_arrow(str(tmp_path), "messages", run_id="r1").num_rows == 4
     broker = Broker({"orders"})
     again = replay(config, broker, "r2")
     assert (again.published, again.skipped, again.verified) == (2, 4, True)
     assert [p[4] for p in broker.published] == bodies("o", 6)[4:]
+
+
+@pytest.mark.parametrize("enqueued", [True, False], ids=["enqueued", "not enqueued"])
+def test_a_lost_connection_is_reopened_and_the_row_in_flight_sent_again_and_named(
+    enqueued: bool, tmp_path: Path
+) -> None:
+    """Twice lost at position 4: the replay reconnects and finishes; the row is named
+    (it may be in the queue twice) and its ledger row says it was sent three times."""
+    park(tmp_path, "park-1", ORDERS, bodies("o", 6))
+    config = job_config(tmp_path)
+    flaky = Broker(
+        {"orders"}, refuse_at=4, refusal=LOST, refusals=2, enqueued_before_refusal=enqueued
+    )
+    slept: list[float] = []
+
+    result = replay(config, flaky, "r1", sleep=slept.append)
+
+    assert (result.published, result.verified, result.missing, result.duplicates) == (
+        6,
+        True,
+        0,
+        0,
+    )
+    assert result.reconnected == (("dr", "shop", "orders", 4, "dr", "shop", "orders"),)
+    assert slept == [0.5, 1.0]
+    sent = [p[4] for p in flaky.published]
+    copies = 3 if enqueued else 1
+    assert sent == bodies("o", 6)[:4] + [b"o-4"] * copies + [b"o-5"]
+    ledger = tables.read_arrow(str(tmp_path), "messages", run_id="r1").to_pylist()
+    attempts = {row["position"]: row["publish_attempts"] for row in ledger}
+    assert attempts == {0: 1, 1: 1, 2: 1, 3: 1, 4: 3, 5: 1}
+    shown = format_result(result)
+    assert (
+        "  1 row(s) were in flight when a connection was lost and were sent again after "
+        "reconnecting: each may be in its queue twice\n"
+        "    dr:shop:orders positions 4 -> dr:shop:orders"
+    ) in shown
+    assert '"reconnected": 1' in shown.splitlines()[-1]
 
 
 def test_the_cli_says_a_lost_connection_in_one_line_and_exits_2(
@@ -453,6 +497,8 @@ def test_the_cli_says_a_lost_connection_in_one_line_and_exits_2(
                     }
                 ],
                 "ledger": {"path": str(tmp_path)},
+                # No reconnect: the connection that stays lost is not waited out.
+                "mover": {"reconnect_attempts": 0},
             }
         )
     )

@@ -89,3 +89,37 @@ def test_a_failed_publish_is_one_error_naming_the_cluster_vhost_and_queue(
     assert said in message
     assert raised.value.__cause__ is error
     assert BODY.decode() not in message
+
+
+class ClosingConnection:
+    """A node that takes the connection and closes it as the channel opens (booting or
+    stopping); closing it again fails too."""
+
+    def __init__(self) -> None:
+        self.is_open = True
+        self.close_calls = 0
+
+    def channel(self) -> FailingChannel:
+        raise pika.exceptions.ConnectionClosedByBroker(320, "CONNECTION_FORCED - shutdown")
+
+    def close(self) -> None:
+        self.close_calls += 1
+        raise pika.exceptions.ConnectionWrongStateError("already closing")
+
+
+def test_a_connection_closed_as_its_channel_opens_is_a_lost_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """BrokerUnreachableError, which the replay reconnects on, not pika's own error."""
+    connection = ClosingConnection()
+    monkeypatch.setattr(confirmed_publisher, "blocking_connection", lambda *_a, **_k: connection)
+    cluster = ClusterConfig(amqp=["amqp://127.0.0.1:5672"], management="http://127.0.0.1:1")
+
+    with pytest.raises(BrokerUnreachableError) as raised:
+        ConfirmedPublisher("dr", cluster, "shop")
+
+    assert str(raised.value) == (
+        "cluster dr vhost 'shop': the connection closed as its channel opened "
+        "(ConnectionClosedByBroker: (320, 'CONNECTION_FORCED - shutdown'))"
+    )
+    assert connection.close_calls == 1
