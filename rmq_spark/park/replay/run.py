@@ -364,13 +364,15 @@ class _Publishers:
         reconnects are spent, raises the first loss's BrokerUnreachableError (what
         happened to the row in flight) with the last reconnect's failure added."""
         cluster, vhost, queue = row["_to"]
-        sends, first = 0, None
+        sends = 0
+        first: BrokerUnreachableError | None = None
+        last: BrokerUnreachableError | None = None
         for attempt in range(self._limits.reconnect_attempts + 1):
             if attempt:
                 delay = backoff_seconds(attempt, self._limits)
                 log.warning(
                     "%s; reconnecting in %.1fs to send position %d of %s again",
-                    first,
+                    last,
                     delay,
                     row["position"],
                     ":".join(parked_key(row)[:3]),
@@ -385,6 +387,7 @@ class _Publishers:
                 self._forget(cluster, vhost)
                 first, last = first or exc, exc
         assert first is not None
+        assert last is not None
         if attempt == 0:
             raise first
         raise BrokerUnreachableError(
