@@ -4,8 +4,9 @@ The stages: the ledger's tables (the parked one too); the source half of discove
 (`discovery.discover_parked`); exact readings of each source (depth, consumers); the
 movers as Spark tasks (`partition_tasks.run_tasks`, as `rmq-spark transfer` runs them,
 inside `federation.paused_federation` as a move's are),
-each transfer's destination the table (`transfer/parked.py`); the ledger's messages
-commit, then the parked table's commit; readings again; the verdicts of `verdicts.py`
+each transfer's destination the table (`transfer/parked.py`, staged rows); the ledger's
+messages commit, then the parked table's (its staged rows completed in Spark tasks,
+`park/table.py`); readings again; the verdicts of `verdicts.py`
 from the committed rows of both tables; the run's `queues` and `runs` rows.
 """
 
@@ -28,7 +29,7 @@ from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.ledger.layout import KEY_COLUMNS
 from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey, task_count
-from rmq_spark.park.table import commit_parked, ensure_parked_table
+from rmq_spark.park.table import commit_parked, compacted_in_tasks, ensure_parked_table
 from rmq_spark.park.verdicts import ParkVerdict, Reading, park_verdict
 from rmq_spark.partition_tasks import run_tasks
 from rmq_spark.pipeline import executor_settings
@@ -167,7 +168,11 @@ def run_park(spark: SparkSession, config: JobConfig, *, run_id: str) -> ParkResu
             rows = run_tasks(spark, len(groups), task, OUTCOME_SCHEMA)
     outcomes = {o.key: o for o in map(outcome_of, rows)}
     tables.commit_run(config.ledger.path, run_id, committer_for(spark))
-    commit_parked(config.ledger.path, run_id)
+    commit_parked(
+        config.ledger.path,
+        run_id,
+        compacted_in_tasks(spark, settings.ledger_path, settings.ledger_store, run_id),
+    )
     after = _readings(config, transfers)
     ledger_rows = tables.read_arrow(
         config.ledger.path, "messages", run_id=run_id, columns=_LEDGER_COLUMNS

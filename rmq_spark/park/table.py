@@ -1,8 +1,11 @@
 """Driver side: the `parked` Delta table in the ledger (create, commit a run, read).
 
-Executors write each parked batch as a Parquet data file in the table's run partition
-(`transfer/parked_rows.py`); the driver adds the run's files to the Delta log by
-reference with delta-rs, in one commit per call, after the ledger's `messages` commit.
+Executors stage each parked batch as a Parquet file (`transfer/parked_rows.py` says why
+in two steps); at the commit, after the ledger's `messages` commit, each staged file is
+completed into the run partition's data file of the same name, in Spark tasks
+(`compacted_in_tasks`; `transfer/parked_compaction.py`), and the driver adds the run's
+data files to the Delta log by reference with delta-rs, in one commit per call. The
+staged files the log then holds are removed.
 
 **Partitioned by `run_id` alone.** A park is the unit of replay (`--parked RUN_ID`) and
 of retention (a run's rows are dropped together), so a reader prunes to one run by its
@@ -12,15 +15,19 @@ polars skip the rest. Source queues are not a partition column: RabbitMQ allows 
 character in queue and vhost names (`/`, `=`, `%`, non-ASCII), which Hive-style
 partition directories must escape, and readers disagree on how they unescape them.
 
-Idempotent: a data file already in the log is never added again, so a driver that died
-between the messages commit and this one commits the rest on its re-run.
+Idempotent: a data file already in the log is never added again, nor completed again
+from its staged file, so a driver that died between the messages commit and this one
+(or part way through it) commits the rest on its re-run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -32,7 +39,10 @@ from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import store
 from rmq_spark.ledger.layout import TEMP_PREFIX
 from rmq_spark.ledger.storage import storage_options
-from rmq_spark.transfer.parked_rows import PARTITION_BY, SCHEMA, run_partition
+from rmq_spark.ledger.store import StoreOptions
+from rmq_spark.partition_tasks import default_parallelism, run_tasks
+from rmq_spark.transfer.parked_compaction import COMPACTED_SCHEMA, compact_files, compact_partition
+from rmq_spark.transfer.parked_rows import PARTITION_BY, SCHEMA, run_partition, staged_partition
 from rmq_spark.transfer.parked_table import parked_files, table_path
 
 if TYPE_CHECKING:
@@ -70,17 +80,71 @@ def ensure_parked_table(ledger_path: str) -> None:
         )
 
 
-def commit_parked(ledger_path: str, run_id: str) -> int:
-    """Add the run's parked data files not yet in the log, in one commit; their rows."""
+#: Completes the named staged files of a run into its data files (`compact_files`'s rows).
+Compactor = Callable[[Sequence[str]], list[dict[str, Any]]]
+
+
+def compacted_in_tasks(
+    spark: SparkSession, ledger_path: str, ledger_store: StoreOptions | None, run_id: str
+) -> Compactor:
+    """A compactor of the run's staged files in Spark tasks, as many as the executors
+    offer cores (a one-queue park's files too), the files dealt round-robin: the
+    decoding, about 70 us a message, runs on every core at once."""
+
+    def compact(names: Sequence[str]) -> list[dict[str, Any]]:
+        tasks = min(default_parallelism(spark), len(names))
+        groups = [list(names[index::tasks]) for index in range(tasks)]
+        task = partial(
+            compact_partition,
+            groups=groups,
+            ledger_path=ledger_path,
+            ledger_store=ledger_store,
+            run_id=run_id,
+        )
+        return run_tasks(spark, len(groups), task, COMPACTED_SCHEMA)
+
+    return compact
+
+
+def commit_parked(ledger_path: str, run_id: str, compact: Compactor | None = None) -> int:
+    """Complete the run's staged files not yet in the log (`compact`: in this process by
+    default), add its data files not yet in the log in one commit, then remove the
+    staged files the log holds; the rows added."""
     path = table_path(ledger_path)
     table = DeltaTable(path, storage_options=storage_options(path))
     partition = run_partition(ledger_path, run_id)
-    if not partition.is_dir():
-        return 0
+    staged = [
+        entry
+        for entry in store.entries(staged_partition(ledger_path, run_id))
+        if entry.name.endswith(".parquet") and not entry.name.startswith(TEMP_PREFIX)
+    ]
     in_log = {
         unquote(uri).rsplit("/", 1)[-1]
         for uri in table.file_uris(partition_filters=[("run_id", "=", run_id)])
     }
+    to_complete = sorted(entry.name for entry in staged if entry.name not in in_log)
+    if to_complete:
+        (compact or partial(compact_files, ledger_path, run_id))(to_complete)
+    rows = _add_data_files(table, partition, run_id, in_log)
+    _remove_staged(staged)
+    return rows
+
+
+def _remove_staged(staged: list[Any]) -> None:
+    """Remove staged files once the log holds their data files (all of them, now). Not
+    fsynced: one a crash brings back is in the log, so the next commit removes it."""
+    for entry in staged:
+        entry.unlink(missing_ok=True)
+    if staged and not isinstance(staged[0], store.StorePath):
+        # Kept while it holds anything else: a killed write's temporary file, say.
+        with contextlib.suppress(OSError):
+            staged[0].parent.rmdir()
+
+
+def _add_data_files(table: DeltaTable, partition: Any, run_id: str, in_log: set[str]) -> int:
+    """Add the run partition's data files not in the log, in one commit; their rows."""
+    if not partition.is_dir():
+        return 0
     pending = sorted(
         entry
         for entry in store.entries(partition)

@@ -1,11 +1,21 @@
 """The `parked` table's rows: what a park keeps of each message, and how it is made durable.
 
 Executor side, no pika and no Spark. A park's destination is a Delta table of messages
-(`rmq-spark park`, docs/parking.md) instead of a queue: each batch the session publishes
-becomes one Parquet data file in the table's run partition, written complete and durable
-or not at all (`durable.write_data_file`: temp name, fsync, rename, directory fsync; on
-an object store one PUT). That write is the park's "confirm" (`parked.ParkedTableLink`).
-The driver adds the run's files to the table's log in one commit (`park/table.py`).
+(`rmq-spark park`, docs/parking.md) instead of a queue. Its rows are written in two steps:
+
+1. **Staged, on the ack's path.** Each batch the session publishes becomes one *staged*
+   Parquet file (`_staged/run_id=<run>/` under the table's directory, which Delta readers
+   and VACUUM skip, as they skip every `_` directory), complete and durable or not at all
+   (`durable.write_row_groups`: temp name, fsync, rename, directory fsync; on an object
+   store one PUT). That write is the park's "confirm" (`parked.ParkedTableLink`). A staged
+   row is everything but the selection columns: the bytes, where the message came from,
+   the checksums. Nothing is decoded: decoding every property block cost a park about
+   46 us a message on the one thread the mover's loop shares, and held the source's
+   acks back (bench.park: 0.55-0.60 of a move's rate on RabbitMQ 4.3).
+2. **Completed, at the commit.** `with_selection_columns` decodes the staged rows'
+   property blocks into the selection columns; `parked_compaction.py` writes each staged
+   file's complete rows as the table's data file of the same name, in Spark tasks, and
+   the driver adds them to the table's log in one commit (`park/table.py`).
 
 A row holds the message as it arrived (the exact content-header property bytes and the
 body), where it came from (source cluster, vhost, queue, position, the exchange and
@@ -31,7 +41,6 @@ from rmq_spark.ledger.durable import write_row_groups
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.selection.columns import BY_NAME, Message, message_table
 from rmq_spark.selection.fields import TEXT_PROPERTIES
-from rmq_spark.selection.gc_pause import collection_paused
 
 TABLE = "parked"
 # A parked transfer's nominal destination cluster in the ledger (`TransferKey`): the
@@ -80,6 +89,10 @@ DATA_SCHEMA = pa.schema([field for field in SCHEMA if field.name not in PARTITIO
 # time, so a batch of 16 MiB bodies (a 64 MiB window holds four) costs one body's Arrow
 # copy and pages beside the window, not the batch's: bench.memory --park.
 ROW_GROUP_BYTES = 8 << 20
+# A staged file's columns: the table's, but the partition column and the selection ones.
+STAGED_SCHEMA = pa.schema([field for field in DATA_SCHEMA if field.name not in SELECTION_COLUMNS])
+# The directory of staged files, beside the run partitions (Delta skips `_` directories).
+STAGED_DIR = "_staged"
 # Min/max statistics for the columns a reader filters on; none for the bytes (a
 # statistic of a 16 MiB body holds copies of the smallest and largest, and no query
 # filters on a body's order).
@@ -101,6 +114,7 @@ DICTIONARY_COLUMNS = [
         if name in TEXT_PROPERTIES and name not in {"message_id", "correlation_id"}
     ),
 ]
+STAGED_DICTIONARY_COLUMNS = [name for name in DICTIONARY_COLUMNS if name in STAGED_SCHEMA.names]
 
 # (exchange, routing key) of a delivery tag: what the source link told (`inbound.OnRoute`);
 # None for a tag it did not tell.
@@ -110,6 +124,11 @@ RouteOf = Callable[[int], tuple[str, str] | None]
 def run_partition(ledger_path: str, run_id: str) -> Any:
     """The table's directory of one run's data files (a Path, or a StorePath)."""
     return store.root(ledger_path) / TABLE / f"run_id={run_id}"
+
+
+def staged_partition(ledger_path: str, run_id: str) -> Any:
+    """The directory of one run's staged files (a Path, or a StorePath)."""
+    return store.root(ledger_path) / TABLE / STAGED_DIR / f"run_id={run_id}"
 
 
 def row_groups(deliveries: Sequence[Delivery]) -> Iterator[Sequence[Delivery]]:
@@ -125,7 +144,7 @@ def row_groups(deliveries: Sequence[Delivery]) -> Iterator[Sequence[Delivery]]:
         yield deliveries[start:]
 
 
-def parked_rows(
+def staged_rows(
     key: TransferKey,
     task_attempt: str,
     deliveries: Sequence[Delivery],
@@ -133,16 +152,12 @@ def parked_rows(
     *,
     exclude_body: bool,
 ) -> pa.Table:
-    """Data-file rows (every column but run_id) for deliveries that carry their bytes."""
-    messages = []
+    """Staged rows (STAGED_SCHEMA) for deliveries that carry their bytes: no decoding."""
     routes = []
     for delivery in deliveries:
         if delivery.body is None or delivery.properties is None:
             raise ValueError(f"position {delivery.position}: no bytes to park")
-        route = route_of(delivery.tag)
-        routes.append(route)
-        messages.append(Message("", "", delivery.redelivered, delivery.properties, delivery.body))
-    decoded = message_table(messages, SELECTION_COLUMNS)
+        routes.append(route_of(delivery.tag))
     count = len(deliveries)
     columns: dict[str, list[Any]] = {
         "source_cluster": [key.source_cluster] * count,
@@ -162,17 +177,38 @@ def parked_rows(
         "body": [None if exclude_body else d.body for d in deliveries],
         "body_excluded": [exclude_body] * count,
     }
-    arrays = [
-        decoded.column(field.name).combine_chunks()
-        if field.name in SELECTION_COLUMNS
-        else column(field.type, columns[field.name])  # arrow_columns.py: no pandas
-        for field in DATA_SCHEMA
+    return pa.Table.from_arrays(
+        # arrow_columns.py: no pandas
+        [column(field.type, columns[field.name]) for field in STAGED_SCHEMA],
+        schema=STAGED_SCHEMA,
+    )
+
+
+def with_selection_columns(staged: pa.Table) -> pa.Table:
+    """The data-file rows (DATA_SCHEMA) of staged rows: the selection columns decoded
+    from each row's property bytes (the body is not needed for any of them)."""
+    messages = [
+        Message("", "", bool(redelivered), properties, b"")
+        for redelivered, properties in zip(
+            staged.column("redelivered").to_pylist(),
+            staged.column("properties").to_pylist(),
+            strict=True,
+        )
     ]
-    return pa.Table.from_arrays(arrays, schema=DATA_SCHEMA)
+    decoded = message_table(messages, SELECTION_COLUMNS)
+    return pa.Table.from_arrays(
+        [
+            decoded.column(field.name).combine_chunks()
+            if field.name in SELECTION_COLUMNS
+            else staged.column(field.name)
+            for field in DATA_SCHEMA
+        ],
+        schema=DATA_SCHEMA,
+    )
 
 
 class ParkedRowsWriter:
-    """Writes one transfer's parked rows: each `write` is one data file, durable on return.
+    """Writes one transfer's staged rows: each `write` is one staged file, durable on return.
 
     Files are named after the transfer (`TransferKey.file_prefix`) and the task attempt,
     so a retried task's files sit beside the earlier attempt's and the commit adds both.
@@ -187,7 +223,7 @@ class ParkedRowsWriter:
         *,
         exclude_body: bool = False,
     ) -> None:
-        self._dir = run_partition(ledger_path, run_id)
+        self._dir = staged_partition(ledger_path, run_id)
         self._key = key
         self._task_attempt = task_attempt
         self.exclude_body = exclude_body
@@ -207,10 +243,11 @@ class ParkedRowsWriter:
             write_row_groups(
                 self._dir,
                 name,
-                DATA_SCHEMA,
+                STAGED_SCHEMA,
                 self._row_groups(deliveries, route_of),
-                statistics=STATISTICS_COLUMNS,
-                dictionary=DICTIONARY_COLUMNS,
+                # Read back whole by the commit, never filtered: no statistics.
+                statistics=False,
+                dictionary=STAGED_DICTIONARY_COLUMNS,
             )
         except OSError as exc:
             raise LedgerError(
@@ -220,11 +257,12 @@ class ParkedRowsWriter:
 
     def _row_groups(self, deliveries: Sequence[Delivery], route_of: RouteOf) -> Iterator[pa.Table]:
         """The batch's rows, a group of at most ROW_GROUP_BYTES of bodies at a time (one
-        delivery at least), each built only when the file's writer asks for it."""
+        delivery at least), each built only when the file's writer asks for it. The
+        commit reads a staged file back a row group at a time, so the groups also bound
+        its memory."""
         for group in row_groups(deliveries):
-            with collection_paused():  # gc_pause.py says why
-                rows = parked_rows(
-                    self._key, self._task_attempt, group, route_of, exclude_body=self.exclude_body
-                )
+            rows = staged_rows(
+                self._key, self._task_attempt, group, route_of, exclude_body=self.exclude_body
+            )
             yield rows
             del rows  # written: free before the next group is built

@@ -12,7 +12,8 @@ from deltalake import DeltaTable, write_deltalake
 from rmq_spark.errors import LedgerError
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.park.table import commit_parked, ensure_parked_table
-from rmq_spark.transfer.parked_rows import ParkedRowsWriter
+from rmq_spark.transfer.parked_compaction import compact_files
+from rmq_spark.transfer.parked_rows import ParkedRowsWriter, run_partition, staged_partition
 from rmq_spark.transfer.parked_table import read_parked, table_path
 
 KEY = TransferKey("dr", "a/b=c", "orders", "parked", "a/b=c", "orders")
@@ -67,6 +68,49 @@ def test_a_crashed_commit_is_finished_by_the_next_one(tmp_path: Path) -> None:
     park(tmp_path, "run-1", b"b", first=1)  # a retried task's file, after the first commit
     assert commit_parked(str(tmp_path), "run-1") == 1
     assert len(read_parked(str(tmp_path), "run-1")) == 2
+
+
+def staged(ledger: Path, run_id: str) -> list[Path]:
+    return sorted(Path(staged_partition(str(ledger), run_id)).glob("*.parquet"))
+
+
+def test_the_commit_completes_the_staged_rows_and_then_removes_them(tmp_path: Path) -> None:
+    ensure_parked_table(str(tmp_path))
+    park(tmp_path, "run-1", b"a", b"b")
+    [file] = staged(tmp_path, "run-1")
+    assert read_parked(str(tmp_path), "run-1").num_rows == 0  # staged: not in the table
+    assert commit_parked(str(tmp_path), "run-1") == 2
+    rows = read_parked(str(tmp_path), "run-1").to_pylist()
+    # The selection columns, decoded at the commit (an empty property block: no headers).
+    assert [(r["body"], r["headers"], r["delivery_mode"]) for r in rows] == [
+        (b"a", [], None),
+        (b"b", [], None),
+    ]
+    assert staged(tmp_path, "run-1") == []
+    assert [p.name for p in Path(run_partition(str(tmp_path), "run-1")).iterdir()] == [file.name]
+
+
+def test_a_commit_that_died_after_completing_a_file_adds_it_once(tmp_path: Path) -> None:
+    ensure_parked_table(str(tmp_path))
+    park(tmp_path, "run-1", b"a")
+    park(tmp_path, "run-1", b"b", first=1)
+    first = staged(tmp_path, "run-1")[0].name
+    compact_files(str(tmp_path), "run-1", [first])  # completed, then the driver died
+    assert commit_parked(str(tmp_path), "run-1") == 2
+    assert sorted(r["position"] for r in read_parked(str(tmp_path), "run-1").to_pylist()) == [0, 1]
+
+
+def test_a_staged_file_back_after_its_commit_is_removed_not_added_again(tmp_path: Path) -> None:
+    ensure_parked_table(str(tmp_path))
+    park(tmp_path, "run-1", b"a")
+    [file] = staged(tmp_path, "run-1")
+    content = file.read_bytes()
+    commit_parked(str(tmp_path), "run-1")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_bytes(content)  # the removal was not durable: a crash brought it back
+    assert commit_parked(str(tmp_path), "run-1") == 0
+    assert staged(tmp_path, "run-1") == []
+    assert read_parked(str(tmp_path), "run-1").num_rows == 1
 
 
 def test_a_table_of_another_schema_is_refused(tmp_path: Path) -> None:

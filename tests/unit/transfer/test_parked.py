@@ -22,7 +22,15 @@ from rmq_spark.model import Delivery, MoveOutcome, TransferKey
 from rmq_spark.transfer import parked_rows as parked_rows_module
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.parked import ParkedTableLink, RouteBook
-from rmq_spark.transfer.parked_rows import DATA_SCHEMA, ParkedRowsWriter, RouteOf, run_partition
+from rmq_spark.transfer.parked_compaction import compact_files
+from rmq_spark.transfer.parked_rows import (
+    DATA_SCHEMA,
+    STAGED_SCHEMA,
+    ParkedRowsWriter,
+    RouteOf,
+    run_partition,
+    staged_partition,
+)
 from rmq_spark.transfer.ports import SessionEvents
 from tests.support import amqp_encoding as amqp
 from tests.support.fakes import (
@@ -98,7 +106,7 @@ class ParkRig:
     connector: ParkingConnector
     ledger: RecordingLedger
     lane: InlineLane
-    partition: Path
+    ledger_path: Path
     results: list[MoveOutcome | BaseException] = field(default_factory=list)
 
     @property
@@ -114,11 +122,30 @@ class ParkRig:
         self.timers.run_due()
         self.lanes.finish("intents")
 
+    @property
+    def staged(self) -> Path:
+        return Path(staged_partition(str(self.ledger_path), "run-1"))
+
+    @property
+    def partition(self) -> Path:
+        return Path(run_partition(str(self.ledger_path), "run-1"))
+
     def parked(self) -> list[dict[str, Any]]:
-        rows = []
-        for file in sorted(self.partition.glob("*.parquet")):
-            rows.extend(pq.read_table(file).to_pylist())
-        return sorted(rows, key=lambda row: row["position"])
+        """The staged rows (what the confirm waited for)."""
+        return _rows(self.staged)
+
+    def completed(self) -> list[dict[str, Any]]:
+        """The rows the commit makes of the staged files (the table's data files)."""
+        names = sorted(file.name for file in self.staged.glob("*.parquet"))
+        compact_files(str(self.ledger_path), "run-1", names)
+        return _rows(self.partition)
+
+
+def _rows(directory: Path) -> list[dict[str, Any]]:
+    rows = []
+    for file in sorted(directory.glob("*.parquet")):
+        rows.extend(pq.read_table(file).to_pylist())
+    return sorted(rows, key=lambda row: row["position"])
 
 
 def park_rig(tmp_path: Path, *, exclude_body: bool = False) -> ParkRig:
@@ -139,7 +166,7 @@ def park_rig(tmp_path: Path, *, exclude_body: bool = False) -> ParkRig:
         clock=clock.utc,
         monotonic=clock.monotonic,
     )
-    rig = ParkRig(timers, lanes, connector, ledger, lane, run_partition(str(tmp_path), "run-1"))
+    rig = ParkRig(timers, lanes, connector, ledger, lane, tmp_path)
     mover.start(lanes, rig.results.append)
     rig.source.open()
     rig.source.events.on_prefetch_set()
@@ -167,7 +194,12 @@ def test_a_parked_batch_is_confirmed_once_its_rows_are_durable_and_acked_after_t
 def test_parked_rows_keep_the_bytes_the_route_and_the_decoded_columns(tmp_path: Path) -> None:
     rig = park_rig(tmp_path)
     rig.receive(b"one", b"two")
-    rows = rig.parked()
+    # Staged (before the confirm): the bytes, no decoded column.
+    assert pq.read_schema(next(rig.staged.glob("*.parquet"))).names == STAGED_SCHEMA.names
+    assert "message_id" not in STAGED_SCHEMA.names
+    staged = rig.parked()
+    rows = rig.completed()
+    assert [{k: row[k] for k in STAGED_SCHEMA.names} for row in rows] == staged
     assert [row["position"] for row in rows] == [0, 1]
     assert [(row["exchange"], row["routing_key"]) for row in rows] == [
         ("orders-in", "key-1"),
@@ -244,12 +276,12 @@ def _delivery(tag: int) -> Delivery:
 
 @pytest.mark.parametrize("route", [None, ("", "orders")])
 def test_a_row_without_a_told_route_has_a_null_exchange(tmp_path: Path, route: Any) -> None:
-    from rmq_spark.transfer.parked_rows import parked_rows
+    from rmq_spark.transfer.parked_rows import staged_rows
 
     delivery = _delivery(1)
     delivery.body, delivery.properties = b"b", b"\x00\x00"
     route_of: RouteOf = lambda _tag: route  # noqa: E731
-    table = parked_rows(KEY, "0.0.0", [delivery], route_of, exclude_body=False)
+    table = staged_rows(KEY, "0.0.0", [delivery], route_of, exclude_body=False)
     assert table.column("exchange").to_pylist() == [None if route is None else ""]
 
 
@@ -259,11 +291,17 @@ def test_a_batch_of_large_bodies_is_one_file_of_row_groups_bounded_by_bytes(
     monkeypatch.setattr(parked_rows_module, "ROW_GROUP_BYTES", 10)
     rig = park_rig(tmp_path)
     rig.receive(b"aaaa", b"bbbb", b"cccc", b"d" * 25, b"ee")
+    bodies = [b"aaaa", b"bbbb", b"cccc", b"d" * 25, b"ee"]
+    assert [row["body"] for row in rig.parked()] == bodies
+    assert [row["body"] for row in rig.completed()] == bodies
+    # 4 + 4 fit in 10 bytes, 4 starts the next group; a larger body is a group alone. The
+    # commit completes a staged file a row group at a time: the data file's are the same.
+    [staged] = rig.staged.glob("*.parquet")
     [file] = rig.partition.glob("*.parquet")
+    for written in (staged, file):
+        groups = pq.read_metadata(written)
+        assert [groups.row_group(i).num_rows for i in range(groups.num_row_groups)] == [2, 1, 1, 1]
     metadata = pq.read_metadata(file)
-    # 4 + 4 fit in 10 bytes, 4 starts the next group; a larger body is a group alone.
-    assert [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)] == [2, 1, 1, 1]
-    assert [row["body"] for row in rig.parked()] == [b"aaaa", b"bbbb", b"cccc", b"d" * 25, b"ee"]
     # Readers filter on positions and sources; no statistic holds copies of the bytes.
     columns = {
         metadata.schema.column(i).name: metadata.row_group(0).column(i).is_stats_set
@@ -304,6 +342,10 @@ def test_parking_rows_does_not_import_pandas(tmp_path: Path) -> None:
         f"writer = ParkedRowsWriter({str(tmp_path)!r}, 'r1', key, '0')\n"
         "writer.write([delivery], lambda tag: ('', 'q'))\n"
         "assert writer.rows_written == 1\n"
+        "from rmq_spark.transfer.parked_compaction import compact_files\n"
+        "from rmq_spark.transfer.parked_rows import staged_partition\n"
+        f"names = [p.name for p in staged_partition({str(tmp_path)!r}, 'r1').iterdir()]\n"
+        f"assert compact_files({str(tmp_path)!r}, 'r1', names)[0]['rows'] == 1\n"
     )
     assert not imported_after(script, "pandas")
     [file] = run_partition(str(tmp_path), "r1").glob("*.parquet")
