@@ -155,7 +155,8 @@ def move(request: dict[str, Any]) -> dict[str, Any]:
 
 def parked(request: dict[str, Any]) -> dict[str, Any]:
     """The parked table's committed rows of one source queue: the run's files committed
-    as `rmq-spark park` commits them (the table created first if it is missing)."""
+    as `rmq-spark park` commits them (the table created first if it is missing; the
+    staged rows completed in this process); and this process's peak RSS."""
     from rmq_spark.park.table import commit_parked, ensure_parked_table
     from rmq_spark.transfer.parked_table import read_parked
 
@@ -163,7 +164,10 @@ def parked(request: dict[str, Any]) -> dict[str, Any]:
     ensure_parked_table(ledger)
     commit_parked(ledger, run_id)
     names = read_parked(ledger, run_id, ["source_queue"]).column("source_queue").to_pylist()
-    return {"rows": sum(1 for name in names if name == request["queue"])}
+    return {
+        "rows": sum(1 for name in names if name == request["queue"]),
+        "peak_rss_kib": max_rss_kib(),
+    }
 
 
 def _packages(modules: Iterable[str]) -> set[str]:

@@ -209,12 +209,13 @@ def run_case(
     else:
         moved = finish_isolated("move", start_isolated("move", request))
     outcome = moved["outcome"]
+    committed = parked_commit(ledger, run_id, source_queue) if case.park else None
     problems = check(
         case,
         outcome,
         source_left=passive_depth(source, source_queue),
-        destination_depth=parked_rows(ledger, run_id, source_queue)
-        if case.park
+        destination_depth=int(committed["rows"])
+        if committed is not None
         else passive_depth(destination, destination_queue),
     )
     delete_queue(source, source_queue)
@@ -234,6 +235,11 @@ def run_case(
         "mover_peak_held_mib": mib(outcome["peak_held_bytes"]),
         "baseline_rss_mib": mib(baseline),
         "peak_rss_mib": mib(peak),
+        # The process of a park's commit (its staged rows completed a row group at a
+        # time, the Delta commit, then the queue's rows read back to count): its peak RSS.
+        "commit_peak_rss_mib": None
+        if committed is None
+        else mib(int(committed["peak_rss_kib"]) * KiB),
         "transfer_rss_mib": mib(peak - baseline),
         "peak_vm_hwm_mib": mib(moved["peak_hwm_kib"] * KiB),
         "arrow_peak_mib": mib(moved["arrow_peak_bytes"]),
@@ -397,12 +403,12 @@ def passive_depth(node: LocalNode, queue: str) -> int:
         connection.close()
 
 
-def parked_rows(ledger: Path, run_id: str, queue: str) -> int:
-    """The parked table's committed rows of one source queue (committed in a child, as
-    `rmq-spark park` commits a run's files: the Delta readers would raise this process's
-    RSS, which floors the next mover's peak, `bench.isolated.max_rss_kib`)."""
-    found = run_isolated("parked", {"ledger_path": str(ledger), "run_id": run_id, "queue": queue})
-    return int(found["rows"])
+def parked_commit(ledger: Path, run_id: str, queue: str) -> dict[str, Any]:
+    """The park's commit, in a child, as `rmq-spark park` commits a run's files (the
+    Delta readers would raise this process's RSS, which floors the next mover's peak,
+    `bench.isolated.max_rss_kib`): the committed rows of one source queue (`rows`) and
+    the child's peak RSS (`peak_rss_kib`)."""
+    return run_isolated("parked", {"ledger_path": str(ledger), "run_id": run_id, "queue": queue})
 
 
 def delete_queue(node: LocalNode, queue: str) -> None:
