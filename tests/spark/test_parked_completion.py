@@ -4,16 +4,16 @@ local Spark whose Python workers import the package, then committed with delta-r
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from rmq_spark.model import Delivery, TransferKey
+from rmq_spark.model import TransferKey
 from rmq_spark.park.table import commit_parked, compacted_in_tasks, ensure_parked_table
 from rmq_spark.transfer.parked_rows import ParkedRowsWriter, staged_partition
 from rmq_spark.transfer.parked_table import read_parked
 from tests.support import amqp_encoding as amqp
+from tests.support import builders
 
 RUN = "park-1"
 
@@ -23,19 +23,8 @@ def stage(ledger: Path, queue: str, first: int, count: int) -> None:
     header, as an executor's park stages a batch."""
     key = TransferKey("dr", "/", queue, "parked", "/", queue)
     found = []
-    for offset in range(count):
-        position = first + offset
-        delivery = Delivery(
-            tag=offset + 1,
-            seq=offset + 1,
-            position=position,
-            redelivered=False,
-            body_size=1,
-            body_sha256="",
-            properties_sha256="",
-            message_id=None,
-            consumed_at=datetime(2026, 1, 1, tzinfo=UTC),
-        )
+    for position in range(first, first + count):
+        delivery = builders.delivery(position, body_size=1, confirmed=False)
         delivery.body = b"b"
         delivery.properties = amqp.BasicProperties(
             message_id=f"{queue}-{position}",
