@@ -29,7 +29,7 @@ from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.committers import committer_for
 from rmq_spark.ledger.layout import KEY_COLUMNS
 from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey, task_count
-from rmq_spark.park.table import commit_parked, compacted_in_tasks, ensure_parked_table
+from rmq_spark.park.table import commit_parked, completed_in_tasks, ensure_parked_table
 from rmq_spark.park.verdicts import ParkVerdict, Reading, park_verdict
 from rmq_spark.partition_tasks import run_tasks
 from rmq_spark.pipeline import executor_settings
@@ -171,7 +171,7 @@ def run_park(spark: SparkSession, config: JobConfig, *, run_id: str) -> ParkResu
     commit_parked(
         config.ledger.path,
         run_id,
-        compacted_in_tasks(spark, settings.ledger_path, settings.ledger_store, run_id),
+        completed_in_tasks(spark, settings.ledger_path, settings.ledger_store, run_id),
     )
     after = _readings(config, transfers)
     ledger_rows = tables.read_arrow(

@@ -3,7 +3,7 @@
 Executors stage each parked batch as a Parquet file (`transfer/parked_rows.py` says why
 in two steps); at the commit, after the ledger's `messages` commit, each staged file is
 completed into the run partition's data file of the same name, in Spark tasks
-(`compacted_in_tasks`; `transfer/parked_compaction.py`), and the driver adds the run's
+(`completed_in_tasks`; `transfer/parked_completion.py`), and the driver adds the run's
 data files to the Delta log by reference with delta-rs, in one commit per call. The
 staged files the log then holds are removed.
 
@@ -41,7 +41,11 @@ from rmq_spark.ledger.layout import TEMP_PREFIX
 from rmq_spark.ledger.storage import storage_options
 from rmq_spark.ledger.store import StoreOptions
 from rmq_spark.partition_tasks import default_parallelism, run_tasks
-from rmq_spark.transfer.parked_compaction import COMPACTED_SCHEMA, compact_files, compact_partition
+from rmq_spark.transfer.parked_completion import (
+    COMPLETED_SCHEMA,
+    complete_files,
+    complete_partition,
+)
 from rmq_spark.transfer.parked_rows import PARTITION_BY, SCHEMA, run_partition, staged_partition
 from rmq_spark.transfer.parked_table import parked_files, table_path
 
@@ -80,34 +84,34 @@ def ensure_parked_table(ledger_path: str) -> None:
         )
 
 
-#: Completes the named staged files of a run into its data files (`compact_files`'s rows).
-Compactor = Callable[[Sequence[str]], list[dict[str, Any]]]
+#: Completes the named staged files of a run into its data files (`complete_files`'s rows).
+Completer = Callable[[Sequence[str]], list[dict[str, Any]]]
 
 
-def compacted_in_tasks(
+def completed_in_tasks(
     spark: SparkSession, ledger_path: str, ledger_store: StoreOptions | None, run_id: str
-) -> Compactor:
-    """A compactor of the run's staged files in Spark tasks, as many as the executors
+) -> Completer:
+    """A completer of the run's staged files in Spark tasks, as many as the executors
     offer cores (a one-queue park's files too), the files dealt round-robin: the
     decoding, about 70 us a message, runs on every core at once."""
 
-    def compact(names: Sequence[str]) -> list[dict[str, Any]]:
+    def complete(names: Sequence[str]) -> list[dict[str, Any]]:
         tasks = min(default_parallelism(spark), len(names))
         groups = [list(names[index::tasks]) for index in range(tasks)]
         task = partial(
-            compact_partition,
+            complete_partition,
             groups=groups,
             ledger_path=ledger_path,
             ledger_store=ledger_store,
             run_id=run_id,
         )
-        return run_tasks(spark, len(groups), task, COMPACTED_SCHEMA)
+        return run_tasks(spark, len(groups), task, COMPLETED_SCHEMA)
 
-    return compact
+    return complete
 
 
-def commit_parked(ledger_path: str, run_id: str, compact: Compactor | None = None) -> int:
-    """Complete the run's staged files not yet in the log (`compact`: in this process by
+def commit_parked(ledger_path: str, run_id: str, complete: Completer | None = None) -> int:
+    """Complete the run's staged files not yet in the log (`complete`: in this process by
     default), add its data files not yet in the log in one commit, then remove the
     staged files the log holds; the rows added."""
     path = table_path(ledger_path)
@@ -124,7 +128,7 @@ def commit_parked(ledger_path: str, run_id: str, compact: Compactor | None = Non
     }
     to_complete = sorted(entry.name for entry in staged if entry.name not in in_log)
     if to_complete:
-        (compact or partial(compact_files, ledger_path, run_id))(to_complete)
+        (complete or partial(complete_files, ledger_path, run_id))(to_complete)
     rows = _add_data_files(table, partition, run_id, in_log)
     _remove_staged(staged)
     return rows

@@ -13,7 +13,7 @@ Executor side, no pika and no Spark. A park's destination is a Delta table of me
    46 us a message on the one thread the mover's loop shares, and held the source's
    acks back (bench.park: 0.55-0.60 of a move's rate on RabbitMQ 4.3).
 2. **Completed, at the commit.** `with_selection_columns` decodes the staged rows'
-   property blocks into the selection columns; `parked_compaction.py` writes each staged
+   property blocks into the selection columns; `parked_completion.py` writes each staged
    file's complete rows as the table's data file of the same name, in Spark tasks, and
    the driver adds them to the table's log in one commit (`park/table.py`).
 

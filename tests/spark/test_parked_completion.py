@@ -1,5 +1,5 @@
 """A park's commit in Spark tasks: the staged rows completed with the selection columns
-(`park/table.compacted_in_tasks`, `transfer/parked_compaction.compact_partition`), on real
+(`park/table.completed_in_tasks`, `transfer/parked_completion.complete_partition`), on real
 local Spark whose Python workers import the package, then committed with delta-rs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from rmq_spark.model import TransferKey
-from rmq_spark.park.table import commit_parked, compacted_in_tasks, ensure_parked_table
+from rmq_spark.park.table import commit_parked, completed_in_tasks, ensure_parked_table
 from rmq_spark.transfer.parked_rows import ParkedRowsWriter, staged_partition
 from rmq_spark.transfer.parked_table import read_parked
 from tests.support import amqp_encoding as amqp
@@ -43,14 +43,14 @@ def test_the_commit_completes_each_staged_file_in_spark_tasks(
     stage(tmp_path, "invoices", 0, 4)
     staged = sorted(p.name for p in Path(staged_partition(str(tmp_path), RUN)).iterdir())
 
-    compact = compacted_in_tasks(spark, str(tmp_path), None, RUN)
-    done = compact(staged)
+    complete = completed_in_tasks(spark, str(tmp_path), None, RUN)
+    done = complete(staged)
 
     # Each staged file completed once, whichever task it was dealt to.
     assert sorted(row["file"] for row in done) == staged
     assert sorted(row["rows"] for row in done) == [2, 3, 4]
     # Written already: the commit adds them without completing them again.
-    assert commit_parked(str(tmp_path), RUN, compact) == 9
+    assert commit_parked(str(tmp_path), RUN, complete) == 9
     rows = read_parked(str(tmp_path), RUN).to_pylist()
     assert sorted((r["source_queue"], r["position"], r["message_id"]) for r in rows) == sorted(
         [("orders", p, f"orders-{p}") for p in range(5)]

@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from rmq_spark.errors import LedgerError
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.park.table import commit_parked, ensure_parked_table
-from rmq_spark.transfer.parked_compaction import compact_files
+from rmq_spark.transfer.parked_completion import complete_files
 from rmq_spark.transfer.parked_rows import ParkedRowsWriter, run_partition, staged_partition
 from rmq_spark.transfer.parked_table import read_parked, table_path
 
@@ -95,7 +95,7 @@ def test_a_commit_that_died_after_completing_a_file_adds_it_once(tmp_path: Path)
     park(tmp_path, "run-1", b"a")
     park(tmp_path, "run-1", b"b", first=1)
     first = staged(tmp_path, "run-1")[0].name
-    compact_files(str(tmp_path), "run-1", [first])  # completed, then the driver died
+    complete_files(str(tmp_path), "run-1", [first])  # completed, then the driver died
     assert commit_parked(str(tmp_path), "run-1") == 2
     assert sorted(r["position"] for r in read_parked(str(tmp_path), "run-1").to_pylist()) == [0, 1]
 

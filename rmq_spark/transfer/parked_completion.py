@@ -8,9 +8,9 @@ same name makes it idempotent: a data file already written is kept, so a commit 
 died part way is finished by the next, and the driver (`park/table.py`) knows which
 staged files its log holds by name.
 
-`compact_partition` is the Spark task (`partition_tasks.run_tasks`): the decoding, a
+`complete_partition` is the Spark task (`partition_tasks.run_tasks`): the decoding, a
 park's heaviest CPU after the broker's, runs on the executors in parallel, off the
-source's acks; `compact_files` is the same without Spark (tests, benchmarks).
+source's acks; `complete_files` is the same without Spark (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -34,32 +34,32 @@ from rmq_spark.transfer.parked_rows import (
     with_selection_columns,
 )
 
-# The rows a compaction task returns: one per data file it made (or found made).
-COMPACTED_SCHEMA = pa.schema([pa.field("file", pa.string()), pa.field("rows", pa.int64())])
+# The rows a completion task returns: one per data file it made (or found made).
+COMPLETED_SCHEMA = pa.schema([pa.field("file", pa.string()), pa.field("rows", pa.int64())])
 
 
-def compact_file(ledger_path: str, run_id: str, name: str) -> int:
+def complete_file(ledger_path: str, run_id: str, name: str) -> int:
     """Make staged file `name` the run's data file of that name (kept if there); its rows."""
     target = run_partition(ledger_path, run_id) / name
     if target.exists():
         return int(store.read_metadata(target).num_rows)
     staged = staged_partition(ledger_path, run_id) / name
+    where, filesystem = store.arrow_source(staged)
     try:
-        where, filesystem = store.arrow_source(staged)
-        source = pq.ParquetFile(filesystem.open_input_file(where) if filesystem else where)
-        write_row_groups(
-            target.parent,
-            name,
-            DATA_SCHEMA,
-            _completed(source),
-            statistics=STATISTICS_COLUMNS,
-            dictionary=DICTIONARY_COLUMNS,
-        )
+        with pq.ParquetFile(where, filesystem=filesystem) as source:
+            write_row_groups(
+                target.parent,
+                name,
+                DATA_SCHEMA,
+                _completed(source),
+                statistics=STATISTICS_COLUMNS,
+                dictionary=DICTIONARY_COLUMNS,
+            )
+            return int(source.metadata.num_rows)
     except (OSError, pa.ArrowException) as exc:
         raise LedgerError(
             f"ledger {staged}: cannot complete the staged parked rows ({exc})"
         ) from exc
-    return int(source.metadata.num_rows)
 
 
 def _completed(source: pq.ParquetFile) -> Iterator[pa.Table]:
@@ -69,13 +69,13 @@ def _completed(source: pq.ParquetFile) -> Iterator[pa.Table]:
         yield with_selection_columns(source.read_row_group(index))
 
 
-def compact_files(ledger_path: str, run_id: str, names: Sequence[str]) -> list[dict[str, Any]]:
-    """`compact_file` for each name, in this process; COMPACTED_SCHEMA rows."""
+def complete_files(ledger_path: str, run_id: str, names: Sequence[str]) -> list[dict[str, Any]]:
+    """`complete_file` for each name, in this process; COMPLETED_SCHEMA rows."""
     run_partition(ledger_path, run_id).mkdir(parents=True, exist_ok=True)
-    return [{"file": name, "rows": compact_file(ledger_path, run_id, name)} for name in names]
+    return [{"file": name, "rows": complete_file(ledger_path, run_id, name)} for name in names]
 
 
-def compact_partition(
+def complete_partition(
     indices: Sequence[int],
     *,
     groups: Sequence[Sequence[str]],
@@ -84,8 +84,8 @@ def compact_partition(
     run_id: str,
 ) -> list[dict[str, Any]]:
     """Spark task (`partition_tasks.run_tasks`): complete the staged files of group(s)
-    `indices`; COMPACTED_SCHEMA rows."""
+    `indices`; COMPLETED_SCHEMA rows."""
     if ledger_store is not None:
         store.configure(ledger_path, ledger_store)
     names = [name for index in indices for name in groups[index]]
-    return compact_files(ledger_path, run_id, names)
+    return complete_files(ledger_path, run_id, names)
