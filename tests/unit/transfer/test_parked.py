@@ -144,7 +144,9 @@ class ParkRig:
 def _rows(directory: Path) -> list[dict[str, Any]]:
     rows = []
     for file in sorted(directory.glob("*.parquet")):
-        rows.extend(pq.read_table(file).to_pylist())
+        # The file's own columns: pq.read_table would add `run_id` from the directory's
+        # name on some pyarrow versions (Databricks 17.3's).
+        rows.extend(pq.ParquetFile(file).read().to_pylist())
     return sorted(rows, key=lambda row: row["position"])
 
 
