@@ -319,6 +319,22 @@ def entries(directory: Any) -> list[Any]:
         return [Path(entry.path) for entry in found]
 
 
+def sized_entries(directory: Any) -> list[tuple[Any, int]]:
+    """A directory's files with their sizes (none if it is missing), from one listing:
+    no request per file on an object store."""
+    if isinstance(directory, StorePath):
+        selector = pafs.FileSelector(directory.fs_path, allow_not_found=True)
+        return [
+            (directory / info.base_name, int(info.size or 0))
+            for info in directory.fs.get_file_info(selector)
+            if info.type == pafs.FileType.File
+        ]
+    if not directory.is_dir():
+        return []
+    with os.scandir(directory) as found:
+        return [(Path(entry.path), entry.stat().st_size) for entry in found if entry.is_file()]
+
+
 def read_parquet(path: Any, **options: Any) -> pa.Table:
     """A local or object-store Parquet file (pq.read_table's options)."""
     where, filesystem = arrow_source(path)

@@ -1,23 +1,24 @@
 """Driver side: the `parked` Delta table in the ledger (create, commit a run, read).
 
 Executors stage each parked batch as a Parquet file (`transfer/parked_rows.py` says why
-in two steps); at the commit, after the ledger's `messages` commit, each staged file is
-completed into the run partition's data file of the same name, in Spark tasks
-(`completed_in_tasks`; `transfer/parked_completion.py`), and the driver adds the run's
-data files to the Delta log by reference with delta-rs, in one commit per call. The
-staged files the log then holds are removed.
+in two steps); at the commit, after the ledger's `messages` commit, each transfer's
+staged files are completed in groups of up to 64 MiB into the run partition's data
+files, in Spark tasks (`completed_in_tasks`; `transfer/parked_completion.py`), and the
+driver adds the run's data files to the Delta log by reference with delta-rs, in one
+commit per call. The staged files, all held by data files then, are removed.
 
 **Partitioned by `run_id` alone.** A park is the unit of replay (`--parked RUN_ID`) and
 of retention (a run's rows are dropped together), so a reader prunes to one run by its
-directory; within a run, each data file holds one transfer's batch in position order,
+directory; within a run, each data file holds one transfer's rows in position order,
 so Parquet's row-group statistics on `source_queue` and `position` let Spark, DuckDB and
 polars skip the rest. Source queues are not a partition column: RabbitMQ allows any
 character in queue and vhost names (`/`, `=`, `%`, non-ASCII), which Hive-style
 partition directories must escape, and readers disagree on how they unescape them.
 
-Idempotent: a data file already in the log is never added again, nor completed again
-from its staged file, so a driver that died between the messages commit and this one
-(or part way through it) commits the rest on its re-run.
+Idempotent: a data file already in the log is never added again, and a staged file a
+data file holds (its footer says which) is never completed again, so a driver that died
+between the messages commit and this one (or part way through it) commits the rest on
+its re-run.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ from rmq_spark.ledger.store import StoreOptions
 from rmq_spark.partition_tasks import default_parallelism, run_tasks
 from rmq_spark.transfer.parked_completion import (
     COMPLETED_SCHEMA,
-    complete_files,
+    complete_groups,
     complete_partition,
+    group_staged,
+    staged_names_of,
 )
 from rmq_spark.transfer.parked_rows import PARTITION_BY, SCHEMA, run_partition, staged_partition
 from rmq_spark.transfer.parked_table import parked_files, table_path
@@ -84,54 +87,72 @@ def ensure_parked_table(ledger_path: str) -> None:
         )
 
 
-#: Completes the named staged files of a run into its data files (`complete_files`'s rows).
-Completer = Callable[[Sequence[str]], list[dict[str, Any]]]
+#: Completes groups of a run's staged files into its data files (`complete_groups`' rows).
+Completer = Callable[[Sequence[Sequence[str]]], list[dict[str, Any]]]
 
 
 def completed_in_tasks(
     spark: SparkSession, ledger_path: str, ledger_store: StoreOptions | None, run_id: str
 ) -> Completer:
-    """A completer of the run's staged files in Spark tasks, as many as the executors
-    offer cores (a one-queue park's files too), the files dealt round-robin: the
-    decoding, about 70 us a message, runs on every core at once."""
+    """A completer of the run's groups of staged files in Spark tasks, as many as the
+    executors offer cores (a one-queue park's groups too), the groups dealt
+    round-robin: the decoding, about 70 us a message, runs on every core at once."""
 
-    def complete(names: Sequence[str]) -> list[dict[str, Any]]:
-        tasks = min(default_parallelism(spark), len(names))
-        groups = [list(names[index::tasks]) for index in range(tasks)]
+    def complete(found: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+        tasks = min(default_parallelism(spark), len(found))
         task = partial(
             complete_partition,
-            groups=groups,
+            groups=[list(found[index::tasks]) for index in range(tasks)],
             ledger_path=ledger_path,
             ledger_store=ledger_store,
             run_id=run_id,
         )
-        return run_tasks(spark, len(groups), task, COMPLETED_SCHEMA)
+        return run_tasks(spark, tasks, task, COMPLETED_SCHEMA)
 
     return complete
 
 
 def commit_parked(ledger_path: str, run_id: str, complete: Completer | None = None) -> int:
-    """Complete the run's staged files not yet in the log (`complete`: in this process by
-    default), add its data files not yet in the log in one commit, then remove the
-    staged files the log holds; the rows added."""
+    """Complete the run's staged files no data file holds yet (`complete`: in this
+    process by default), add its data files not yet in the log in one commit, then
+    remove the staged files (all held now); the rows added."""
     path = table_path(ledger_path)
     table = DeltaTable(path, storage_options=storage_options(path))
     partition = run_partition(ledger_path, run_id)
     staged = [
-        entry
-        for entry in store.entries(staged_partition(ledger_path, run_id))
+        (entry, size)
+        for entry, size in store.sized_entries(staged_partition(ledger_path, run_id))
         if entry.name.endswith(".parquet") and not entry.name.startswith(TEMP_PREFIX)
     ]
+    held = _staged_held(partition)
+    pending = group_staged([(entry.name, size) for entry, size in staged if entry.name not in held])
+    if pending:
+        (complete or partial(complete_groups, ledger_path, run_id))(pending)
     in_log = {
         unquote(uri).rsplit("/", 1)[-1]
         for uri in table.file_uris(partition_filters=[("run_id", "=", run_id)])
     }
-    to_complete = sorted(entry.name for entry in staged if entry.name not in in_log)
-    if to_complete:
-        (complete or partial(complete_files, ledger_path, run_id))(to_complete)
     rows = _add_data_files(table, partition, run_id, in_log)
-    _remove_staged(staged)
+    _remove_staged([entry for entry, _ in staged])
     return rows
+
+
+def _staged_held(partition: Any) -> set[str]:
+    """The staged files the run partition's data files hold (in the log or not yet),
+    from their footers."""
+    return {
+        name
+        for entry in _data_files(partition)
+        for name in staged_names_of(store.read_metadata(entry), entry.name)
+    }
+
+
+def _data_files(partition: Any) -> list[Any]:
+    return sorted(
+        entry
+        for entry in store.entries(partition)
+        if entry.name.endswith(".parquet") and not entry.name.startswith(TEMP_PREFIX)
+    )
 
 
 def _remove_staged(staged: list[Any]) -> None:
@@ -147,15 +168,7 @@ def _remove_staged(staged: list[Any]) -> None:
 
 def _add_data_files(table: DeltaTable, partition: Any, run_id: str, in_log: set[str]) -> int:
     """Add the run partition's data files not in the log, in one commit; their rows."""
-    if not partition.is_dir():
-        return 0
-    pending = sorted(
-        entry
-        for entry in store.entries(partition)
-        if entry.name.endswith(".parquet")
-        and not entry.name.startswith(TEMP_PREFIX)
-        and entry.name not in in_log
-    )
+    pending = [entry for entry in _data_files(partition) if entry.name not in in_log]
     if not pending:
         return 0
     app_id = f"rmq-spark/parked/{run_id}"

@@ -13,9 +13,10 @@ Executor side, no pika and no Spark. A park's destination is a Delta table of me
    46 us a message on the one thread the mover's loop shares, and held the source's
    acks back (bench.park: 0.55-0.60 of a move's rate on RabbitMQ 4.3).
 2. **Completed, at the commit.** `with_selection_columns` decodes the staged rows'
-   property blocks into the selection columns; `parked_completion.py` writes each staged
-   file's complete rows as the table's data file of the same name, in Spark tasks, and
-   the driver adds them to the table's log in one commit (`park/table.py`).
+   property blocks into the selection columns; `parked_completion.py` writes a
+   transfer's staged files, in groups of up to 64 MiB, as the table's data files, in
+   Spark tasks, and the driver adds them to the table's log in one commit
+   (`park/table.py`).
 
 A row holds the message as it arrived (the exact content-header property bytes and the
 body), where it came from (source cluster, vhost, queue, position, the exchange and
@@ -210,8 +211,9 @@ def with_selection_columns(staged: pa.Table) -> pa.Table:
 class ParkedRowsWriter:
     """Writes one transfer's staged rows: each `write` is one staged file, durable on return.
 
-    Files are named after the transfer (`TransferKey.file_prefix`) and the task attempt,
-    so a retried task's files sit beside the earlier attempt's and the commit adds both.
+    Files are named after the transfer (`TransferKey.file_prefix`), the batch's first
+    position and the task attempt, so a retried task's files sit beside the earlier
+    attempt's and the commit completes both.
     """
 
     def __init__(
@@ -238,7 +240,13 @@ class ParkedRowsWriter:
     def write(self, deliveries: Sequence[Delivery], route_of: RouteOf) -> None:
         if not deliveries:
             return
-        name = f"{self._key.file_prefix}{self._task_attempt}-{uuid.uuid4().hex}.parquet"
+        # The first position, zero-padded, after the transfer's prefix: a transfer's
+        # staged files in name order are in position order, and so is the data file
+        # the commit completes from them (`parked_completion.group_staged`).
+        first = deliveries[0].position
+        name = (
+            f"{self._key.file_prefix}{first:020d}-{self._task_attempt}-{uuid.uuid4().hex}.parquet"
+        )
         try:
             write_row_groups(
                 self._dir,

@@ -6,13 +6,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.park.table import commit_parked, ensure_parked_table
-from rmq_spark.transfer.parked_completion import complete_files
+from rmq_spark.transfer import parked_completion
+from rmq_spark.transfer.parked_completion import complete_groups, data_file_name
 from rmq_spark.transfer.parked_rows import ParkedRowsWriter, run_partition, staged_partition
 from rmq_spark.transfer.parked_table import read_parked, table_path
 
@@ -74,6 +76,40 @@ def staged(ledger: Path, run_id: str) -> list[Path]:
     return sorted(Path(staged_partition(str(ledger), run_id)).glob("*.parquet"))
 
 
+def data_files(ledger: Path, run_id: str) -> list[str]:
+    return sorted(p.name for p in Path(run_partition(str(ledger), run_id)).glob("*.parquet"))
+
+
+def test_a_transfers_staged_files_become_one_data_file_in_position_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ensure_parked_table(str(tmp_path))
+    park(tmp_path, "run-1", b"d", b"e", first=3)  # staged out of order: a later batch first
+    park(tmp_path, "run-1", b"a", b"b", b"c")
+    assert commit_parked(str(tmp_path), "run-1") == 5
+    [name] = data_files(tmp_path, "run-1")
+    file = Path(run_partition(str(tmp_path), "run-1")) / name
+    assert pq.read_table(file).column("position").to_pylist() == [0, 1, 2, 3, 4]
+    assert pq.read_table(file).column("body").to_pylist() == [b"a", b"b", b"c", b"d", b"e"]
+
+
+def test_a_data_file_holds_at_most_group_bytes_of_staged_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ensure_parked_table(str(tmp_path))
+    for first in range(3):
+        park(tmp_path, "run-1", b"x", first=first)
+    size = max(file.stat().st_size for file in staged(tmp_path, "run-1"))
+    monkeypatch.setattr(parked_completion, "GROUP_BYTES", 2 * size)
+    assert commit_parked(str(tmp_path), "run-1") == 3
+    assert len(data_files(tmp_path, "run-1")) == 2  # two staged files, then one
+    assert sorted(r["position"] for r in read_parked(str(tmp_path), "run-1").to_pylist()) == [
+        0,
+        1,
+        2,
+    ]
+
+
 def test_the_commit_completes_the_staged_rows_and_then_removes_them(tmp_path: Path) -> None:
     ensure_parked_table(str(tmp_path))
     park(tmp_path, "run-1", b"a", b"b")
@@ -87,7 +123,7 @@ def test_the_commit_completes_the_staged_rows_and_then_removes_them(tmp_path: Pa
         (b"b", [], None),
     ]
     assert staged(tmp_path, "run-1") == []
-    assert [p.name for p in Path(run_partition(str(tmp_path), "run-1")).iterdir()] == [file.name]
+    assert data_files(tmp_path, "run-1") == [data_file_name([file.name])]
 
 
 def test_a_commit_that_died_after_completing_a_file_adds_it_once(tmp_path: Path) -> None:
@@ -95,7 +131,7 @@ def test_a_commit_that_died_after_completing_a_file_adds_it_once(tmp_path: Path)
     park(tmp_path, "run-1", b"a")
     park(tmp_path, "run-1", b"b", first=1)
     first = staged(tmp_path, "run-1")[0].name
-    complete_files(str(tmp_path), "run-1", [first])  # completed, then the driver died
+    complete_groups(str(tmp_path), "run-1", [[first]])  # completed, then the driver died
     assert commit_parked(str(tmp_path), "run-1") == 2
     assert sorted(r["position"] for r in read_parked(str(tmp_path), "run-1").to_pylist()) == [0, 1]
 

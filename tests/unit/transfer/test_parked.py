@@ -22,7 +22,7 @@ from rmq_spark.model import Delivery, MoveOutcome, TransferKey
 from rmq_spark.transfer import parked_rows as parked_rows_module
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.parked import ParkedTableLink, RouteBook
-from rmq_spark.transfer.parked_completion import complete_files
+from rmq_spark.transfer.parked_completion import complete_groups
 from rmq_spark.transfer.parked_rows import (
     DATA_SCHEMA,
     STAGED_SCHEMA,
@@ -137,7 +137,7 @@ class ParkRig:
     def completed(self) -> list[dict[str, Any]]:
         """The rows the commit makes of the staged files (the table's data files)."""
         names = sorted(file.name for file in self.staged.glob("*.parquet"))
-        complete_files(str(self.ledger_path), "run-1", names)
+        complete_groups(str(self.ledger_path), "run-1", [names])
         return _rows(self.partition)
 
 
@@ -344,10 +344,10 @@ def test_parking_rows_does_not_import_pandas(tmp_path: Path) -> None:
         f"writer = ParkedRowsWriter({str(tmp_path)!r}, 'r1', key, '0')\n"
         "writer.write([delivery], lambda tag: ('', 'q'))\n"
         "assert writer.rows_written == 1\n"
-        "from rmq_spark.transfer.parked_completion import complete_files\n"
+        "from rmq_spark.transfer.parked_completion import complete_groups\n"
         "from rmq_spark.transfer.parked_rows import staged_partition\n"
         f"names = [p.name for p in staged_partition({str(tmp_path)!r}, 'r1').iterdir()]\n"
-        f"assert complete_files({str(tmp_path)!r}, 'r1', names)[0]['rows'] == 1\n"
+        f"assert complete_groups({str(tmp_path)!r}, 'r1', [names])[0]['rows'] == 1\n"
     )
     assert not imported_after(script, "pandas")
     [file] = run_partition(str(tmp_path), "r1").glob("*.parquet")
