@@ -128,6 +128,15 @@ def commit_parked(ledger_path: str, run_id: str, complete: Completer | None = No
     pending = group_staged([(entry.name, size) for entry, size in staged if entry.name not in held])
     if pending:
         (complete or partial(complete_groups, ledger_path, run_id))(pending)
+        # The staged files are the acked messages' only copy: removed below only once
+        # a data file holds each of them.
+        unheld = sorted({name for group in pending for name in group} - _staged_held(partition))
+        if unheld:
+            raise LedgerError(
+                f"ledger {partition}: the completion left {len(unheld)} staged file(s) in "
+                f"no data file (the first: {unheld[0]}); they are kept, and the next "
+                "commit of the run completes them"
+            )
     in_log = {
         unquote(uri).rsplit("/", 1)[-1]
         for uri in table.file_uris(partition_filters=[("run_id", "=", run_id)])

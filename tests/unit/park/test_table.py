@@ -149,6 +149,15 @@ def test_a_staged_file_back_after_its_commit_is_removed_not_added_again(tmp_path
     assert read_parked(str(tmp_path), "run-1").num_rows == 1
 
 
+def test_staged_files_no_data_file_holds_after_the_completion_are_kept(tmp_path: Path) -> None:
+    ensure_parked_table(str(tmp_path))
+    park(tmp_path, "run-1", b"a")
+    with pytest.raises(LedgerError, match="left 1 staged file"):
+        commit_parked(str(tmp_path), "run-1", lambda _groups: [])  # completed nothing
+    assert len(staged(tmp_path, "run-1")) == 1
+    assert commit_parked(str(tmp_path), "run-1") == 1  # the next commit completes it
+
+
 def test_a_table_of_another_schema_is_refused(tmp_path: Path) -> None:
     write_deltalake(table_path(str(tmp_path)), pa.table({"run_id": ["x"], "body": [b"b"]}))
     with pytest.raises(LedgerError, match="expected the parked table's columns"):
