@@ -1,6 +1,7 @@
 """The brake for live destinations on real brokers: the rates the ledger's confirm
-times show, over sliding windows, stay within 5% of the limits once running; and the
-depth bound keeps a destination nobody consumes at its bound until it is drained.
+times show, over sliding windows, never pass the limits by more than 5% once running
+(nor fall more than 20% under them); and the depth bound keeps a destination nobody
+consumes at its bound until it is drained.
 
 Each test moves a backlog through the whole job (Spark, Delta) with a limit well
 below what the brokers can take here, then reads every message's confirm time
@@ -38,7 +39,12 @@ from tests.support.brokers import (
 
 WINDOW_SECONDS = 3.0
 STEP_SECONDS = 0.1
-TOLERANCE = 0.05
+# Over the limit: what the brake promises it never does, beyond the timer's jitter.
+OVER = 0.05
+# Under it: a loaded machine's pauses are not made up afterwards with a burst (that would
+# pass the limit), so a busy CI machine runs below it: 521-586/s for 600 in one
+# rehearsal, beside the suite's other worker and the fast lane; 598-602 when quiet.
+UNDER = 0.20
 
 
 def confirm_seconds(ledger: Path, run_id: str, queue: str | None = None) -> list[float]:
@@ -72,13 +78,12 @@ def assert_held(rates: list[float], limit: float) -> None:
         f"limit {limit:g}/s: {len(rates)} windows of {WINDOW_SECONDS:g} s, "
         f"{min(rates):.1f} to {max(rates):.1f}/s, worst {worst:.2%} off"
     )
-    assert worst <= TOLERANCE, (
-        f"limit {limit}/s: windows from {min(rates):.1f} to {max(rates):.1f}/s "
-        f"(worst {worst:.1%} off)"
-    )
+    found = f"limit {limit}/s: windows from {min(rates):.1f} to {max(rates):.1f}/s"
+    assert max(rates) <= limit * (1 + OVER), f"{found}: over by more than {OVER:.0%}"
+    assert min(rates) >= limit * (1 - UNDER), f"{found}: under by more than {UNDER:.0%}"
 
 
-def test_a_route_limit_holds_the_confirm_rate_within_five_percent_over_every_window(
+def test_a_route_limit_holds_the_confirm_rate_in_every_window(
     brokers: Brokers, password_env: str, tmp_path: Path, spark: SparkSession
 ) -> None:
     vhost = fresh_vhost(brokers, "rate-route")
