@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
@@ -124,13 +125,15 @@ def commit_parked(ledger_path: str, run_id: str, complete: Completer | None = No
         for entry, size in store.sized_entries(staged_partition(ledger_path, run_id))
         if entry.name.endswith(".parquet") and not entry.name.startswith(TEMP_PREFIX)
     ]
-    held = _staged_held(partition)
+    footers = _footers(partition)
+    held = _staged_held(footers)
     pending = group_staged([(entry.name, size) for entry, size in staged if entry.name not in held])
     if pending:
         (complete or partial(complete_groups, ledger_path, run_id))(pending)
+        footers = _footers(partition)  # with the data files just completed
         # The staged files are the acked messages' only copy: removed below only once
         # a data file holds each of them.
-        unheld = sorted({name for group in pending for name in group} - _staged_held(partition))
+        unheld = sorted({name for group in pending for name in group} - _staged_held(footers))
         if unheld:
             raise LedgerError(
                 f"ledger {partition}: the completion left {len(unheld)} staged file(s) in "
@@ -141,27 +144,25 @@ def commit_parked(ledger_path: str, run_id: str, complete: Completer | None = No
         unquote(uri).rsplit("/", 1)[-1]
         for uri in table.file_uris(partition_filters=[("run_id", "=", run_id)])
     }
-    rows = _add_data_files(table, partition, run_id, in_log)
+    rows = _add_data_files(table, footers, run_id, in_log)
     _remove_staged([entry for entry, _ in staged])
     return rows
 
 
-def _staged_held(partition: Any) -> set[str]:
-    """The staged files the run partition's data files hold (in the log or not yet),
-    from their footers."""
+def _footers(partition: Any) -> dict[Any, pq.FileMetaData]:
+    """The run partition's data files (in the log or not yet), each with its footer."""
     return {
-        name
-        for entry in _data_files(partition)
-        for name in staged_names_of(store.read_metadata(entry), entry.name)
+        entry: store.read_metadata(entry)
+        for entry in sorted(store.entries(partition))
+        if entry.name.endswith(".parquet") and not entry.name.startswith(TEMP_PREFIX)
     }
 
 
-def _data_files(partition: Any) -> list[Any]:
-    return sorted(
-        entry
-        for entry in store.entries(partition)
-        if entry.name.endswith(".parquet") and not entry.name.startswith(TEMP_PREFIX)
-    )
+def _staged_held(footers: dict[Any, pq.FileMetaData]) -> set[str]:
+    """The staged files these data files hold, from their footers."""
+    return {
+        name for entry, footer in footers.items() for name in staged_names_of(footer, entry.name)
+    }
 
 
 def _remove_staged(staged: list[Any]) -> None:
@@ -175,9 +176,11 @@ def _remove_staged(staged: list[Any]) -> None:
             staged[0].parent.rmdir()
 
 
-def _add_data_files(table: DeltaTable, partition: Any, run_id: str, in_log: set[str]) -> int:
-    """Add the run partition's data files not in the log, in one commit; their rows."""
-    pending = [entry for entry in _data_files(partition) if entry.name not in in_log]
+def _add_data_files(
+    table: DeltaTable, footers: dict[Any, pq.FileMetaData], run_id: str, in_log: set[str]
+) -> int:
+    """Add the data files not in the log, in one commit; their rows."""
+    pending = [entry for entry in footers if entry.name not in in_log]
     if not pending:
         return 0
     app_id = f"rmq-spark/parked/{run_id}"
@@ -186,7 +189,7 @@ def _add_data_files(table: DeltaTable, partition: Any, run_id: str, in_log: set[
     rows = 0
     for file in pending:
         stat = file.stat()
-        count = int(store.read_metadata(file).num_rows)
+        count = int(footers[file].num_rows)
         rows += count
         actions.append(
             AddAction(
