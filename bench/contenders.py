@@ -41,6 +41,7 @@ from urllib.parse import quote
 import pyarrow.compute as pc
 import yaml
 
+from bench.process_memory import TreeMemory
 from bench.workload import (
     DESTINATION,
     ONE_NODE,
@@ -516,14 +517,22 @@ def run_job(
     children_before = _children_cpu_seconds()
     cpu_before = brokers.cpu_seconds()
     launched, started = datetime.now(UTC), time.monotonic()
-    completed = subprocess.run(
-        [str(SPARK_SUBMIT), "--config", str(config_path), "--run-id", run_id],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_SECONDS,
-        check=False,
-    )
+    with (
+        subprocess.Popen(
+            [str(SPARK_SUBMIT), "--config", str(config_path), "--run-id", run_id],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as job,
+        TreeMemory(job.pid) as memory,
+    ):
+        try:
+            stdout, stderr = job.communicate(timeout=RUN_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            raise
+    completed = subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
     seconds, exited = time.monotonic() - started, datetime.now(UTC)
     cpu_after = brokers.cpu_seconds()
     (work_dir / f"{run_id}.stderr").write_text(completed.stderr, encoding="utf-8")
@@ -552,6 +561,8 @@ def run_job(
             "seeded": messages,
             "job_seconds": result["seconds"],
             "max_active": config["max_active"],
+            # Sampled from /proc while it ran (bench/process_memory.py).
+            "peak_memory": memory.to_json(),
         },
     )
 
