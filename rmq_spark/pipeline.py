@@ -179,14 +179,16 @@ def run_transfer(
             node_uris(config, clients),
             rate_limits=route_rate_limits(config, len(to_move)),
         )
-    record_brakes(config, run_id, outcomes)
-    # Spark's own Delta writer where the session has it (Databricks), else delta-rs.
-    committer = committer_for(spark)
-    log.info("run %s: ledger commits with %s", run_id, committer.name)
-    tables.commit_run(ledger_path, run_id, committer)
-
-    after = measure_depths(config, transfers)
-    removed = source_removals(config, removed_before, outcomes)
+    # The sources' counters lag the movers' acks by a statistics interval or more:
+    # they are read again while the ledger commits and the depths are counted.
+    with removals.settling(config, removed_before, outcomes) as removals_after:
+        record_brakes(config, run_id, outcomes)
+        # Spark's own Delta writer where the session has it (Databricks), else delta-rs.
+        committer = committer_for(spark)
+        log.info("run %s: ledger commits with %s", run_id, committer.name)
+        tables.commit_run(ledger_path, run_id, committer)
+        after = measure_depths(config, transfers)
+        removed = removals_after.result()
     partition_of = {t.key: p for t, p in zip(to_move, assignment, strict=True)}
     shared = {
         route.name for route in config.routes if not route.parks and route.queue_destination.shared
@@ -233,18 +235,6 @@ def fresh_transfers(
     discovered."""
     planned = {t.key: t for t in transfers}
     return [t.key for t in to_move if planned.get(t.key) is t]
-
-
-def source_removals(
-    config: JobConfig, before: Mapping[TransferKey, int | None], outcomes: Sequence[MoveOutcome]
-) -> dict[TransferKey, int | None]:
-    """What consumers removed from each fresh transfer's source during the run, once
-    the counters caught up with what its mover moved (`removals.settle`)."""
-    if not before:
-        return {}
-    moved = {outcome.key: outcome.messages for outcome in outcomes}
-    with management_clients(config) as clients:
-        return removals.settle(lambda keys: removals.read_removed(clients, keys), before, moved)
 
 
 def verify_on_ledger(

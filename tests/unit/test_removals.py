@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Collection
 
 from rmq_spark.broker.removals import (
@@ -92,3 +94,32 @@ def test_read_once_when_asked_without_waiting() -> None:
 
     assert settle(read, {A: 0}, {A: 5}, deadline_seconds=0.0) == {A: None}
     assert len(reads) == 1
+
+
+def test_a_cancelled_settle_stops_waiting_at_once() -> None:
+    cancelled = threading.Event()
+    reads: list[int] = []
+
+    def read(keys: Collection[TransferKey]) -> Readings:
+        reads.append(1)
+        cancelled.set()  # the run failed while the first reading was under way
+        return dict.fromkeys(keys, 30)
+
+    started = time.monotonic()
+    removed = settle(read, {A: 0}, {A: 100}, deadline_seconds=60.0, cancelled=cancelled)
+    assert removed == {A: None}  # still short of what moved: proves nothing
+    assert len(reads) == 1
+    assert time.monotonic() - started < 30.0  # not the 60 s deadline
+
+
+def test_an_uncancelled_settle_waits_on_its_event_between_readings() -> None:
+    cancelled = threading.Event()
+    answers = iter([{A: 40}, {A: 100}])
+    removed = settle(
+        lambda keys: {key: next(answers)[key] for key in keys},
+        {A: 0},
+        {A: 100},
+        deadline_seconds=60.0,
+        cancelled=cancelled,
+    )
+    assert removed == {A: 100}
