@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pyarrow as pa
+
 from rmq_spark.ledger import durable, store
 from rmq_spark.ledger.layout import COMPACTED_PREFIX, DATA_SCHEMA, ROLL_ROWS, TEMP_PREFIX
 
@@ -42,6 +44,8 @@ SMALL_FILE_ROWS = ROLL_ROWS // 4
 # Footers read, or files removed, at once: I/O, not CPU (pyarrow's file systems are
 # thread-safe), and enough to keep a far object store's pipe full.
 REQUESTS_AT_ONCE = 32
+# Executor files read by one dataset scan while compacting (`_read_group`).
+FILES_PER_SCAN = 256
 
 
 def row_counts(partition: Any, names: Iterable[str]) -> dict[str, int]:
@@ -92,11 +96,27 @@ def compact(
         group_rows += counts[name]
     written: list[str] = []
     for group in groups:
-        table = store.dataset(group, schema=DATA_SCHEMA, format="parquet").to_table()
+        table = _read_group(group)
         name = f"{COMPACTED_PREFIX}{version:010d}-{len(written):04d}-{uuid.uuid4().hex}.parquet"
         durable.write_data_file(partition, name, table)
         written.append(name)
     return tuple(written)
+
+
+def _read_group(files: list[Any]) -> pa.Table:
+    """A group's rows as one table, read FILES_PER_SCAN files per dataset scan.
+
+    Each scanned file is a chunk of its own, a few hundred bytes of rows under tens of
+    KiB of buffers and metadata: one scan of 10,000 five-row files (a 10,000-queue run)
+    took the driver to 945 MiB for a 14 MiB table. Combining each scan's chunks before
+    the next lets those go: 212 MiB, in the same 5-6 s (measured on the files of a
+    `bench.many_queues --queues 10000 --messages 5` run)."""
+    return pa.concat_tables(
+        store.dataset(files[start : start + FILES_PER_SCAN], schema=DATA_SCHEMA, format="parquet")
+        .to_table()
+        .combine_chunks()
+        for start in range(0, len(files), FILES_PER_SCAN)
+    )
 
 
 def orphans(partition: Any, named: Iterable[str]) -> list[Any]:

@@ -104,6 +104,25 @@ def test_compaction_splits_rows_into_files_of_at_most_the_limit(ledger: Path) ->
     assert all(name.startswith("compacted-0000000007-") for name in written)
 
 
+def test_a_group_read_a_few_files_per_scan_keeps_every_row_in_order(
+    ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compaction, "FILES_PER_SCAN", 5)  # 12 files: scans of 5, 5 and 2
+    partition = run_partition_dir(str(ledger), "r1")
+    names = sorted(tables.data_file_names(partition))
+
+    (written,) = compaction.compact(partition, names, 7)
+
+    rows = pq.read_table(partition / written).to_pylist()
+    read_in_order = [
+        (str(row["source_queue"]), int(str(row["position"])))
+        for name in names
+        for row in pq.read_table(partition / name).to_pylist()
+    ]
+    assert [(str(r["source_queue"]), int(str(r["position"]))) for r in rows] == read_in_order
+    assert len(rows) == len(KEYS) * ROWS_EACH
+
+
 def test_row_counts_read_every_footer_at_once_and_keep_the_names_order(ledger: Path) -> None:
     partition = run_partition_dir(str(ledger), "r1")
     names = sorted(tables.data_file_names(partition), reverse=True)
