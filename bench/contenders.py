@@ -535,6 +535,8 @@ def run_job(
     completed = subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
     seconds, exited = time.monotonic() - started, datetime.now(UTC)
     cpu_after = brokers.cpu_seconds()
+    # The job's log (stdout) and Spark's (stderr), for --keep-work-dir.
+    (work_dir / f"{run_id}.stdout").write_text(completed.stdout, encoding="utf-8")
     (work_dir / f"{run_id}.stderr").write_text(completed.stderr, encoding="utf-8")
     result = _result_line(completed.stdout)
     if completed.returncode not in (0, 1) or not result:  # 1: ran, verification failed

@@ -17,8 +17,9 @@ Starts two local nodes (`bench.workload.local_brokers`), then:
    does, with the config a new user writes (default ``max_active`` and
    ``queues_per_task``). Reports the whole job's seconds, its stages (from the
    ledger's timestamps, `contenders.job_stages`), the ledger files and commits of
-   the run in the Delta log, milliseconds per queue, and the peak memory of the JVM,
-   the Python driver and the executors' Python workers (`bench.process_memory`).
+   the run in the Delta log, milliseconds per queue, the peak memory of the JVM,
+   the Python driver and the executors' Python workers (`bench.process_memory`), and
+   the brokers' CPU per second while idle before it (their floor with that many queues).
 2. **orchestrated shovels** (the seed's script: a Shovel per queue, 5 active, depths
    polled each second, `contenders.run_orchestrated_shovels`) on ``--shovel-queues``
    queues of the same shape (all of the job's count by default; fewer in quick mode).
@@ -100,6 +101,8 @@ TRANSFER_STAGE_MAX_SECONDS = 15.0
 WHOLE_JOB_MAX_SECONDS = 25.0
 JOB_VS_SHOVELS_MAX = 0.03
 PLAN_10K_MAX_SECONDS = 10.0
+# How long the brokers' CPU is measured while nothing moves, before the job.
+IDLE_CPU_SECONDS = 10.0
 # Issue #31's: 10,000 queues x 5 messages, the whole job.
 TEN_THOUSAND_QUEUES_MAX_SECONDS = 120.0
 
@@ -237,6 +240,17 @@ def top_functions(stats_path: Path, limit: int = PROFILE_TOP) -> list[str]:
     return [line for line in out.getvalue().splitlines() if line.strip()]
 
 
+def idle_broker_cpu(brokers: Brokers) -> dict[str, float]:
+    """Each node's CPU seconds per second while nothing moves, measured over
+    IDLE_CPU_SECONDS once the queues are seeded: the floor the job's brokers start
+    from (statistics and housekeeping of every queue), which on a 2-core box the job's
+    own processes share."""
+    before = brokers.cpu_seconds()
+    time.sleep(IDLE_CPU_SECONDS)  # a measurement window, not a wait for a condition
+    after = brokers.cpu_seconds()
+    return {node: round((after[node] - before[node]) / IDLE_CPU_SECONDS, 3) for node in after}
+
+
 def job_scenario(
     brokers: Brokers,
     shape: Shape,
@@ -250,6 +264,7 @@ def job_scenario(
     queues = shape.spread("mq", shape.queues)
     seed(brokers, queues, workload)
     wait_until_listed(brokers, queues, r"mq\.q")
+    idle = idle_broker_cpu(brokers)
     run_id = "many-queues-job"
     ledger = work_dir / "ledgers" / run_id
     config = job_config(
@@ -280,6 +295,7 @@ def job_scenario(
         run.details |= ledger_files(ledger, run_id)
         run.details["verification"] = verification_phases(ledger, run_id)
     run.details["queues"] = len(queues)
+    run.details["broker_idle_cpu_per_second"] = idle
     run.details["transfer_ms_per_queue"] = round(
         1000 * run.details["stages"]["transfer"] / len(queues), 1
     )
