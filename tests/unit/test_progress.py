@@ -12,10 +12,12 @@ import pytest
 from rmq_spark.model import QueueTransfer, TransferKey
 from rmq_spark.progress import (
     MAX_QUEUE_BARS,
+    SAMPLE_SHARE,
     TERMINAL_ENV,
     MovingRates,
     ProgressReporter,
     human_bytes,
+    pause_between_samples,
     progress_console,
     queues_to_show,
     rate_text,
@@ -41,6 +43,18 @@ def test_moved_stays_within_zero_and_the_start_depth() -> None:
 
 def test_missing_sample_counts_as_not_moved() -> None:
     assert snapshot({"a": 10}, {}, seconds=1.0).moved == 0
+
+
+def test_a_cheap_sample_is_taken_every_interval() -> None:
+    assert pause_between_samples(10.0, 0.02) == 10.0
+    assert pause_between_samples(1.0, 0.0) == 1.0  # before the first sample
+
+
+def test_a_costly_sample_waits_until_sampling_is_its_share_of_the_time() -> None:
+    # 10,000 queues' listing took ~2.6 s: every 10 s would be a fifth of the time.
+    pause = pause_between_samples(10.0, 2.6)
+    assert pause > 10.0
+    assert 2.6 / (2.6 + pause) == pytest.approx(SAMPLE_SHARE)
 
 
 def test_log_line_is_structured() -> None:
