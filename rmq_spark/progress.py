@@ -53,6 +53,9 @@ LOG_INTERVAL_SECONDS = 10.0
 # 2-core box, so 10,000 queues sampled every 10 s took a quarter of its core, and every
 # second on a terminal all of it, for the whole move.
 SAMPLE_SHARE = 0.05
+# ...but a sample at least this often, whatever it costs: a run that logs nothing for
+# minutes looks hung (a busy broker answered one 10,000-queue listing in ~15 s).
+MAX_PAUSE_SECONDS = 60.0
 # Redraws per second: the elapsed/ETA columns move between samples, and through
 # spark-submit every redraw crosses the JVM, so no more often than this.
 BAR_REFRESH_PER_SECOND = 4
@@ -246,8 +249,10 @@ def depth_sampler(config: JobConfig, transfers: Sequence[QueueTransfer]) -> Dept
 
 def pause_between_samples(interval: float, last_sample_seconds: float) -> float:
     """Seconds to wait before the next depth sample: `interval`, or longer when the last
-    sample took so long that the samples would take more than SAMPLE_SHARE of the time."""
-    return max(interval, last_sample_seconds * (1 / SAMPLE_SHARE - 1))
+    sample took so long that the samples would take more than SAMPLE_SHARE of the time,
+    up to MAX_PAUSE_SECONDS (never less than `interval`)."""
+    costly = min(last_sample_seconds * (1 / SAMPLE_SHARE - 1), MAX_PAUSE_SECONDS)
+    return max(interval, costly)
 
 
 class ProgressReporter:

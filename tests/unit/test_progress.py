@@ -11,6 +11,7 @@ import pytest
 
 from rmq_spark.model import QueueTransfer, TransferKey
 from rmq_spark.progress import (
+    MAX_PAUSE_SECONDS,
     MAX_QUEUE_BARS,
     SAMPLE_SHARE,
     TERMINAL_ENV,
@@ -55,6 +56,12 @@ def test_a_costly_sample_waits_until_sampling_is_its_share_of_the_time() -> None
     pause = pause_between_samples(10.0, 2.6)
     assert pause > 10.0
     assert 2.6 / (2.6 + pause) == pytest.approx(SAMPLE_SHARE)
+
+
+def test_even_a_very_costly_sample_is_taken_again_within_the_longest_pause() -> None:
+    # A broker that took 15 s to answer: a line a minute, not one every 5 minutes.
+    assert pause_between_samples(10.0, 15.0) == MAX_PAUSE_SECONDS
+    assert pause_between_samples(2 * MAX_PAUSE_SECONDS, 15.0) == 2 * MAX_PAUSE_SECONDS
 
 
 def test_log_line_is_structured() -> None:
