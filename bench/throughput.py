@@ -130,7 +130,12 @@ DR_JOB_QUEUES_PER_TASK = 3
 # The destination "in another datacenter" (`far_single`, `far_dr`): what
 # ``netem delay 20ms`` on its ports would add, each way (a 40 ms round trip).
 FAR_ONE_WAY_DELAY_SECONDS = 0.020
-GOALS = goals(DEFAULT_WINDOW) | {"far_one_way_delay_ms": FAR_ONE_WAY_DELAY_SECONDS * 1000}
+# ...and on another continent (`farther_single`): 40 ms each way, an 80 ms round trip.
+FARTHER_ONE_WAY_DELAY_SECONDS = 0.040
+GOALS = goals(DEFAULT_WINDOW) | {
+    "far_one_way_delay_ms": FAR_ONE_WAY_DELAY_SECONDS * 1000,
+    "farther_one_way_delay_ms": FARTHER_ONE_WAY_DELAY_SECONDS * 1000,
+}
 
 
 @dataclass(frozen=True)
@@ -514,14 +519,16 @@ def dr(bench: Bench, scale: Scale, scenario: str = "dr") -> None:
 
 
 @contextmanager
-def far_destination(bench: Bench) -> Iterator[Bench]:
+def far_destination(
+    bench: Bench, one_way_delay: float = FAR_ONE_WAY_DELAY_SECONDS
+) -> Iterator[Bench]:
     """`bench` with its contenders reaching the destination through a delay proxy.
 
     The kernel here has no netem, so `bench.delay_proxy` adds the one-way delay in
     user space; the Shovel's destination URI, the mover's and the job's destination
     cluster all point at it. Seeding and depth checks still go to the node itself.
     """
-    with DelayProxy(bench.brokers.dst.amqp_port, FAR_ONE_WAY_DELAY_SECONDS) as proxy:
+    with DelayProxy(bench.brokers.dst.amqp_port, one_way_delay) as proxy:
         yield replace(bench, brokers=replace(bench.brokers, dst_amqp_port=proxy.port), proxy=proxy)
 
 
@@ -532,10 +539,21 @@ def far_single(bench: Bench, scale: Scale) -> None:
     mover's default window (5000), the same for both contenders, since whether a
     window keeps a 40 ms round trip full is what this scenario asks.
     """
+    single_far_away(bench, scale, "far_single", FAR_ONE_WAY_DELAY_SECONDS)
+
+
+def farther_single(bench: Bench, scale: Scale) -> None:
+    """`far_single` with the destination 40 ms away each way (an 80 ms round trip, an
+    ocean between the datacenters), at the same two windows."""
+    single_far_away(bench, scale, "farther_single", FARTHER_ONE_WAY_DELAY_SECONDS)
+
+
+def single_far_away(bench: Bench, scale: Scale, family: str, one_way_delay: float) -> None:
+    """One 1 KiB queue through a delay proxy, Shovel vs mover, at windows 1000 and 5000."""
     workload = Workload(scale.single_messages, KIB)
-    with far_destination(bench) as far:
+    with far_destination(bench, one_way_delay) as far:
         for window in (SINGLE_QUEUE_WINDOW, DEFAULT_WINDOW):
-            scenario = far_single_scenario(window)
+            scenario = far_single_scenario(window, family)
             run = partial(single_queue_run, far, scenario, workload=workload, window=window)
             alternate(
                 far,
@@ -545,8 +563,8 @@ def far_single(bench: Bench, scale: Scale) -> None:
             )
 
 
-def far_single_scenario(window: int) -> str:
-    return "far_single" if window == SINGLE_QUEUE_WINDOW else f"far_single_window_{window}"
+def far_single_scenario(window: int, family: str = "far_single") -> str:
+    return family if window == SINGLE_QUEUE_WINDOW else f"{family}_window_{window}"
 
 
 def far_dr(bench: Bench, scale: Scale) -> None:
@@ -562,6 +580,7 @@ SCENARIOS: dict[str, Callable[[Bench, Scale], None]] = {
     "windows": windows,
     "dr": dr,
     "far_single": far_single,
+    "farther_single": farther_single,
     "far_dr": far_dr,
 }
 # What each CPU layout runs by default. The separated layout is the deployment's
@@ -569,7 +588,7 @@ SCENARIOS: dict[str, Callable[[Bench, Scale], None]] = {
 # older scenarios (sizes, window curve, DR) without running them twice.
 DEFAULT_SCENARIOS = {
     SHARED: ("single", "sizes", "windows", "dr"),
-    SEPARATED: ("single", "far_single", "far_dr"),
+    SEPARATED: ("single", "far_single", "farther_single", "far_dr"),
 }
 # The 4.3 section: the single-queue workloads (the sizes too when ``--scenarios``
 # names them).

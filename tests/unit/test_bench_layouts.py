@@ -107,6 +107,22 @@ def test_separated_targets_check_the_limit_the_ratio_and_the_broker_cost() -> No
     assert not any("DR" in name or "20 ms" in name for name in found)
 
 
+def test_the_destination_40_ms_away_is_held_to_one_and_a_half_times_the_shovel() -> None:
+    results = {
+        scenario: {
+            SHOVEL: [_run(SHOVEL, 10.0, 10.0)],
+            "mover": [_run("mover", seconds, 6.0)],
+        }
+        for scenario, seconds in (("farther_single", 8.0), ("farther_single_window_5000", 5.0))
+    }
+    found = {t["target"]: t for t in targets(figures(results), SEPARATED, 5000)}
+    at_1000 = found["40 ms each way: mover vs Shovel, 1 KiB, window 1000 for both (x faster)"]
+    assert (at_1000["measured"], at_1000["goal"], at_1000["met"]) == (1.25, ">= 1.5", False)
+    at_5000 = found["40 ms each way, window 5000 for both: mover vs Shovel, 1 KiB (x faster)"]
+    assert (at_5000["measured"], at_5000["met"]) == (2.0, True)
+    assert not any("20 ms" in name for name in found)
+
+
 def test_shared_targets_have_no_limit_and_a_lower_speed_bar() -> None:
     summary = figures(_results(cores=None))
     assert "share_of_broker_bound_limit" not in summary["single_classic"]["mover"]
