@@ -50,7 +50,7 @@ LOG_INTERVAL_SECONDS = 10.0
 # The depth samples take at most this share of the time: a sample that took long waits
 # longer than the interval before the next (`pause_between_samples`). A management
 # listing costs the broker about what it takes: 2,000 queues 0.51 CPU-s in 0.55 s on a
-# 2-core box, so 10,000 queues sampled every 10 s took a quarter of its core, and every
+# 2-core box, so 10,000 queues sampled every 10 s took a fifth of its core, and every
 # second on a terminal all of it, for the whole move.
 SAMPLE_SHARE = 0.05
 # ...but a sample at least this often, whatever it costs: a run that logs nothing for
