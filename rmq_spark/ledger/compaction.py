@@ -26,45 +26,44 @@ compacted files hold many transfers under no transfer's prefix.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
 
 from rmq_spark.ledger import durable, store
-from rmq_spark.ledger.layout import COMPACTED_PREFIX, DATA_SCHEMA, ROLL_ROWS, TEMP_PREFIX
+from rmq_spark.ledger.layout import COMPACTED_PREFIX, DATA_SCHEMA, TEMP_PREFIX
 
 # Rows per compacted file: ~30-60 MB of ledger rows, large enough that a run of
 # thousands of small queues commits a handful of files, small enough to build in memory.
 COMPACT_ROWS = 262_144
 # Executor files at least this large are committed as they are: copying them buys
-# nothing (a rolled stream's file already has ROLL_ROWS rows).
-SMALL_FILE_ROWS = ROLL_ROWS // 4
-# Footers read, or files removed, at once: I/O, not CPU (pyarrow's file systems are
-# thread-safe), and enough to keep a far object store's pipe full.
+# nothing. A rolled stream's file (ROLL_ROWS rows) is 1.6 MiB even of the most
+# compressible rows (the unit tests' builder), ~8 MiB of real checksums; a file under
+# 1 MiB holds at most ~16,000 real rows. Sizes come with the directory listing, where
+# row counts would cost a footer read per file (two requests on an object store).
+SMALL_FILE_BYTES = 1 << 20
+# Files read or removed at once: I/O, not CPU (pyarrow's file systems are thread-safe),
+# and enough to keep a far object store's pipe full.
 REQUESTS_AT_ONCE = 32
-# Executor files read by one dataset scan while compacting (`_read_group`).
+# Executor files read by one dataset scan while compacting (`_read_scans`).
 FILES_PER_SCAN = 256
 
 
-def row_counts(partition: Any, names: Iterable[str]) -> dict[str, int]:
-    """Each data file's row count, from its footer; REQUESTS_AT_ONCE footers at a time.
+def file_sizes(partition: Any, names: Iterable[str]) -> dict[str, int]:
+    """These data files' sizes in bytes, in the order of `names`, from one listing.
 
-    On an object store a footer is a request or two, one round trip each: a run of
-    1,000 queues leaves 1,000 executor files, which read one by one behind a 20 ms
-    round trip took minutes of the commit (bench.many_queues --ledger s3)."""
-    names = list(names)
-    if not names:
-        return {}
-    with ThreadPoolExecutor(min(REQUESTS_AT_ONCE, len(names))) as pool:
-        counts = pool.map(lambda name: store.read_metadata(partition / name).num_rows, names)
-        return dict(zip(names, counts, strict=True))
+    On an object store the listing answers a thousand files a request; reading each
+    file's footer for its row count cost two requests a file, 4,000 of the 1,000-queue
+    job's commit behind a 20 ms round trip (bench.many_queues --ledger s3)."""
+    listed = {path.name: size for path, size in store.sized_entries(partition)}
+    return {name: listed[name] for name in names}
 
 
-def small_files(rows: Mapping[str, int]) -> list[str]:
-    """The data files worth compacting: fewer rows than SMALL_FILE_ROWS (`row_counts`)."""
-    return [name for name, count in rows.items() if count < SMALL_FILE_ROWS]
+def small_files(sizes: Mapping[str, int]) -> list[str]:
+    """The data files worth compacting: under SMALL_FILE_BYTES (`file_sizes`)."""
+    return [name for name, size in sizes.items() if size < SMALL_FILE_BYTES]
 
 
 def compact(
@@ -73,50 +72,63 @@ def compact(
     version: int,
     *,
     rows_per_file: int = COMPACT_ROWS,
-    rows: Mapping[str, int] | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> tuple[str, ...]:
     """Copy the rows of these data files into a few compacted files; their names.
 
-    Files are grouped in the order of `names` (sorted by the caller: a transfer's files
+    The rows are read in the order of `names` (sorted by the caller: a transfer's files
     share a prefix, so its rows stay together and row-group statistics of the key
-    columns let a resume skip most of a file) into groups of at most `rows_per_file`
-    rows (a file larger than that is a group of its own); each group is read by one
-    multi-threaded dataset scan (1,000 files one by one took 1 s). The sources are
-    left as they are. `rows` are their row counts where the caller has read them
-    (`row_counts`); otherwise they are read here.
+    columns let a resume skip most of a file), FILES_PER_SCAN files per multi-threaded
+    dataset scan (1,000 files one by one took 1 s), and cut into files of
+    `rows_per_file` rows, the last one shorter; a source's rows may straddle two
+    compacted files, which the commit batch adds together. The sources are left as they
+    are. `sizes` are their sizes where the caller has listed them (`file_sizes`), so
+    that reading one costs no request for its size; otherwise they are listed here.
     """
-    counts = rows if rows is not None else row_counts(partition, names)
-    groups: list[list[Any]] = []
-    group_rows = 0
-    for name in names:
-        if not groups or (group_rows and group_rows + counts[name] > rows_per_file):
-            groups.append([])
-            group_rows = 0
-        groups[-1].append(partition / name)
-        group_rows += counts[name]
+    known = sizes if sizes is not None else file_sizes(partition, names)
     written: list[str] = []
-    for group in groups:
-        table = _read_group(group)
+    pending: list[pa.Table] = []
+    pending_rows = 0
+
+    def write(table: pa.Table) -> None:
         name = f"{COMPACTED_PREFIX}{version:010d}-{len(written):04d}-{uuid.uuid4().hex}.parquet"
         durable.write_data_file(partition, name, table)
         written.append(name)
+
+    for scanned in _read_scans(partition, [(name, known[name]) for name in names]):
+        pending.append(scanned)
+        pending_rows += scanned.num_rows
+        if pending_rows >= rows_per_file:
+            rows = pa.concat_tables(pending)
+            start = 0
+            while rows.num_rows - start >= rows_per_file:
+                write(rows.slice(start, rows_per_file))
+                start += rows_per_file
+            rest = rows.slice(start)
+            pending, pending_rows = [rest], rest.num_rows
+    if pending_rows or not written:
+        write(pa.concat_tables(pending) if pending else DATA_SCHEMA.empty_table())
     return tuple(written)
 
 
-def _read_group(files: list[Any]) -> pa.Table:
-    """A group's rows as one table, read FILES_PER_SCAN files per dataset scan.
+def _read_scans(partition: Any, files: Sequence[tuple[str, int]]) -> Iterator[pa.Table]:
+    """The files' rows, in order, FILES_PER_SCAN files per dataset scan.
 
     Each scanned file is a chunk of its own, a few hundred bytes of rows under tens of
     KiB of buffers and metadata: one scan of 10,000 five-row files (a 10,000-queue run)
     took the driver to 945 MiB for a 14 MiB table. Combining each scan's chunks before
     the next lets those go: 212 MiB, in the same 5-6 s (measured on the files of a
-    `bench.many_queues --queues 10000 --messages 5` run)."""
-    return pa.concat_tables(
-        store.dataset(files[start : start + FILES_PER_SCAN], schema=DATA_SCHEMA, format="parquet")
-        .to_table()
-        .combine_chunks()
-        for start in range(0, len(files), FILES_PER_SCAN)
-    )
+    `bench.many_queues --queues 10000 --messages 5` run). Each file's size goes with
+    it: on an object store a file then costs two reads (footer, rows) and no HEAD.
+    REQUESTS_AT_ONCE files are read ahead, not pyarrow's 4: reading 400 small files
+    through 20 ms round trips to the bench's store took 10.3 s at 4, 5.7 s at 16."""
+    for start in range(0, len(files), FILES_PER_SCAN):
+        scan = files[start : start + FILES_PER_SCAN]
+        yield (
+            store.sized_dataset([(partition / name, size) for name, size in scan], DATA_SCHEMA)
+            .to_table(fragment_readahead=REQUESTS_AT_ONCE)
+            .combine_chunks()
+        )
 
 
 def orphans(partition: Any, named: Iterable[str]) -> list[Any]:
@@ -133,13 +145,15 @@ def orphans(partition: Any, named: Iterable[str]) -> list[Any]:
 def remove(partition: Any, names: Iterable[str]) -> int:
     """Remove these files of the partition (those that are still there); how many.
 
-    REQUESTS_AT_ONCE at a time: on an object store each is two round trips."""
+    REQUESTS_AT_ONCE at a time: on an object store each is a round trip or three. No
+    existence check first: a missing file (removed by a commit that died after it) is
+    the one error expected, and asking first was one more request a file."""
 
     def remove_one(name: str) -> bool:
-        path = partition / name
-        if not path.exists():
+        try:
+            (partition / name).unlink()
+        except FileNotFoundError:
             return False
-        path.unlink()
         return True
 
     names = list(names)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -348,6 +348,23 @@ def dataset(paths: list[Any], **options: Any) -> Any:
     if paths and isinstance(paths[0], StorePath):
         return ds.dataset([p.fs_path for p in paths], filesystem=paths[0].fs, **options)
     return ds.dataset(paths, **options)
+
+
+def sized_dataset(files: Sequence[tuple[Any, int]], schema: pa.Schema) -> Any:
+    """A Parquet dataset of these local or object-store files (all on one store), each
+    with its size as listed: pyarrow then reads each file's footer and rows without
+    asking its size first, a request a file on an object store."""
+    import pyarrow.dataset as ds
+
+    parquet = ds.ParquetFileFormat()
+    filesystem: pafs.FileSystem = pafs.LocalFileSystem()
+    if files and isinstance(files[0][0], StorePath):
+        filesystem = files[0][0].fs
+    fragments = [
+        parquet.make_fragment(arrow_source(path)[0], filesystem=filesystem, file_size=size)
+        for path, size in files
+    ]
+    return ds.FileSystemDataset(fragments, schema, parquet, filesystem)
 
 
 def read_metadata(path: Any) -> pq.FileMetaData:

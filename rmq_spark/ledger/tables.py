@@ -158,14 +158,14 @@ def commit_run(ledger_path: str, run_id: str, committer: DeltaCommitter = DELTA_
             )
             rows += _commit(committer, ledger_path, run_id, batch, in_log)
     chosen = in_log | _chosen(batches)
-    pending = tuple(name for name in data_file_names(partition) if name not in chosen)
+    sizes = {name: size for name, size in data_file_sizes(partition) if name not in chosen}
+    pending = tuple(sizes)
     if pending:
         version = max([done, *(batch.version for batch in batches)]) + 1
-        rows_of = compaction.row_counts(partition, pending)
-        small = compaction.small_files(rows_of)
+        small = compaction.small_files(sizes)
         batch = CommitBatch(version, pending)
         if len(small) > 1:
-            compacted = compaction.compact(partition, small, version, rows=rows_of)
+            compacted = compaction.compact(partition, small, version, sizes=sizes)
             batch = CommitBatch(version, pending, compacted, tuple(small))
         write_commit_batch(ledger_path, run_id, batch)
         rows += _commit(committer, ledger_path, run_id, batch, in_log)
@@ -208,8 +208,16 @@ def _compacted(batches: Sequence[CommitBatch]) -> set[str]:
 
 def data_file_names(partition: Any) -> list[str]:
     """The executors' data files in a run partition (not files Spark's writer made)."""
+    return [name for name, _ in data_file_sizes(partition)]
+
+
+def data_file_sizes(partition: Any) -> list[tuple[str, int]]:
+    """The executors' data files in a run partition, sorted by name, with their sizes in
+    bytes: one listing (on an object store, a request per thousand files)."""
     return sorted(
-        file.name for file in partition.glob("part-*.parquet") if layout.is_data_file(file.name)
+        (file.name, size)
+        for file, size in store.sized_entries(partition)
+        if layout.is_data_file(file.name)
     )
 
 

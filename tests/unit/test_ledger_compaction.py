@@ -93,15 +93,18 @@ def test_twelve_small_files_are_committed_as_one_compacted_file(ledger: Path) ->
     assert committed(ledger) == expected()
 
 
-def test_compaction_splits_rows_into_files_of_at_most_the_limit(ledger: Path) -> None:
+def test_compaction_cuts_the_rows_into_files_of_the_limit_in_order(ledger: Path) -> None:
     partition = run_partition_dir(str(ledger), "r1")
     names = tables.data_file_names(partition)
 
     written = compaction.compact(partition, names, 7, rows_per_file=10)
 
     counts = [pq.read_metadata(partition / name).num_rows for name in written]
-    assert counts == [8, 8, 8, 8, 8, 8]  # two 4-row files each; a third would pass 10
+    assert counts == [10, 10, 10, 10, 8]  # 48 rows of 4-row files, cut at 10
     assert all(name.startswith("compacted-0000000007-") for name in written)
+    copied = [row for name in written for row in pq.read_table(partition / name).to_pylist()]
+    sources = [row for name in names for row in pq.read_table(partition / name).to_pylist()]
+    assert copied == sources
 
 
 def test_a_group_read_a_few_files_per_scan_keeps_every_row_in_order(
@@ -123,16 +126,17 @@ def test_a_group_read_a_few_files_per_scan_keeps_every_row_in_order(
     assert len(rows) == len(KEYS) * ROWS_EACH
 
 
-def test_row_counts_read_every_footer_at_once_and_keep_the_names_order(ledger: Path) -> None:
+def test_file_sizes_come_from_the_listing_in_the_names_order(ledger: Path) -> None:
     partition = run_partition_dir(str(ledger), "r1")
     names = sorted(tables.data_file_names(partition), reverse=True)
 
-    rows = compaction.row_counts(partition, names)
+    sizes = compaction.file_sizes(partition, names)
 
-    assert list(rows) == names
-    assert rows == {name: pq.read_metadata(partition / name).num_rows for name in names}
-    assert compaction.small_files(rows) == names  # 4 rows each: all worth compacting
-    assert compaction.row_counts(partition, []) == {}
+    assert list(sizes) == names
+    assert sizes == {name: (partition / name).stat().st_size for name in names}
+    assert compaction.small_files(sizes) == names  # 4 rows each: all worth compacting
+    assert compaction.small_files({"rolled.parquet": compaction.SMALL_FILE_BYTES}) == []
+    assert compaction.file_sizes(partition, []) == {}
 
 
 def test_killed_while_compacting_leaves_an_orphan_that_the_next_commit_removes(
