@@ -194,6 +194,12 @@ class TransferLanes:
         sequence.add(job)
         return job
 
+    def clean_up(self, lane: str, work: Callable[[], None]) -> None:
+        """Run `work` on `lane` after this transfer's earlier jobs there; nobody waits
+        for it (`ports.EngineLoop.clean_up`). Its error is kept on the lane thread, not
+        handed to the loop, which may have stopped by then (`MoverLoop.cleanup_errors`)."""
+        self.submit(lane, partial(self._loop.keep_error, work), _nothing_to_do)
+
 
 class MoverLoop:
     """One I/O loop and the durability threads, shared by the movers of a task.
@@ -222,6 +228,8 @@ class MoverLoop:
                 self._threads.append(thread)
         self._next_home = 0
         self._own = TransferLanes(self, 0)  # for jobs submitted on the loop itself
+        # Errors of clean-up jobs (`TransferLanes.clean_up`), appended by lane threads.
+        self.cleanup_errors: list[BaseException] = []
 
     @property
     def ioloop(self) -> EventLoop:
@@ -248,6 +256,13 @@ class MoverLoop:
         """Run `work` on the lane, then `then(error)` on the loop; jobs submitted here
         (not through `for_transfer`) keep one order, as a transfer's do."""
         return self._own.submit(lane, work, then, overlap=overlap)
+
+    def keep_error(self, work: Callable[[], None]) -> None:
+        """Run a clean-up job's `work` (lane thread), keeping its error for `run_movers`."""
+        try:
+            work()
+        except Exception as exc:
+            self.cleanup_errors.append(exc)
 
     def run_completions(self) -> None:
         """Apply finished jobs' completions, in submission order per transfer and lane
@@ -282,6 +297,10 @@ class MoverLoop:
             job.done.set()
             self._touched.append(job.sequence)
             self._ioloop.add_callback_threadsafe(self.run_completions)
+
+
+def _nothing_to_do(error: BaseException | None) -> None:
+    """The completion of a clean-up job: its error, if any, is kept by `keep_error`."""
 
 
 class Startable(Protocol):
@@ -351,6 +370,7 @@ def run_movers(
         ioloop.start()
     finally:
         loop.close()
-    if errors:
-        raise errors[0]
+    # `close` ran every queued job, clean-ups included (`TransferLanes.clean_up`).
+    if errors or loop.cleanup_errors:
+        raise (errors or loop.cleanup_errors)[0]
     return [outcomes[index] for index in sorted(outcomes)]

@@ -301,7 +301,8 @@ class QueueMover:
         )
 
     def _finish(self, result: MoveOutcome | BaseException) -> None:
-        """Close the ledger (on its lane: it may write a data file), then report.
+        """Close the ledger (on its lane: it may write a data file), then report, and
+        remove the spent intent log behind the report (`EngineLoop.clean_up`).
 
         A mover that returns an outcome has a row for every publish that may have
         arrived, so its intents are spent; one that dies keeps them for the retry.
@@ -318,12 +319,13 @@ class QueueMover:
                 self._intents.close(finished=False)
                 self._on_finished(error)
                 return
-            # On the intents lane, not the loop: on an object store removing a spent
-            # log is a DELETE per batch, a round trip each, which would stall every
-            # other queue of the task.
-            self._loop.submit(INTENTS, partial(self._intents.close, finished=True), intents_removed)
-
-        def intents_removed(error: BaseException | None) -> None:
-            self._on_finished(result if error is None else error)
+            # Every row is durable: the transfer is over, and the task's next queue may
+            # start while the spent log is removed. On the intents lane, after the
+            # transfer's appends, not on the loop: on an object store that is three
+            # requests per batch (HEAD, DELETE, the prefix's marker PUT), which the next
+            # queue waited for (bench.many_queues --ledger s3). A removal that fails
+            # fails the task once its transfers are done, as it did before.
+            self._loop.clean_up(INTENTS, partial(self._intents.close, finished=True))
+            self._on_finished(result)
 
         self._loop.submit(LEDGER, self._ledger.close, closed)

@@ -99,6 +99,11 @@ class EngineLoop(Protocol):
         of the transfer's earlier jobs of that lane; `overlap=True` lets `work` run
         alongside them."""
 
+    def clean_up(self, lane: str, work: Callable[[], None]) -> None:
+        """Run `work` on the lane after the transfer's earlier jobs there, with nobody
+        waiting for it: the transfer is over, and the task's next one may start. An
+        error in it fails the task once every transfer is done (`lanes.run_movers`)."""
+
 
 class SourceLink(Protocol):
     """One session's consumer on the source queue."""

@@ -112,6 +112,7 @@ class ManualLanes:
         self.jobs: dict[str, list[_Job]] = {"intents": [], "ledger": []}
         self.fail_with: dict[str, BaseException] = {}
         self.overlapping: dict[str, int] = {"intents": 0, "ledger": 0}  # overlap=True jobs
+        self.cleanup_errors: list[BaseException] = []
 
     @property
     def ioloop(self) -> ManualTimers:
@@ -133,6 +134,15 @@ class ManualLanes:
         job = _Job(work, then, self, lane)
         self.jobs[lane].append(job)
         return job
+
+    def clean_up(self, lane: str, work: Callable[[], None]) -> None:
+        """A job nobody waits for; its error is kept in `cleanup_errors`."""
+
+        def keep(error: BaseException | None) -> None:
+            if error is not None:
+                self.cleanup_errors.append(error)
+
+        self.submit(lane, work, keep)
 
     def waiting(self, lane: str) -> int:
         return len(self.jobs[lane])

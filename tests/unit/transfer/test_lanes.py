@@ -68,6 +68,61 @@ def test_concurrency_must_be_positive() -> None:
         run_movers([], ioloop=ManualTimers(FakeClock()), concurrent=0)
 
 
+class CleaningMover(TimedMover):
+    """A transfer that ends with a clean-up on its intents lane (as a mover removes its
+    spent intent log), then reports at once."""
+
+    def __init__(self, log: list[str], name: str, cleanup: Callable[[], None]) -> None:
+        super().__init__(log, name, 1.0)
+        self.cleanup = cleanup
+
+    def start(
+        self, loop: EngineLoop, on_finished: Callable[[MoveOutcome | BaseException], None]
+    ) -> None:
+        self.log.append(f"start {self.name}")
+
+        def end() -> None:
+            loop.clean_up(INTENTS, self.cleanup)
+            on_finished(MoveOutcome(KEY, "moved", None, 1, 1, 0, 1, self.seconds, sessions=1))
+
+        loop.ioloop.call_later(self.seconds, end)
+
+
+def test_the_next_transfer_starts_while_a_finished_ones_clean_up_is_still_running() -> None:
+    log: list[str] = []
+    next_started = threading.Event()
+
+    def slow_cleanup() -> None:
+        # Waits for the next transfer to start: a run_movers that waited for it first
+        # would leave it waiting here until the timeout.
+        log.append("cleaned after b started" if next_started.wait(30) else "timed out")
+
+    class Signalling(TimedMover):
+        def start(self, loop: EngineLoop, on_finished: Callable[..., None]) -> None:
+            next_started.set()
+            super().start(loop, on_finished)
+
+    movers = [CleaningMover(log, "a", slow_cleanup), Signalling(log, "b", 1.0)]
+    outcomes = run_movers(
+        [maker(m) for m in movers], ioloop=ManualTimers(FakeClock()), concurrent=1
+    )
+    assert len(outcomes) == 2
+    assert "cleaned after b started" in log
+    assert "timed out" not in log
+
+
+def test_a_failed_clean_up_fails_the_run_once_every_transfer_is_done() -> None:
+    log: list[str] = []
+
+    def failing_cleanup() -> None:
+        raise OSError("DELETE refused")
+
+    movers = [CleaningMover(log, "a", failing_cleanup), TimedMover(log, "b", 1.0)]
+    with pytest.raises(OSError, match="DELETE refused"):
+        run_movers([maker(m) for m in movers], ioloop=ManualTimers(FakeClock()), concurrent=1)
+    assert log == ["start a", "start b", "end b"]  # b still ran to its end
+
+
 class CallbackInbox:
     """An event loop that only collects the lanes' thread-safe callbacks; the test
     (the loop thread) runs them with `run`."""
@@ -221,6 +276,24 @@ def test_a_failed_write_reaches_its_completion_and_later_ones_still_complete_in_
     last.wait()
     loop.close()
     assert log == ["failed w1: PUT refused", "done w2"]
+
+
+def test_a_clean_up_runs_after_the_transfers_earlier_jobs_on_its_lane(
+    inbox: CallbackInbox,
+) -> None:
+    loop = MoverLoop(inbox, Lanes(threads=2))
+    log: list[str] = []
+    append = Gate(log, "a1")
+    transfer = loop.for_transfer()
+    transfer.submit(INTENTS, append, recorder(log, "a1"))
+    transfer.clean_up(INTENTS, lambda: log.append("removed a's log"))
+    append.started.wait()
+    assert log == []  # the clean-up waits behind the append, on the same thread
+    append.opened.set()
+    loop.close()
+    inbox.run()
+    assert log == ["ran a1", "removed a's log", "done a1"]
+    assert loop.cleanup_errors == []
 
 
 def test_the_intents_and_ledger_lanes_of_a_transfer_keep_separate_orders(
