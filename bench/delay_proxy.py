@@ -176,8 +176,13 @@ class DelayProxy:
     def cpu_seconds(self) -> float:
         if self._process is None:
             raise RuntimeError("the delay proxy is not running")
-        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        return process_cpu_seconds(self._process.pid)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system, all threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,18 +14,34 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.delay_proxy import DelayProxy
-from rmq_spark.devtools.demo_store import demo_store
+from bench.delay_proxy import DelayProxy, process_cpu_seconds
+from rmq_spark.devtools.demo_store import DemoStore, demo_store
 from rmq_spark.ledger import store as ledger_store
 
 LEDGERS = ("local", "s3")
+
+
+@dataclass(frozen=True)
+class StoreUsage:
+    """What the bench's store has done so far: requests answered, and the CPU time of
+    its server and delay proxy, which share this machine's cores with the job."""
+
+    requests: int = 0
+    cpu_seconds: float = 0.0
+
+    def since(self, before: StoreUsage) -> StoreUsage:
+        return StoreUsage(
+            self.requests - before.requests, round(self.cpu_seconds - before.cpu_seconds, 2)
+        )
 
 
 @dataclass(frozen=True)
@@ -35,6 +51,7 @@ class BenchLedger:
     kind: str
     store_delay_ms: float = 0.0
     store_block: dict[str, Any] = field(default_factory=dict)
+    usage: Callable[[], StoreUsage] = StoreUsage
 
     def block(self, work_dir: Path, run_id: str) -> dict[str, Any]:
         if self.kind == "local":
@@ -70,10 +87,35 @@ def bench_ledger(kind: str, store_delay_ms: float, base: Path) -> Iterator[Bench
             saved = {name: os.environ.get(name) for name in store.secrets}
             os.environ.update(store.secrets)  # the job's spark-submit inherits them
             try:
-                yield BenchLedger("s3", store_delay_ms, {**store.block, "storage_options": options})
+                yield BenchLedger(
+                    "s3",
+                    store_delay_ms,
+                    {**store.block, "storage_options": options},
+                    partial(_usage, store, proxy),
+                )
             finally:
                 for name, value in saved.items():
                     if value is None:
                         os.environ.pop(name, None)
                     else:
                         os.environ[name] = value
+
+
+# A request line of the store's log (moto's server: werkzeug's access log, its method
+# and path coloured by ANSI codes for some responses).
+_REQUEST_LINE = re.compile(
+    r'"(?:\x1b\[[0-9;]*m)*[A-Z]+ \S+ HTTP/[0-9.]+(?:\x1b\[[0-9;]*m)*" \d{3} '
+)
+
+
+def count_requests(request_log: Path) -> int:
+    """The requests the store's server has logged so far."""
+    with open(request_log, encoding="utf-8", errors="replace") as log:
+        return sum(1 for line in log if _REQUEST_LINE.search(line))
+
+
+def _usage(store: DemoStore, proxy: DelayProxy) -> StoreUsage:
+    assert store.server_pid is not None, "the S3 server's process is known"
+    assert store.request_log is not None, "the S3 server's log is known"
+    cpu = process_cpu_seconds(store.server_pid) + proxy.cpu_seconds()
+    return StoreUsage(count_requests(store.request_log), cpu)

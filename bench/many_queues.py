@@ -283,6 +283,7 @@ def job_scenario(
         os.environ["RMQ_SPARK_JOB"] = str(PROFILED_JOB)
         os.environ[PROFILE_ENV] = str(stats_path)
     archives = cds_archives()
+    store_before = ledger_store.usage()
     try:
         run = run_job(brokers, config, work_dir, run_id, workload.messages * len(queues))
     finally:
@@ -291,6 +292,13 @@ def job_scenario(
     # True: this run's exit included writing the JVM's class-data archive (first run).
     run.details["wrote_cds_archive"] = bool(cds_archives() - archives)
     run.details |= left_behind(brokers, queues) | ledger_store.describe()
+    if ledger_store.kind != "local":
+        used = ledger_store.usage().since(store_before)
+        run.details["store"] = {
+            "requests": used.requests,
+            "requests_per_queue": round(used.requests / len(queues), 1),
+            "server_and_proxy_cpu_seconds": used.cpu_seconds,
+        }
     if ledger_store.kind == "local":
         run.details |= ledger_files(ledger, run_id)
         run.details["verification"] = verification_phases(ledger, run_id)

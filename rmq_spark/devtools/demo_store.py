@@ -33,6 +33,9 @@ class DemoStore:
     block: dict[str, object]
     secrets: dict[str, str]
     options: store.StoreOptions
+    # The server's process and request log, for benchmarks that count its work.
+    server_pid: int | None = None
+    request_log: Path | None = None
 
     def __repr__(self) -> str:
         return f"DemoStore(uri={self.uri!r})"
@@ -74,6 +77,8 @@ def demo_store(kind: str, base: Path) -> Iterator[DemoStore]:
                     access_key_id=s3.access_key_id,
                     secret_access_key=s3.secret_access_key,
                 ),
+                server_pid=s3.process.pid,
+                request_log=s3.log_path,
             )
         finally:
             s3_server.stop(s3)
