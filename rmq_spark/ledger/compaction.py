@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -145,19 +144,7 @@ def orphans(partition: Any, named: Iterable[str]) -> list[Any]:
 def remove(partition: Any, names: Iterable[str]) -> int:
     """Remove these files of the partition (those that are still there); how many.
 
-    REQUESTS_AT_ONCE at a time: on an object store each is a round trip or three. No
-    existence check first: a missing file (removed by a commit that died after it) is
-    the one error expected, and asking first was one more request a file."""
-
-    def remove_one(name: str) -> bool:
-        try:
-            (partition / name).unlink()
-        except FileNotFoundError:
-            return False
-        return True
-
-    names = list(names)
-    if not names:
-        return 0
-    with ThreadPoolExecutor(min(REQUESTS_AT_ONCE, len(names))) as pool:
-        return sum(pool.map(remove_one, names))
+    REQUESTS_AT_ONCE at a time (`store.unlink_all`). No existence check first: a
+    missing file (removed by a commit that died after it) is skipped, and asking first
+    was one more request a file."""
+    return store.unlink_all([partition / name for name in names], REQUESTS_AT_ONCE)

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from rmq_spark.arrow_columns import column as arrow_column
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import layout
+from rmq_spark.ledger import layout, store
 from rmq_spark.ledger.durable import fsync_dir, stream_to_data_file, write_data_file
 from rmq_spark.ledger.layout import (
     DATA_SCHEMA,
@@ -197,8 +197,8 @@ class IntentLog:
         refused by the destination, so they must not become uncertain rows.
         """
         if finished:
-            for batch in self._objects:
-                batch.unlink(missing_ok=True)
+            # At once, not one after another: a long queue leaves hundreds of batches.
+            store.unlink_all(self._objects)
         self._objects = []
         if self._file is None or self._stream is None:
             return
