@@ -307,7 +307,7 @@ def unlink_all(paths: Sequence[Any], at_once: int = REMOVALS_AT_ONCE) -> int:
 
     A missing one is skipped: a removal that died half way is repeated. On an object
     store pyarrow's removal is three requests (HEAD, DELETE, the prefix's marker PUT),
-    so one after another a single queue's 200 spent intent batches took 14 s behind a
+    so one after another a single queue's ~100 spent intent batches took 14 s behind a
     20 ms round trip (bench.many_queues --ledger s3)."""
 
     def unlink_one(path: Any) -> bool:
