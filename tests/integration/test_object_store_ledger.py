@@ -138,6 +138,42 @@ def test_a_ledger_row_flush_is_one_put_request_not_a_multipart_upload(
     assert "uploadId" not in flush[0]
 
 
+def test_the_commit_reads_each_small_object_in_two_gets_and_never_asks_its_size(
+    s3_keys: S3Server, ledger_uri: str
+) -> None:
+    """Behind a 20 ms round trip each request counts: a small executor object costs
+    the commit its footer and its rows, two GETs, and no HEAD (the listing gave its
+    size); its removal afterwards asks nothing first. Read off the server's own log."""
+    tables.ensure_tables(ledger_uri)
+    keys = [TransferKey("dr", "/", f"q{n}", "main", "/", f"q{n}") for n in range(6)]
+    for key in keys:
+        writer = MessageLedgerWriter(ledger_uri, "r1", key, "0.0.0")
+        writer.write([delivery(p) for p in range(4)])
+        writer.close()
+    executor_objects = {
+        o for o in objects_under(ledger_uri) if o.startswith("messages/run_id=r1/part-")
+    }
+    assert len(executor_objects) == len(keys)
+    logged_before = s3_keys.log_path.read_text(encoding="utf-8", errors="replace")
+
+    assert tables.commit_run(ledger_uri, "r1") == 4 * len(keys)
+
+    requests = s3_keys.log_path.read_text(encoding="utf-8", errors="replace")[len(logged_before) :]
+    request_line = re.compile(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) /[^/]+/[^/]+/(\S+) HTTP')
+    per_object: dict[str, list[str]] = {name: [] for name in executor_objects}
+    for line in requests.splitlines():
+        found = request_line.search(line)
+        if found and found.group(2) in per_object:
+            per_object[found.group(2)].append(found.group(1))
+    for name, methods in per_object.items():
+        reads = [m for m in methods if m != "DELETE"]
+        # Removed after the commit: pyarrow's delete is HEAD, DELETE (and the prefix's
+        # marker PUT, which names no object): one HEAD, none asked before it.
+        assert sorted(reads) == ["GET", "GET", "HEAD"], (name, methods)
+        assert methods.index("HEAD") > methods.index("GET"), (name, methods)
+        assert methods.count("DELETE") == 1, (name, methods)
+
+
 def test_wrong_credentials_are_refused_naming_the_store(s3_keys: S3Server) -> None:
     uri = f"s3://{s3_keys.bucket}/wrong-{secrets.token_hex(4)}"
     store.configure(uri, options(s3_keys, "not-the-secret"))
