@@ -46,8 +46,12 @@ SMALL_FILE_BYTES = 1 << 20
 # Files read or removed at once: I/O, not CPU (pyarrow's file systems are thread-safe),
 # and enough to keep a far object store's pipe full.
 REQUESTS_AT_ONCE = 32
-# Executor files read by one dataset scan while compacting (`_read_scans`).
+# Executor files read by one dataset scan while compacting (`_read_scans`), and at most
+# this many bytes of them: 16 MiB of Parquet is ~130,000-200,000 real ledger rows
+# (checksums barely compress), so a scan holds about what a compacted file does, however
+# large the small files are.
 FILES_PER_SCAN = 256
+SCAN_BYTES = 16 << 20
 
 
 def file_sizes(partition: Any, names: Iterable[str]) -> dict[str, int]:
@@ -77,7 +81,7 @@ def compact(
 
     The rows are read in the order of `names` (sorted by the caller: a transfer's files
     share a prefix, so its rows stay together and row-group statistics of the key
-    columns let a resume skip most of a file), FILES_PER_SCAN files per multi-threaded
+    columns let a resume skip most of a file), a few hundred files per multi-threaded
     dataset scan (1,000 files one by one took 1 s), and cut into files of
     `rows_per_file` rows, the last one shorter; a source's rows may straddle two
     compacted files, which the commit batch adds together. The sources are left as they
@@ -111,7 +115,7 @@ def compact(
 
 
 def _read_scans(partition: Any, files: Sequence[tuple[str, int]]) -> Iterator[pa.Table]:
-    """The files' rows, in order, FILES_PER_SCAN files per dataset scan.
+    """The files' rows, in order, a dataset scan per `scans` group.
 
     Each scanned file is a chunk of its own, a few hundred bytes of rows under tens of
     KiB of buffers and metadata: one scan of 10,000 five-row files (a 10,000-queue run)
@@ -121,13 +125,27 @@ def _read_scans(partition: Any, files: Sequence[tuple[str, int]]) -> Iterator[pa
     it: on an object store a file then costs two reads (footer, rows) and no HEAD.
     REQUESTS_AT_ONCE files are read ahead, not pyarrow's 4: reading 400 small files
     through 20 ms round trips to the bench's store took 10.3 s at 4, 5.7 s at 16."""
-    for start in range(0, len(files), FILES_PER_SCAN):
-        scan = files[start : start + FILES_PER_SCAN]
+    for scan in scans(files):
         yield (
             store.sized_dataset([(partition / name, size) for name, size in scan], DATA_SCHEMA)
             .to_table(fragment_readahead=REQUESTS_AT_ONCE)
             .combine_chunks()
         )
+
+
+def scans(files: Sequence[tuple[str, int]]) -> Iterator[list[tuple[str, int]]]:
+    """(name, size) pairs in their order, cut into scans of at most FILES_PER_SCAN files
+    and SCAN_BYTES bytes (a file larger than that is a scan of its own)."""
+    scan: list[tuple[str, int]] = []
+    scan_bytes = 0
+    for name, size in files:
+        if scan and (len(scan) == FILES_PER_SCAN or scan_bytes + size > SCAN_BYTES):
+            yield scan
+            scan, scan_bytes = [], 0
+        scan.append((name, size))
+        scan_bytes += size
+    if scan:
+        yield scan
 
 
 def orphans(partition: Any, named: Iterable[str]) -> list[Any]:

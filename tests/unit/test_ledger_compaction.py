@@ -126,6 +126,20 @@ def test_a_group_read_a_few_files_per_scan_keeps_every_row_in_order(
     assert len(rows) == len(KEYS) * ROWS_EACH
 
 
+def test_a_scan_holds_at_most_its_files_and_bytes_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(compaction, "FILES_PER_SCAN", 3)
+    monkeypatch.setattr(compaction, "SCAN_BYTES", 100)
+    files = [("a", 10), ("b", 10), ("c", 10), ("d", 60), ("e", 50), ("f", 500), ("g", 1)]
+
+    cut = [[name for name, _ in scan] for scan in compaction.scans(files)]
+
+    # Three files at most; 60 + 50 would pass 100 bytes; a large file alone.
+    assert cut == [["a", "b", "c"], ["d"], ["e"], ["f"], ["g"]]
+    assert list(compaction.scans([])) == []
+
+
 def test_file_sizes_come_from_the_listing_in_the_names_order(ledger: Path) -> None:
     partition = run_partition_dir(str(ledger), "r1")
     names = sorted(tables.data_file_names(partition), reverse=True)
