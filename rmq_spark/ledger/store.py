@@ -370,15 +370,6 @@ def read_parquet(path: Any, **options: Any) -> pa.Table:
     return pq.read_table(where, filesystem=filesystem, **options)
 
 
-def dataset(paths: list[Any], **options: Any) -> Any:
-    """A pyarrow dataset of these local or object-store files (all on one store)."""
-    import pyarrow.dataset as ds
-
-    if paths and isinstance(paths[0], StorePath):
-        return ds.dataset([p.fs_path for p in paths], filesystem=paths[0].fs, **options)
-    return ds.dataset(paths, **options)
-
-
 def sized_dataset(files: Sequence[tuple[Any, int]], schema: pa.Schema) -> Any:
     """A Parquet dataset of these local or object-store files (all on one store), each
     with its size as listed: pyarrow then reads each file's footer and rows without

@@ -206,14 +206,10 @@ def _compacted(batches: Sequence[CommitBatch]) -> set[str]:
     return {name for batch in batches for name in batch.compacted}
 
 
-def data_file_names(partition: Any) -> list[str]:
-    """The executors' data files in a run partition (not files Spark's writer made)."""
-    return [name for name, _ in data_file_sizes(partition)]
-
-
 def data_file_sizes(partition: Any) -> list[tuple[str, int]]:
-    """The executors' data files in a run partition, sorted by name, with their sizes in
-    bytes: one listing (on an object store, a request per thousand files)."""
+    """The executors' data files in a run partition (not files Spark's writer made),
+    sorted by name, with their sizes in bytes: one listing (on an object store, a
+    request per thousand files)."""
     return sorted(
         (file.name, size)
         for file, size in store.sized_entries(partition)
