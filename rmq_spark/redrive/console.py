@@ -58,7 +58,9 @@ def format_result(result: RedriveResult) -> str:
     lines.append(
         f"RESULT {verdict}: run {result.run_id}, examined {source.examined}, moved "
         f"{source.moved}, kept {source.kept}, lost {source.lost}, uncertain "
-        f"{source.uncertain}, {result.seconds:.1f} s"
+        f"{source.uncertain}, "
+        + (f"duplicates {source.duplicates} (named in the ledger), " if source.duplicates else "")
+        + f"{result.seconds:.1f} s"
         + (f"; destinations unproven (confirms only): {unproven}" if unproven else "")
         + (f"; {'; '.join(problems)}" if problems else "")
     )

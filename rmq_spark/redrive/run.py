@@ -192,7 +192,6 @@ def record_redrive(
     for d in result.destinations:
         if d.before is not None and d.after is not None:
             depth_before, depth_after = depth_before + d.before.depth, depth_after + d.after.depth
-    repeats = source.examined - source.moved - source.kept - source.uncertain
     committer = committer_for(spark)
     key = {"run_id": result.run_id, **asdict(transfer_key(dlq))}
     tables.append_rows(
@@ -209,7 +208,7 @@ def record_redrive(
                 "destination_depth_before": depth_before,
                 "destination_depth_after": depth_after,
                 "ledger_rows": rows,
-                "duplicates": repeats,
+                "duplicates": source.duplicates,
                 "lost": source.lost,
                 "source_removed": None,
                 "unexpected": 0,
@@ -232,7 +231,7 @@ def record_redrive(
                 "messages": source.moved,
                 "bytes": outcome.bytes,
                 "lost": source.lost,
-                "duplicates": repeats,
+                "duplicates": source.duplicates,
                 "unexpected": 0,
                 "verified": result.verified,
                 "seconds": result.seconds,

@@ -242,6 +242,9 @@ class SourceVerdict:
     positions_contiguous: bool
     drop: int  # the DLQ's exact depth before less after
     lost: int  # what left the DLQ beyond what was moved
+    # Confirmed, redelivered rows repeating a confirmed row's checksums and message id:
+    # published twice (a killed run's last confirms, whose source acks never came), named.
+    duplicates: int = 0
 
     @property
     def passed(self) -> bool:
@@ -275,7 +278,8 @@ def source_verdict(
             continue
         content = (row.get("body_sha256"), row.get("properties_sha256"), row.get("message_id"))
         if row.get("redelivered") and content in seen:
-            continue  # a repeat of a confirmed one: a duplicate, not another message
+            counts["duplicates"] += 1  # a repeat of a confirmed one, not another message
+            continue
         seen.add(content)
         counts[str(row.get("decision") or MOVED)] += 1
     drop = before.depth - after.depth
@@ -287,4 +291,5 @@ def source_verdict(
         positions_contiguous=contiguous,
         drop=drop,
         lost=max(drop - counts[MOVED] - stale_fences, 0),
+        duplicates=counts["duplicates"],
     )

@@ -84,11 +84,23 @@ def test_a_killed_redrive_is_resumed_with_its_run_id_and_verified_with_nothing_l
     assert "missing" not in out
     rows = tables.read_arrow(str(tmp_path / "ledger"), "messages", run_id=RUN).to_pylist()
     confirmed = [r for r in rows if r["decision"] == "moved" and r["confirmed_at"] is not None]
+    # A message the first driver published, whose DLQ ack the kill stopped, comes back
+    # redelivered and is published again: the ledger names that copy by a confirmed,
+    # redelivered row repeating a confirmed row's content.
+    seen: set[tuple[object, ...]] = set()
+    repeats = 0
+    for r in sorted(confirmed, key=lambda r: r["position"]):
+        content = (r["body_sha256"], r["properties_sha256"], r["message_id"])
+        repeats += r["redelivered"] and content in seen
+        seen.add(content)
     named = (
         len(rows)
         - len({r["position"] for r in rows})
         + sum(1 for r in rows if r["confirmed_at"] is None)
+        + repeats
     )
+    if repeats:
+        assert f", duplicates {repeats} (named in the ledger), " in result, result
     for queue in ORIGINS:
         arrived = Counter(body for _, body in read_queue(node, vhost, queue))
         expected = Counter(m.body for m in published if m.origin == queue)

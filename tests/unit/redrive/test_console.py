@@ -15,7 +15,12 @@ KEY = TransferKey("dr", "shop", "shop.dlq", "dr", "shop", "shop.dlq")
 
 
 def result(
-    *, consumers: int = 0, orders_after: int = 3, lost: int = 0, limits: tuple[str, ...] = ()
+    *,
+    consumers: int = 0,
+    orders_after: int = 3,
+    lost: int = 0,
+    limits: tuple[str, ...] = (),
+    duplicates: int = 0,
 ) -> RedriveResult:
     outcome = MoveOutcome(KEY, "moved", None, 5, 50, 0, 19, 1.0, 1, kept=14, fences=1)
     return RedriveResult(
@@ -29,7 +34,7 @@ def result(
                 ("kept", "shop.dlq", "not selected"): 14,
             }
         ),
-        source=SourceVerdict(19, 5, 14, 0, True, 5 + lost, lost),
+        source=SourceVerdict(19 + duplicates, 5, 14, 0, True, 5 + lost, lost, duplicates),
         destinations=(
             destination_verdict(
                 "orders",
@@ -83,3 +88,11 @@ def test_a_short_origin_with_a_ttl_is_unproven_naming_it_never_missing() -> None
     assert lines[6].split()[:3] == ["orders", "3", "confirms"]
     assert lines[-1].startswith("RESULT verified: ")
     assert lines[-1].endswith("unproven (confirms only): orders (message-ttl), shop/eu.payments")
+
+
+def test_a_message_published_twice_is_counted_once_and_its_repeat_named() -> None:
+    line = format_result(result(duplicates=1)).splitlines()[-1]
+    assert line.startswith(
+        "RESULT verified: run redrive-1, examined 20, moved 5, kept 14, lost 0, uncertain 0, "
+        "duplicates 1 (named in the ledger), 2.5 s"
+    )

@@ -159,6 +159,7 @@ def test_the_dlq_falls_by_the_moved_ones_kept_ones_went_back_and_repeats_count_o
     ]
     verdict = source_verdict(rows, QueueReading(6, 0), QueueReading(3, 0), stale_fences=1)
     assert (verdict.examined, verdict.moved, verdict.kept, verdict.uncertain) == (6, 2, 2, 1)
+    assert verdict.duplicates == 1
     assert (verdict.drop, verdict.lost, verdict.passed) == (3, 0, True)
 
 
