@@ -217,7 +217,7 @@ bench: setup
 # rmq_spark/devtools/executor_env.py), so a node needs only glibc >= 2.36, not the
 # builder's interpreter. The CPython is built once and cached in ~/.cache/rmq-spark/python.
 DIST := dist
-EXECUTOR_IMPORTS := pika,pyarrow,pyarrow.parquet,pydantic,requests,yaml,rmq_spark.transfer.executor,rmq_spark.planning.executor_preflight
+EXECUTOR_IMPORTS := obstore,pika,pyarrow,pyarrow.parquet,pydantic,requests,yaml,rmq_spark.transfer.executor,rmq_spark.planning.executor_preflight
 DRIVER_IMPORTS := $(EXECUTOR_IMPORTS),deltalake,great_expectations,pandas,matplotlib
 ENV_TOOL := $(BIN)/python -m rmq_spark.devtools.executor_env archive
 package: executor-archive

@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rmq_spark.ledger import durable, store
+from rmq_spark.ledger import durable, removal, store
 from rmq_spark.ledger.layout import COMPACTED_PREFIX, DATA_SCHEMA, TEMP_PREFIX
 
 # Rows per compacted file: ~30-60 MB of ledger rows, large enough that a run of
@@ -159,10 +159,10 @@ def orphans(partition: Any, named: Iterable[str]) -> list[Any]:
     return sorted(path for path in found if path.name not in keep)
 
 
-def remove(partition: Any, names: Iterable[str]) -> int:
-    """Remove these files of the partition (those that are still there); how many.
+def remove(partition: Any, names: Iterable[str]) -> None:
+    """Remove these files of the partition (those that are still there).
 
-    REQUESTS_AT_ONCE at a time (`store.unlink_all`). No existence check first: a
-    missing file (removed by a commit that died after it) is skipped, and asking first
-    was one more request a file."""
-    return store.unlink_all([partition / name for name in names], REQUESTS_AT_ONCE)
+    In bulk on an object store, REQUESTS_AT_ONCE at a time locally (`removal`). No
+    existence check first: a missing file (removed by a commit that died after it) is
+    skipped, and asking first was one more request a file."""
+    removal.remove_all([partition / name for name in names], REQUESTS_AT_ONCE)

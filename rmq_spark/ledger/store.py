@@ -25,7 +25,6 @@ import fnmatch
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -295,34 +294,6 @@ class StorePath:
         """One PUT: the object is complete and durable when this returns, or absent."""
         with self.fs.open_output_stream(self.fs_path) as sink:
             sink.write(content)
-
-
-# Objects removed at once (`unlink_all`): each removal is a round trip or three on an
-# object store, and they are independent.
-REMOVALS_AT_ONCE = 32
-
-
-def unlink_all(paths: Sequence[Any], at_once: int = REMOVALS_AT_ONCE) -> int:
-    """Remove these local files or objects, `at_once` at a time; how many were there.
-
-    A missing one is skipped: a removal that died half way is repeated. On an object
-    store pyarrow's removal is three requests (HEAD, DELETE, the prefix's marker PUT),
-    so one after another a single queue's ~100 spent intent batches took 14 s behind a
-    20 ms round trip (bench.many_queues --ledger s3)."""
-
-    def unlink_one(path: Any) -> bool:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            return False
-        return True
-
-    if not paths:
-        return 0
-    if len(paths) == 1:
-        return int(unlink_one(paths[0]))
-    with ThreadPoolExecutor(min(at_once, len(paths))) as pool:
-        return sum(pool.map(unlink_one, paths))
 
 
 def root(ledger_path: str) -> Any:

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from rmq_spark.arrow_columns import column as arrow_column
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import layout, store
+from rmq_spark.ledger import layout, removal
 from rmq_spark.ledger.durable import fsync_dir, stream_to_data_file, write_data_file
 from rmq_spark.ledger.layout import (
     DATA_SCHEMA,
@@ -198,7 +198,7 @@ class IntentLog:
         """
         if finished:
             # At once, not one after another: a long queue leaves hundreds of batches.
-            store.unlink_all(self._objects)
+            removal.remove_all(self._objects)
         self._objects = []
         if self._file is None or self._stream is None:
             return

@@ -143,7 +143,8 @@ def test_the_commit_reads_each_small_object_in_two_gets_and_never_asks_its_size(
 ) -> None:
     """Behind a 20 ms round trip each request counts: a small executor object costs
     the commit its footer and its rows, two GETs, and no HEAD (the listing gave its
-    size); its removal afterwards asks nothing first. Read off the server's own log."""
+    size); the compacted ones are removed in one bulk request. Read off the server's
+    own log."""
     tables.ensure_tables(ledger_uri)
     keys = [TransferKey("dr", "/", f"q{n}", "main", "/", f"q{n}") for n in range(6)]
     for key in keys:
@@ -166,12 +167,10 @@ def test_the_commit_reads_each_small_object_in_two_gets_and_never_asks_its_size(
         if found and found.group(2) in per_object:
             per_object[found.group(2)].append(found.group(1))
     for name, methods in per_object.items():
-        reads = [m for m in methods if m != "DELETE"]
-        # Removed after the commit: pyarrow's delete is HEAD, DELETE (and the prefix's
-        # marker PUT, which names no object): one HEAD, none asked before it.
-        assert sorted(reads) == ["GET", "GET", "HEAD"], (name, methods)
-        assert methods.index("HEAD") > methods.index("GET"), (name, methods)
-        assert methods.count("DELETE") == 1, (name, methods)
+        assert methods == ["GET", "GET"], (name, methods)
+    # Removed after the commit, all in one DeleteObjects request (`ledger/removal.py`).
+    assert requests.count(f"POST /{s3_keys.bucket}?delete HTTP") == 1
+    assert not set(executor_objects) & set(objects_under(ledger_uri))
 
 
 def test_wrong_credentials_are_refused_naming_the_store(s3_keys: S3Server) -> None:

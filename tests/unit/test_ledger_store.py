@@ -3,8 +3,6 @@ handed to delta-rs and pyarrow, and never shown (pure: no server), and removals 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from rmq_spark.config import LedgerConfig, LedgerStorageOptions
@@ -157,14 +155,3 @@ def test_the_demo_command_offers_the_ledgers_the_demo_can_start() -> None:
     from rmq_spark.devtools.demo_store import LEDGERS
 
     assert DEMO_LEDGERS == LEDGERS
-
-
-def test_unlink_all_removes_what_is_there_and_skips_what_is_not(tmp_path: Path) -> None:
-    files = [tmp_path / f"batch-{n}.arrows" for n in range(40)]
-    for file in files[:35]:
-        file.write_bytes(b"x")  # the last five were removed by an earlier attempt
-
-    assert store.unlink_all(files, at_once=8) == 35
-    assert list(tmp_path.iterdir()) == []
-    assert store.unlink_all(files[:1]) == 0
-    assert store.unlink_all([]) == 0
