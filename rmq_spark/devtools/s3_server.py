@@ -1,4 +1,4 @@
-"""A local S3 API server for an object-store ledger: moto's server mode.
+"""A local S3 API server for an object-store ledger: moto's S3 app, served by waitress.
 
 Why moto: Ceph's radosgw in Debian (16.2) needs a monitor and OSDs even on one node
 (its cluster-less "dbstore" backend came later and is experimental), minutes of set-up
@@ -37,6 +37,45 @@ REGION = "us-east-1"
 # create_user, put_user_policy, create_access_key, create_bucket (`_SETUP`).
 NO_AUTH_SETUP_REQUESTS = 4
 START_TIMEOUT_SECONDS = 60.0
+
+# moto's app under waitress. moto's own `moto_server` runs it on werkzeug's development
+# server, which closes the connection after every response: behind the bench's delay
+# proxy each request then paid a new TCP handshake too, ~66 ms a PUT and ~90 ms a read
+# for a 20 ms round trip, where a bucket's endpoint keeps connections open. waitress
+# keeps them open. The access log keeps werkzeug's format, the path decoded (the bench
+# and the tests count requests in it): `ADDRESS - - [date] "METHOD PATH HTTP/1.1" STATUS -`.
+_SERVE = """
+import os, sys, time
+import waitress
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+from waitress.parser import HTTPRequestParser
+# pyarrow's empty PUTs (directory markers) say "Expect: 100-continue" with no body:
+# waitress 3.0.2 answers 100 Continue, then waits for a body forever. None will come.
+parse_header = HTTPRequestParser.parse_header
+def parse_header_without_empty_expect(self, header_plus):
+    parse_header(self, header_plus)
+    if not self.chunked and self.content_length == 0:
+        self.expect_continue = False
+HTTPRequestParser.parse_header = parse_header_without_empty_expect
+host, port = sys.argv[1], sys.argv[2]
+os.environ.setdefault("MOTO_PORT", port)
+moto = DomainDispatcherApplication(create_backend_app)
+def logged(environ, start_response):
+    # moto checks signatures over the raw path (werkzeug's RAW_URI; waitress's REQUEST_URI).
+    environ.setdefault("RAW_URI", environ.get("REQUEST_URI", ""))
+    path = environ.get("PATH_INFO", "")
+    if environ.get("QUERY_STRING"):
+        path += "?" + environ["QUERY_STRING"]
+    def start(status, headers, exc_info=None):
+        stamp = time.strftime("%d/%b/%Y %H:%M:%S")
+        line = '%s - - [%s] "%s %s %s" %s -' % (
+            environ.get("REMOTE_ADDR", "-"), stamp, environ["REQUEST_METHOD"], path,
+            environ.get("SERVER_PROTOCOL", "HTTP/1.1"), status.split(" ", 1)[0])
+        print(line, flush=True)
+        return start_response(status, headers, exc_info)
+    return moto(environ, start)
+waitress.serve(logged, host=host, port=int(port), threads=8, ident=None, _quiet=True)
+"""
 
 _SETUP = """
 import json, sys
@@ -106,7 +145,7 @@ def start(base: Path, bucket: str = "rmq-spark-ledger") -> S3Server:
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(NO_AUTH_SETUP_REQUESTS)}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [str(venv / "bin" / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            [str(venv / "bin" / "python"), "-c", _SERVE, "127.0.0.1", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
