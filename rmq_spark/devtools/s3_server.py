@@ -43,9 +43,10 @@ START_TIMEOUT_SECONDS = 60.0
 # proxy each request then paid a new TCP handshake too, ~66 ms a PUT and ~90 ms a read
 # for a 20 ms round trip, where a bucket's endpoint keeps connections open. waitress
 # keeps them open. The access log keeps werkzeug's format, the path decoded (the bench
-# and the tests count requests in it): `ADDRESS - - [date] "METHOD PATH HTTP/1.1" STATUS -`.
+# and the tests count requests in it), and adds the client (its user agent's first word):
+# `ADDRESS - - [date] "METHOD PATH HTTP/1.1" STATUS - "CLIENT"`.
 _SERVE = """
-import os, sys, time
+import os, sys, threading, time
 import waitress
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from waitress.parser import HTTPRequestParser
@@ -60,6 +61,7 @@ HTTPRequestParser.parse_header = parse_header_without_empty_expect
 host, port = sys.argv[1], sys.argv[2]
 os.environ.setdefault("MOTO_PORT", port)
 moto = DomainDispatcherApplication(create_backend_app)
+logging_lock = threading.Lock()
 def logged(environ, start_response):
     # moto checks signatures over the raw path (werkzeug's RAW_URI; waitress's REQUEST_URI).
     environ.setdefault("RAW_URI", environ.get("REQUEST_URI", ""))
@@ -68,10 +70,13 @@ def logged(environ, start_response):
         path += "?" + environ["QUERY_STRING"]
     def start(status, headers, exc_info=None):
         stamp = time.strftime("%d/%b/%Y %H:%M:%S")
-        line = '%s - - [%s] "%s %s %s" %s -' % (
+        line = '%s - - [%s] "%s %s %s" %s - "%s"' % (
             environ.get("REMOTE_ADDR", "-"), stamp, environ["REQUEST_METHOD"], path,
-            environ.get("SERVER_PROTOCOL", "HTTP/1.1"), status.split(" ", 1)[0])
-        print(line, flush=True)
+            environ.get("SERVER_PROTOCOL", "HTTP/1.1"), status.split(" ", 1)[0],
+            environ.get("HTTP_USER_AGENT", "-").split(" ", 1)[0])
+        with logging_lock:  # eight threads: one whole line at a time
+            sys.stdout.write(line + "\\n")
+            sys.stdout.flush()
         return start_response(status, headers, exc_info)
     return moto(environ, start)
 waitress.serve(logged, host=host, port=int(port), threads=8, ident=None, _quiet=True)
