@@ -9,18 +9,16 @@ store (docs/OBJECT_STORE_LEDGER.md). obstore, the Rust object_store crate delta-
 commits through, removes them in bulk: S3's DeleteObjects takes 1,000 keys a request,
 Azure's blob batch 256.
 
-Its credentials are delta-rs' (`StoreOptions.delta`), and without them object_store's
-own chain from the environment, which lacks some of the AWS SDK's that pyarrow uses
-(shared profiles in ~/.aws, for one). So when a bulk removal fails for any reason but
-a missing object, what is left is removed one by one through pyarrow, as before: a
-ledger pyarrow can write to is still cleaned, and a removal that fails there too
-raises. A missing file or object is never an error: a removal that died half way is
-repeated.
+obstore's store is the ledger's (`store.obstore_of`: delta-rs' options). When a bulk
+removal fails for any reason but a missing object, obstore is given up for that store
+in this process (`store.obstore_failed`: its credential chain is not pyarrow's) and what
+is left is removed one by one through pyarrow, as before: a ledger pyarrow can write to
+is still cleaned, and a removal that fails there too raises. A missing file or object
+is never an error: a removal that died half way is repeated.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,12 +27,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import obstore
-from obstore.store import AzureStore, S3Store
 
-from rmq_spark.config.ledger import AZURE_STORES
-from rmq_spark.ledger.store import StoreOptions, StorePath, options_of, scheme_of
-
-log = logging.getLogger(__name__)
+from rmq_spark.ledger import store
+from rmq_spark.ledger.store import StorePath, scheme_of
 
 # Files removed at once one by one (local files, and objects when bulk removal fails):
 # each is a round trip or three on an object store, and they are independent.
@@ -43,9 +38,6 @@ REMOVALS_AT_ONCE = 32
 # fails a whole batch that names a missing blob, and that batch is then removed blob by
 # blob, so we hand obstore one request's worth at a time.
 KEYS_PER_BULK_REMOVAL = {"s3": 1000, "az": 256, "abfss": 256}
-
-# obstore's stores, by bucket or container and the options they were made with.
-_STORES: dict[tuple[str, StoreOptions], Any] = {}
 
 
 def remove_all(paths: Sequence[Any], at_once: int = REMOVALS_AT_ONCE) -> None:
@@ -63,24 +55,22 @@ def remove_all(paths: Sequence[Any], at_once: int = REMOVALS_AT_ONCE) -> None:
 def _remove_in_bulk(objects: Sequence[StorePath]) -> list[StorePath]:
     """Remove these objects of one bucket or container in bulk; those left to remove
     one by one."""
-    bulk = _object_store(objects[0])
-    at_once = KEYS_PER_BULK_REMOVAL[scheme_of(objects[0].uri) or "s3"]
+    uri = objects[0].uri
+    at_once = KEYS_PER_BULK_REMOVAL[scheme_of(uri) or "s3"]
     left: list[StorePath] = []
     for start in range(0, len(objects), at_once):
+        client = store.obstore_of(uri)
+        if client is None:
+            return [*left, *objects[start:]]
         chunk = objects[start : start + at_once]
         try:
-            obstore.delete(bulk, [path.fs_path.partition("/")[2] for path in chunk])
+            obstore.delete(client, [store.object_key(path.uri) for path in chunk])
         except FileNotFoundError:
             # Azure fails a batch that names a missing blob (S3 does not); the rest of
             # the chunk may or may not be gone.
             left.extend(chunk)
         except Exception as exc:  # any other failure: pyarrow's chain may still reach it
-            log.warning(
-                "ledger: bulk removal from %s failed (%s); removing %d objects one by one",
-                _container_of(objects[0]),
-                type(exc).__name__,
-                len(objects) - start,
-            )
+            store.obstore_failed(uri, "a bulk removal", exc)
             return [*left, *objects[start:]]
     return left
 
@@ -98,26 +88,6 @@ def _remove_one_by_one(paths: Sequence[Any], at_once: int) -> None:
 
 
 def _container_of(path: StorePath) -> str:
-    """`scheme://bucket` (or the container's authority): one obstore store each."""
+    """`scheme://bucket` (or the container's authority): one bulk request each."""
     parts = urlsplit(path.uri)
     return f"{parts.scheme.lower()}://{parts.netloc}"
-
-
-def _object_store(path: StorePath) -> Any:
-    """obstore's store for this object's bucket or container, with the ledger's options."""
-    options = options_of(path.uri)
-    scheme = scheme_of(path.uri) or "s3"
-    cached = (_container_of(path), options)
-    found = _STORES.get(cached)
-    if found is None:
-        container = path.fs_path.partition("/")[0]
-        # delta-rs' keys (AWS_ENDPOINT_URL, azure_storage_account_key, ...): obstore
-        # takes object_store's aliases at run time, not in its TypedDicts.
-        config: Any = options.delta(scheme)
-        found = (
-            AzureStore(container, config=config)
-            if scheme in AZURE_STORES
-            else S3Store(container, config=config)
-        )
-        _STORES[cached] = found
-    return found

@@ -7,9 +7,10 @@ Storage/ADLS Gen2 as `az://container/prefix` or
 on `StorePath`s: the few pathlib operations it uses (join, name, list one directory by
 pattern, read, write whole, remove, size) over pyarrow's S3 or Azure file system, which
 executors already import (pyarrow's wheels are built with both). On an object store
-there is no append and no fsync: a file is written whole by one PUT (a multipart upload
-completed on close), and the PUT having returned is the durability point; there is no
-rename either, and none is needed, since an object is complete or absent.
+there is no append and no fsync: a file is written whole by one PUT (through obstore,
+`StorePath.write_bytes`; a multipart upload completed last past 5 MB), and the PUT
+having returned is the durability point; there is no rename either, and none is
+needed, since an object is complete or absent.
 
 Credentials: the platform's provider chain (environment, instance or workload
 identity) unless `ledger.storage_options` names them; secrets there are read from
@@ -22,22 +23,31 @@ the ledger.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
+import obstore
 import pyarrow as pa
 import pyarrow.parquet as pq
+from obstore.store import AzureStore, S3Store
 from pyarrow import fs as pafs
 
 from rmq_spark.config import LedgerConfig
 from rmq_spark.config.ledger import AZURE_STORES, LEDGER_OBJECT_STORES, LEDGER_SECRETS
 
 # The schemes and secret option names are the config's (`config/ledger.py`): one list.
+if TYPE_CHECKING:
+    from obstore.store import RetryConfig  # in obstore's stubs only
+
+log = logging.getLogger(__name__)
+
 OBJECT_STORE_SCHEMES = LEDGER_OBJECT_STORES
 # Option names of `ledger.storage_options` (values) and their secret counterparts
 # (`*_env`: the variable holding the value).
@@ -193,6 +203,57 @@ def delta_options(uri: str) -> dict[str, str]:
     return options_of(uri).delta(scheme_of(uri) or "s3")
 
 
+# obstore (the Rust object_store crate delta-rs commits through) makes the requests
+# pyarrow's file systems make worse: a PUT in one round trip (pyarrow's AWS SDK sends
+# `Expect: 100-continue` and waits a round trip for the answer before the body) and
+# removals in bulk (`removal`). Its retries are bounded like pyarrow's (three tries),
+# so an unreachable store fails pre-flight in seconds, not object_store's 3 minutes.
+OBSTORE_RETRIES: RetryConfig = {"max_retries": 2, "retry_timeout": timedelta(seconds=20)}
+_OBSTORES: dict[tuple[str, StoreOptions], Any] = {}
+# Buckets (with their options) where obstore failed in this process: pyarrow from then
+# on. Its credential chain is not pyarrow's (it reads no ~/.aws profiles, for one), and
+# pyarrow reached these ledgers before obstore was used.
+_OBSTORE_FAILED: set[tuple[str, StoreOptions]] = set()
+
+
+def obstore_of(uri: str) -> Any | None:
+    """obstore's store for the bucket or container of `uri`, with the ledger's options
+    (delta-rs' keys, which obstore takes); None once obstore failed there."""
+    options = options_of(uri)
+    cached = (_bucket_key(uri), options)
+    if cached in _OBSTORE_FAILED:
+        return None
+    found = _OBSTORES.get(cached)
+    if found is None:
+        scheme = scheme_of(uri) or "s3"
+        container = fs_path_of(uri).partition("/")[0]
+        # delta-rs' keys (AWS_ENDPOINT_URL, azure_storage_account_key, ...): obstore
+        # takes object_store's aliases at run time, not in its TypedDicts.
+        config: Any = options.delta(scheme)
+        make = AzureStore if scheme in AZURE_STORES else S3Store
+        found = _OBSTORES[cached] = make(container, config=config, retry_config=OBSTORE_RETRIES)
+    return found
+
+
+def obstore_failed(uri: str, doing: str, error: Exception) -> None:
+    """Use pyarrow for this bucket from now on in this process, and say so once."""
+    cached = (_bucket_key(uri), options_of(uri))
+    if cached not in _OBSTORE_FAILED:
+        _OBSTORE_FAILED.add(cached)
+        log.warning(
+            "ledger: %s through obstore failed on %s (%s); pyarrow's file system serves "
+            "this store from now on",
+            doing,
+            _bucket_key(uri),
+            type(error).__name__,
+        )
+
+
+def object_key(uri: str) -> str:
+    """The key of `uri` in its bucket or container (obstore's path)."""
+    return fs_path_of(uri).partition("/")[2]
+
+
 def fs_path_of(uri: str) -> str:
     """A URI's path on pyarrow's file system: `bucket/key`, or `container/key` for
     `abfss://container@account.dfs.core.windows.net/key` and `az://container/key`."""
@@ -291,7 +352,18 @@ class StorePath:
         return self.read_bytes().decode(encoding)
 
     def write_bytes(self, content: bytes) -> None:
-        """One PUT: the object is complete and durable when this returns, or absent."""
+        """One PUT: the object is complete and durable when this returns, or absent.
+
+        Through obstore (one round trip; a multipart upload, completed last, past 5 MB);
+        if obstore fails, through pyarrow, whose error is the one raised (`obstore_of`).
+        """
+        client = obstore_of(self.uri)
+        if client is not None:
+            try:
+                obstore.put(client, object_key(self.uri), content)
+                return
+            except Exception as exc:  # pyarrow's chain may still reach it, or say why not
+                obstore_failed(self.uri, "a write", exc)
         with self.fs.open_output_stream(self.fs_path) as sink:
             sink.write(content)
 

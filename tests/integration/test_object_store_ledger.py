@@ -124,9 +124,10 @@ def test_rows_and_intents_are_objects_and_the_commit_reads_them_back(ledger_uri:
 def test_a_ledger_row_flush_is_one_put_request_not_a_multipart_upload(
     s3_keys: S3Server, ledger_uri: str
 ) -> None:
-    """The ack waits on this write: one PutObject (allow_delayed_open), where pyarrow's
-    default made every object a create, a part and a complete (three round trips). Read
-    off the server's own request log."""
+    """The ack waits on this write: one PutObject, where pyarrow's default made every
+    object a create, a part and a complete (three round trips), and sent by obstore,
+    where pyarrow's AWS SDK waits a round trip for `Expect: 100-continue`. Read off the
+    server's own request log."""
     tables.ensure_tables(ledger_uri)
     writer = MessageLedgerWriter(ledger_uri, "r1", KEY, "0.0.0")
     logged_before = s3_keys.log_path.read_text(encoding="utf-8", errors="replace")
@@ -136,6 +137,7 @@ def test_a_ledger_row_flush_is_one_put_request_not_a_multipart_upload(
     assert len(flush) == 1, flush
     assert '"PUT ' in flush[0]
     assert "uploadId" not in flush[0]
+    assert '"object_store/' in flush[0], flush  # the client, last on the server's line
 
 
 def test_the_commit_reads_each_small_object_in_two_gets_and_never_asks_its_size(
