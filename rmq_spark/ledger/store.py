@@ -42,12 +42,12 @@ from pyarrow import fs as pafs
 from rmq_spark.config import LedgerConfig
 from rmq_spark.config.ledger import AZURE_STORES, LEDGER_OBJECT_STORES, LEDGER_SECRETS
 
-# The schemes and secret option names are the config's (`config/ledger.py`): one list.
 if TYPE_CHECKING:
     from obstore.store import RetryConfig  # in obstore's stubs only
 
 log = logging.getLogger(__name__)
 
+# The schemes and secret option names are the config's (`config/ledger.py`): one list.
 OBJECT_STORE_SCHEMES = LEDGER_OBJECT_STORES
 # Option names of `ledger.storage_options` (values) and their secret counterparts
 # (`*_env`: the variable holding the value).
