@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import Any
-from urllib.parse import urlsplit
 
 import obstore
 
@@ -46,7 +45,7 @@ def remove_all(paths: Sequence[Any], at_once: int = REMOVALS_AT_ONCE) -> None:
     by_container: dict[str, list[StorePath]] = defaultdict(list)
     for path in paths:
         if isinstance(path, StorePath):
-            by_container[_container_of(path)].append(path)
+            by_container[store.bucket_key(path.uri)].append(path)
     for objects in by_container.values():
         one_by_one.extend(_remove_in_bulk(objects))
     _remove_one_by_one(one_by_one, at_once)
@@ -85,9 +84,3 @@ def _remove_one_by_one(paths: Sequence[Any], at_once: int) -> None:
     elif paths:
         with ThreadPoolExecutor(min(at_once, len(paths))) as pool:
             list(pool.map(remove, paths))
-
-
-def _container_of(path: StorePath) -> str:
-    """`scheme://bucket` (or the container's authority): one bulk request each."""
-    parts = urlsplit(path.uri)
-    return f"{parts.scheme.lower()}://{parts.netloc}"

@@ -174,25 +174,26 @@ _OPTIONS: dict[str, StoreOptions] = {}
 _FILESYSTEMS: dict[str, pafs.FileSystem] = {}
 
 
-def _bucket_key(uri: str) -> str:
+def bucket_key(uri: str) -> str:
+    """`scheme://bucket` (or the container's authority): options and clients are per bucket."""
     parts = urlsplit(uri)
     return f"{parts.scheme.lower()}://{parts.netloc}"
 
 
 def configure(uri: str, options: StoreOptions) -> None:
     """Register the options of the ledger at `uri` (for its whole bucket) in this process."""
-    key = _bucket_key(uri)
+    key = bucket_key(uri)
     if _OPTIONS.get(key) != options:
         _OPTIONS[key] = options
         _FILESYSTEMS.pop(key, None)
 
 
 def options_of(uri: str) -> StoreOptions:
-    return _OPTIONS.get(_bucket_key(uri), StoreOptions())
+    return _OPTIONS.get(bucket_key(uri), StoreOptions())
 
 
 def filesystem_of(uri: str) -> pafs.FileSystem:
-    key = _bucket_key(uri)
+    key = bucket_key(uri)
     found = _FILESYSTEMS.get(key)
     if found is None:
         found = _FILESYSTEMS[key] = options_of(uri).filesystem(scheme_of(uri) or "s3")
@@ -220,7 +221,7 @@ def obstore_of(uri: str) -> Any | None:
     """obstore's store for the bucket or container of `uri`, with the ledger's options
     (delta-rs' keys, which obstore takes); None once obstore failed there."""
     options = options_of(uri)
-    cached = (_bucket_key(uri), options)
+    cached = (bucket_key(uri), options)
     if cached in _OBSTORE_FAILED:
         return None
     found = _OBSTORES.get(cached)
@@ -237,14 +238,14 @@ def obstore_of(uri: str) -> Any | None:
 
 def obstore_failed(uri: str, doing: str, error: Exception) -> None:
     """Use pyarrow for this bucket from now on in this process, and say so once."""
-    cached = (_bucket_key(uri), options_of(uri))
+    cached = (bucket_key(uri), options_of(uri))
     if cached not in _OBSTORE_FAILED:
         _OBSTORE_FAILED.add(cached)
         log.warning(
             "ledger: %s through obstore failed on %s (%s); pyarrow's file system serves "
             "this store from now on",
             doing,
-            _bucket_key(uri),
+            bucket_key(uri),
             type(error).__name__,
         )
 
