@@ -14,7 +14,6 @@ import json
 import os
 import re
 import secrets
-import signal
 import sys
 from pathlib import Path
 
@@ -36,12 +35,14 @@ from tests.support.brokers import (
     drain_fingerprints,
     fresh_vhost,
     result_of,
+    scheduled_submit,
     seed,
     spark_submit,
     submit_as_scheduled,
 )
 from tests.support.builders import delivery
-from tests.support.faults import expected_fingerprints, wait_until
+from tests.support.faults import expected_fingerprints
+from tests.support.killed_driver import started_driver
 from tests.support.notebooks import NOTEBOOK, run_notebook
 from tests.support.object_store import objects_under, write_store_config
 
@@ -298,18 +299,13 @@ def test_a_killed_driver_resumes_the_run_from_the_objects(
     config.write_text(yaml.safe_dump(settings), encoding="utf-8")
     arguments = ("--run-id", "s3-resume")
 
-    first = submit_as_scheduled(config, arguments, {}, tmp_path / "first")
-
-    def a_quarter_arrived() -> bool:
-        if first.poll() is not None:
-            raise AssertionError(
-                f"the first driver ended by itself: {first.communicate()[1][-4000:]}"
-            )
-        return depth(brokers.main, vhost, "orders") >= RESUME_MESSAGES // 4
-
-    wait_until(a_quarter_arrived, "a quarter of the messages to arrive", timeout=180)
-    os.killpg(first.pid, signal.SIGKILL)  # the driver dies, and its executors with it
-    first.wait(30)
+    command, environment = scheduled_submit(config, arguments, {}, tmp_path / "first")
+    with started_driver(command, tmp_path / "first.log", env=environment) as first:
+        first.kill_once(  # the driver dies, and its executors with it
+            lambda: depth(brokers.main, vhost, "orders") >= RESUME_MESSAGES // 4,
+            "a quarter of the messages to arrive",
+            timeout=180,
+        )
     staged = objects_under(ledger_uri)
     assert [o for o in staged if o.startswith("messages/run_id=s3-resume/part-")]
 

@@ -10,9 +10,6 @@ with what it held before the FIRST driver moved anything, and is verified.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -24,7 +21,7 @@ from rmq_spark.cli import main
 from rmq_spark.ledger import tables
 from tests.support.brokers import Brokers, depth, fresh_vhost, write_config
 from tests.support.dead_letters import ORIGINS, STRAY_ID, make_dead_letters, read_queue
-from tests.support.faults import wait_until
+from tests.support.killed_driver import started_driver
 
 DLQ = "shop.dlq"
 RUN = "redrive-resume-1"
@@ -55,22 +52,13 @@ def test_a_killed_redrive_is_resumed_with_its_run_id_and_verified_with_nothing_l
         "--run-id",
         RUN,
     ]
-    first = subprocess.Popen(
-        [str(Path(sys.executable).parent / "rmq-spark"), *arguments],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-    def some_arrived() -> bool:
-        if first.poll() is not None:
-            raise AssertionError(f"the first redrive ended by itself: {first.communicate()}")
-        return depth(node, vhost, "orders") >= 10
-
-    wait_until(some_arrived, "ten messages back in orders", timeout=180)
-    os.killpg(first.pid, signal.SIGKILL)  # the driver dies, and its executors with it
-    first.wait(30)
+    command = [str(Path(sys.executable).parent / "rmq-spark"), *arguments]
+    with started_driver(command, tmp_path / "first.log") as first:
+        first.kill_once(  # the driver dies, and its executors with it
+            lambda: depth(node, vhost, "orders") >= 10,
+            "ten messages back in orders",
+            timeout=180,
+        )
     assert depth(node, vhost, "orders") < 40, "the kill came after the move"
 
     code = main(arguments)

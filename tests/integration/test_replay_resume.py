@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -35,6 +34,7 @@ from rmq_spark.park.replay.run import LEDGER_BATCH
 from rmq_spark.park.run import run_park
 from tests.support.brokers import Brokers, depth, fresh_vhost
 from tests.support.faults import wait_until
+from tests.support.killed_driver import started_driver
 from tests.support.parking import QUEUE, park_config, published, read_queue, seed
 
 MESSAGES = 2_000
@@ -161,16 +161,12 @@ def test_a_killed_replay_run_again_publishes_no_confirmed_row_twice_and_names_it
     brokers = brokers_of_version
     vhost = parked_queue(brokers, tmp_path, spark, "replay-kill")
     command = replay_command(tmp_path / "job.yaml", "replay-kill")
-    first = start(command)
-
-    def a_batch_confirmed() -> bool:
-        if first.poll() is not None:
-            raise AssertionError(f"the replay ended by itself: {first.communicate()}")
-        return len(confirmed_positions(tmp_path)) >= LEDGER_BATCH
-
-    wait_until(a_batch_confirmed, "the ledger to show a confirmed batch", timeout=120)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait(30)
+    with started_driver(command, tmp_path / "first.log", env=child_environment()) as first:
+        first.kill_once(
+            lambda: len(confirmed_positions(tmp_path)) >= LEDGER_BATCH,
+            "the ledger to show a confirmed batch",
+            timeout=120,
+        )
     at_kill = confirmed_positions(tmp_path)
     in_queue_at_kill = depth(brokers.dr, vhost, QUEUE)
     assert at_kill == list(range(len(at_kill))), "one queue's rows confirm in position order"
@@ -309,16 +305,12 @@ def test_a_replay_killed_before_its_first_append_is_named_by_the_rerun(
     vhost = parked_queue(brokers, tmp_path, spark, "replay-early")
     # Ten seconds to its first append: the kill lands among the first batch's publishes.
     command = replay_command(tmp_path / "job.yaml", "replay-early", rate=LEDGER_BATCH // 10)
-    first = start(command)
-
-    def some_published() -> bool:
-        if first.poll() is not None:
-            raise AssertionError(f"the replay ended by itself: {first.communicate()}")
-        return depth(brokers.dr, vhost, QUEUE) >= 10
-
-    wait_until(some_published, "the first rows back in the queue", timeout=120)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait(30)
+    with started_driver(command, tmp_path / "first.log", env=child_environment()) as first:
+        first.kill_once(
+            lambda: depth(brokers.dr, vhost, QUEUE) >= 10,
+            "the first rows back in the queue",
+            timeout=120,
+        )
     assert confirmed_positions(tmp_path) == [], "the kill came after the first append"
     in_queue_at_kill = depth(brokers.dr, vhost, QUEUE)
 

@@ -10,8 +10,6 @@ RMQ_SPARK_RUN_ID (set from the Job's or SparkApplication's name).
 from __future__ import annotations
 
 import json
-import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +23,13 @@ from tests.support.brokers import (
     depth,
     drain_fingerprints,
     fresh_vhost,
+    scheduled_submit,
     seed,
     submit_as_scheduled,
     write_config,
 )
-from tests.support.faults import expected_fingerprints, wait_until
+from tests.support.faults import expected_fingerprints
+from tests.support.killed_driver import started_driver
 from tests.support.matrix import SOAK
 
 QUEUES = ("a", "b")
@@ -100,20 +100,15 @@ def test_a_killed_driver_started_again_by_its_scheduler_finishes_the_run(
         window={"messages": WINDOW},
     )
 
-    first = submit_as_scheduled(
+    command, environment = scheduled_submit(
         config, attempts.arguments[0], attempts.environments[0], tmp_path / "first"
     )
-
-    def a_fifth_arrived() -> bool:
-        if first.poll() is not None:
-            raise AssertionError(
-                f"the first driver ended by itself: {first.communicate()[1][-4000:]}"
-            )
-        return sum(depth(brokers.main, vhost, q) for q in QUEUES) >= MESSAGES // 5
-
-    wait_until(a_fifth_arrived, "a fifth of the messages to arrive", timeout=180)
-    os.killpg(first.pid, signal.SIGKILL)  # the driver dies, and its executors with it
-    first.wait(30)
+    with started_driver(command, tmp_path / "first.log", env=environment) as first:
+        first.kill_once(  # the driver dies, and its executors with it
+            lambda: sum(depth(brokers.main, vhost, q) for q in QUEUES) >= MESSAGES // 5,
+            "a fifth of the messages to arrive",
+            timeout=180,
+        )
     plans = tables.read_arrow(str(tmp_path / "ledger"), "plans").to_pylist()
     assert {(p["source_queue"], p["messages"]) for p in plans} == {(q, MESSAGES) for q in QUEUES}
     assert {p["run_id"] for p in plans} == {attempts.run_id}

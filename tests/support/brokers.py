@@ -283,11 +283,11 @@ class MoverThread(threading.Thread):
             self.error = exc
 
 
-def submit_as_scheduled(
+def scheduled_submit(
     config: Path, arguments: tuple[str, ...], scheduler: dict[str, str], attempt_dir: Path
-) -> subprocess.Popen[str]:
-    """spark-submit.sh as the scheduler starts it; `attempt_dir` is the attempt's own
-    scratch space (YARN's LOCAL_DIRS when the scheduler is YARN)."""
+) -> tuple[list[str], dict[str, str]]:
+    """spark-submit.sh's command and environment as the scheduler starts it; `attempt_dir`
+    is the attempt's own scratch space (YARN's LOCAL_DIRS when the scheduler is YARN)."""
     environment = {
         key: value
         for key, value in job_environment().items()
@@ -297,14 +297,23 @@ def submit_as_scheduled(
     if "CONTAINER_ID" in scheduler:
         attempt_dir.mkdir()
         scheduler = {**scheduler, "LOCAL_DIRS": str(attempt_dir)}
+    command = [
+        str(Path(__file__).resolve().parents[2] / "spark-submit.sh"),
+        "--config",
+        str(config),
+        *arguments,
+    ]
+    return command, {**environment, **scheduler}
+
+
+def submit_as_scheduled(
+    config: Path, arguments: tuple[str, ...], scheduler: dict[str, str], attempt_dir: Path
+) -> subprocess.Popen[str]:
+    """`scheduled_submit` started, its output piped (for a run the test waits out)."""
+    command, environment = scheduled_submit(config, arguments, scheduler, attempt_dir)
     return subprocess.Popen(
-        [
-            str(Path(__file__).resolve().parents[2] / "spark-submit.sh"),
-            "--config",
-            str(config),
-            *arguments,
-        ],
-        env={**environment, **scheduler},
+        command,
+        env=environment,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
