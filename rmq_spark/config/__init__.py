@@ -328,11 +328,12 @@ class WindowConfig(_Strict):
     """Unacked deliveries in flight per queue transfer (the consumer prefetch's upper
     bound)."""
     bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    """Bytes in flight per queue transfer. The mover keeps it from the sizes it receives,
-    not from the management API's statistics: the prefetch starts at what the byte window
-    allows for the largest message a broker may hold (1 for the defaults) and follows the
-    sizes seen, and while the bytes held pass this it stops reading the source, so they
-    never exceed it by more than one message."""
+    """Bytes in flight per queue transfer. The mover keeps it from the sizes it receives:
+    the first prefetch is what the byte window allows for the largest message the queue
+    may hold (no larger than all its ready bytes together, where the plan's management
+    statistics say; otherwise the largest a broker accepts, so 1 for the defaults), later
+    ones follow the sizes seen, and while the bytes held pass this it stops reading the
+    source, so they never exceed it by more than one message."""
 
 
 class MoverConfig(_Strict):

@@ -9,8 +9,9 @@ average hides the few large messages of a mixed queue. So the mover keeps the
 byte window itself, from the sizes it actually receives, in two parts:
 
 1. **The prefetch follows the sizes.** It starts at what `window.bytes` allows
-   for the largest message the source may hold (`LARGEST_MESSAGE_BYTES` unless
-   told better, so 1 for the default 64 MiB window) and, after each batch, is
+   for the largest message the source may hold (`first_estimate`: no larger than
+   all the queue's ready bytes together, where the plan sampled them; otherwise
+   `LARGEST_MESSAGE_BYTES`, so 1 for the default 64 MiB window) and, after each batch, is
    `window.bytes // estimate`, where the estimate is the largest message among
    the recent deliveries (this generation and the last, a generation being one
    prefetch's worth). Within `window.messages`. The prefetch changes only when the
@@ -37,6 +38,34 @@ LARGEST_MESSAGE_BYTES = 128 * 1024 * 1024
 # A prefetch this many times larger or smaller than the current one is worth a
 # change (a new consumer, after the old one's deliveries are acked).
 CHANGE_FACTOR = 1.25
+
+
+def first_estimate(messages: object, message_bytes: object) -> int:
+    """The largest message a source may hold, from its plan row's `messages` (exact) and
+    `message_bytes` (the management API's sample of its ready bytes), for the first
+    prefetch: no message is larger than all of them together.
+
+    Why this bound and not the average the sample would also give: an average hides
+    the one large message of a mixed queue; a sum cannot. Where the sample is no bound:
+    it lags a publish by seconds, so messages that came after it are not counted (a
+    live source); then the first prefetch is a guess like every later one, and the
+    hard bound keeps the executor's memory to the window as it does for those. Why it
+    matters: a queue that fits the window many times over (the many small queues of a
+    fail-back) moves in one batch instead of one message, a change of consumer and then
+    the rest, each round a ledger write before the publish and one before the ack.
+
+    >>> first_estimate(20, 20 * 1024)
+    20480
+    >>> first_estimate(20, 0)  # no statistics: the largest RabbitMQ accepts
+    134217728
+    >>> first_estimate(None, None)  # a row without the plan's sample (a redrive's)
+    134217728
+    """
+    if not (isinstance(messages, int) and isinstance(message_bytes, int)):
+        return LARGEST_MESSAGE_BYTES
+    if messages > 0 and 0 < message_bytes < LARGEST_MESSAGE_BYTES:
+        return message_bytes
+    return LARGEST_MESSAGE_BYTES
 
 
 class ByteWindow:

@@ -27,6 +27,7 @@ from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import MoveOutcome, TransferKey, queues_at_once
 from rmq_spark.transfer.amqp091.links import Amqp091Connector, Endpoint, event_loop
 from rmq_spark.transfer.amqp091.pool import ConnectionPool
+from rmq_spark.transfer.byte_window import first_estimate
 from rmq_spark.transfer.decisions import BatchDecider, DeciderFactory, SelectDecider
 from rmq_spark.transfer.lanes import Lanes, run_movers
 from rmq_spark.transfer.mover import QueueMover
@@ -189,6 +190,8 @@ def queue_mover(
         IntentLog(settings.ledger_path, settings.run_id, key, attempt),
         window_messages=settings.window_messages,
         window_bytes=settings.window_bytes,
+        # The first prefetch: the whole queue where the plan's sample says it fits.
+        largest_message=first_estimate(row.get("messages"), row.get("message_bytes")),
         first_position=earlier.next_position(key),
         limits=settings.mover,
         delivery_guard=guard,

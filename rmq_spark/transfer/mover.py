@@ -30,7 +30,7 @@ from rmq_spark.config import Limits, MoverConfig
 from rmq_spark.errors import TransferError
 from rmq_spark.model import Delivery, MoveOutcome, TransferKey
 from rmq_spark.transfer import stages
-from rmq_spark.transfer.byte_window import ByteWindow
+from rmq_spark.transfer.byte_window import LARGEST_MESSAGE_BYTES, ByteWindow
 from rmq_spark.transfer.decisions import BatchDecider
 from rmq_spark.transfer.depth_bound import DepthBound
 from rmq_spark.transfer.lanes import INTENTS, LEDGER, run_movers
@@ -90,6 +90,7 @@ class QueueMover:
         *,
         window_messages: int,
         window_bytes: int,
+        largest_message: int = LARGEST_MESSAGE_BYTES,
         first_position: int = 0,
         limits: MoverConfig | None = None,
         clock: Callable[[], datetime] = utc_now,
@@ -107,7 +108,7 @@ class QueueMover:
         self._ledger = ledger
         self._intents = intents
         # Learned sizes outlive a session: a reconnect starts at the learned prefetch.
-        self._flow = ByteWindow(window_messages, window_bytes)
+        self._flow = ByteWindow(window_messages, window_bytes, largest_message=largest_message)
         self._window_bytes = window_bytes
         self._first_position = first_position
         self._next_position = first_position

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rmq_spark.transfer.byte_window import CHANGE_FACTOR, LARGEST_MESSAGE_BYTES, ByteWindow
+from rmq_spark.transfer.byte_window import (
+    CHANGE_FACTOR,
+    LARGEST_MESSAGE_BYTES,
+    ByteWindow,
+    first_estimate,
+)
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -83,3 +88,25 @@ def test_sizes_that_wander_a_little_change_nothing(factor: float) -> None:
 def test_empty_windows_are_refused(messages: int, window_bytes: int) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         ByteWindow(messages, window_bytes)
+
+
+def test_a_queue_the_plan_saw_fit_in_the_window_is_prefetched_whole_at_once() -> None:
+    twenty_small = ByteWindow(1000, 64 * MiB, largest_message=first_estimate(20, 20 * KiB))
+    assert twenty_small.granted == 1000  # 64 MiB // 20 KiB = 3,276, within the message window
+    larger_than_the_window = first_estimate(100_000, 100 * MiB)
+    assert ByteWindow(1000, 64 * MiB, largest_message=larger_than_the_window).granted == 1
+
+
+@pytest.mark.parametrize(
+    ("messages", "message_bytes"),
+    [
+        (20, 0),  # no statistics yet, or the metrics collector is off
+        (0, 0),  # an empty queue
+        (None, None),  # a row without the plan's sample
+        (3, LARGEST_MESSAGE_BYTES * 2),  # no tighter than what RabbitMQ accepts anyway
+    ],
+)
+def test_without_a_usable_sample_the_first_prefetch_assumes_the_largest_message(
+    messages: int | None, message_bytes: int | None
+) -> None:
+    assert first_estimate(messages, message_bytes) == LARGEST_MESSAGE_BYTES
