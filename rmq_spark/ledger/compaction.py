@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from rmq_spark.ledger import durable, removal, store
 from rmq_spark.ledger.layout import COMPACTED_PREFIX, DATA_SCHEMA, TEMP_PREFIX
@@ -115,22 +117,38 @@ def compact(
 
 
 def _read_scans(partition: Any, files: Sequence[tuple[str, int]]) -> Iterator[pa.Table]:
-    """The files' rows, in order, a dataset scan per `scans` group.
+    """The files' rows, in order, one table per `scans` group.
 
-    Each scanned file is a chunk of its own, a few hundred bytes of rows under tens of
-    KiB of buffers and metadata: one scan of 10,000 five-row files (a 10,000-queue run)
-    took the driver to 945 MiB for a 14 MiB table. Combining each scan's chunks before
-    the next lets those go: 212 MiB, in the same 5-6 s (measured on the files of a
-    `bench.many_queues --queues 10000 --messages 5` run). Each file's size goes with
-    it: on an object store a file then costs two reads (footer, rows) and no HEAD.
-    REQUESTS_AT_ONCE files are read ahead, not pyarrow's 4: reading 400 small files
-    through 20 ms round trips to the bench's store took 10.3 s at 4, 5.7 s at 16."""
-    for scan in scans(files):
-        yield (
-            store.sized_dataset([(partition / name, size) for name, size in scan], DATA_SCHEMA)
-            .to_table(fragment_readahead=REQUESTS_AT_ONCE)
-            .combine_chunks()
-        )
+    Each file read is a chunk of its own, a few hundred bytes of rows under tens of KiB
+    of buffers and metadata: one scan of 10,000 five-row files (a 10,000-queue run) took
+    the driver to 945 MiB for a 14 MiB table. Combining each group's chunks before the
+    next lets those go: 212 MiB, in the same 5-6 s (measured on the files of a
+    `bench.many_queues --queues 10000 --messages 5` run).
+
+    Local files: a multi-threaded dataset scan per group, each file with its size as
+    listed. Objects: each file read whole, in one GET, REQUESTS_AT_ONCE at a time
+    (`_read_whole`); a dataset scan reads a footer, then the rows, two round trips a
+    file, and reading 400 small files through 20 ms round trips to the bench's store took
+    10.3 s at pyarrow's 4 files ahead, 5.7 s at 16.
+    """
+    if not isinstance(partition, store.StorePath):
+        for scan in scans(files):
+            sized = [(partition / name, size) for name, size in scan]
+            yield (
+                store.sized_dataset(sized, DATA_SCHEMA)
+                .to_table(fragment_readahead=REQUESTS_AT_ONCE)
+                .combine_chunks()
+            )
+        return
+    with ThreadPoolExecutor(REQUESTS_AT_ONCE) as pool:
+        for scan in scans(files):
+            tables = pool.map(_read_whole, [partition / name for name, _ in scan])
+            yield pa.concat_tables(tables).combine_chunks()
+
+
+def _read_whole(path: store.StorePath) -> pa.Table:
+    """A small data file's rows from one read of the whole object (`StorePath.read_bytes`)."""
+    return pq.read_table(pa.BufferReader(path.read_bytes()), schema=DATA_SCHEMA)
 
 
 def scans(files: Sequence[tuple[str, int]]) -> Iterator[list[tuple[str, int]]]:

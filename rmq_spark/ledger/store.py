@@ -346,6 +346,17 @@ class StorePath:
         return FileStat(int(info.size or 0), mtime)
 
     def read_bytes(self) -> bytes:
+        """The whole object in one GET through obstore (pyarrow's input stream asks for
+        its size first, a second round trip); through pyarrow if obstore fails. A
+        missing object is FileNotFoundError either way."""
+        client = obstore_of(self.uri)
+        if client is not None:
+            try:
+                return bytes(obstore.get(client, object_key(self.uri)).bytes())
+            except FileNotFoundError:
+                raise
+            except Exception as exc:  # pyarrow's chain may still reach it, or say why not
+                obstore_failed(self.uri, "a read", exc)
         with self.fs.open_input_stream(self.fs_path) as source:
             return bytes(source.read())
 
