@@ -14,8 +14,11 @@ from its driver only, so that needs one run at a time per ledger on such storage
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from deltalake import DeltaTable
 
 from rmq_spark.ledger import store
 
@@ -72,6 +75,35 @@ def storage_options(path: str, mounted: Iterable[tuple[str, str]] | None = None)
         return store.delta_options(path)
     chosen = needs_unsafe_rename(path, mounts() if mounted is None else mounted)
     return dict(UNSAFE_RENAME) if chosen else {}
+
+
+# Object-store tables this thread opened: (path, options) -> the table (`open_table`).
+_OPENED = threading.local()
+
+
+def open_table(path: str) -> DeltaTable:
+    """The Delta table at `path`, at its newest version, to read.
+
+    On an object store an open reads the whole log, a round trip a request: a listing,
+    the last checkpoint, every commit since; and one run's driver reads the same few
+    tables a dozen times (the plan, the commit, verification, the record, the report).
+    So each thread keeps the tables it opened there and brings one up to date before
+    each read (`update_incremental`: a listing and only the commits after the version
+    it holds). A missing table is delta-rs' TableNotFoundError, as on an open. Local
+    tables are opened afresh: a read of the log there costs microseconds.
+    """
+    options = storage_options(path)
+    if not store.is_object_store(path):
+        return DeltaTable(path, storage_options=options)
+    opened: dict[tuple[str, tuple[tuple[str, str], ...]], DeltaTable]
+    opened = _OPENED.__dict__.setdefault("tables", {})
+    key = (path, tuple(sorted(options.items())))
+    table = opened.get(key)
+    if table is None:
+        table = opened[key] = DeltaTable(path, storage_options=options)
+    else:
+        table.update_incremental()
+    return table
 
 
 def describe(options: Mapping[str, str]) -> str:

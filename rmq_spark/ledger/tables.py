@@ -31,7 +31,7 @@ from rmq_spark.ledger import compaction, durable, layout, resume, schema, store
 from rmq_spark.ledger.committers import DELTA_RS, CommitKey, DeltaCommitter, commit_app_id
 from rmq_spark.ledger.durable import read_stream
 from rmq_spark.ledger.layout import run_intents_dir, run_partition_dir, run_rows_dir
-from rmq_spark.ledger.storage import describe, storage_options
+from rmq_spark.ledger.storage import describe, open_table, storage_options
 from rmq_spark.model import TransferKey
 from rmq_spark.spark_session import spark_has_delta
 
@@ -398,7 +398,7 @@ def read_table(
         rows = read_arrow(ledger_path, table, run_id=run_id if one_run else None)
         return spark.createDataFrame(rows, spark_schema)
     try:
-        files = DeltaTable(path, storage_options=storage_options(path)).file_uris(
+        files = open_table(path).file_uris(
             partition_filters=[("run_id", "=", run_id)] if one_run else None
         )
     except TableNotFoundError as exc:
@@ -433,7 +433,7 @@ def arrow_dataset(ledger_path: str, table: str, run_id: str | None = None) -> ds
     path = table_path(ledger_path, table)
     partition_columns = schema.PARTITION_BY[table]
     try:
-        files = DeltaTable(path, storage_options=storage_options(path)).file_uris(
+        files = open_table(path).file_uris(
             partition_filters=[("run_id", "=", run_id)]
             if run_id is not None and "run_id" in partition_columns
             else None

@@ -23,12 +23,11 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from deltalake import DeltaTable
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import store, tables
 from rmq_spark.ledger.schema import TRANSFER_KEY
-from rmq_spark.ledger.storage import storage_options
+from rmq_spark.ledger.storage import open_table
 
 VERIFICATION_DIR = "verification"
 VERIFICATION_FILE = "verification.json"
@@ -101,9 +100,7 @@ def _snapshot(
     """The table's snapshot as a pyarrow dataset, and when each data file was written."""
     dataset = tables.arrow_dataset(ledger_path, table, run_id)
     path = tables.table_path(ledger_path, table)
-    actions = pa.table(
-        DeltaTable(path, storage_options=storage_options(path)).get_add_actions(flatten=True)
-    )
+    actions = pa.table(open_table(path).get_add_actions(flatten=True))
     written = {
         Path(unquote(relative)).name: modified
         for relative, modified in zip(

@@ -13,12 +13,11 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import store
-from rmq_spark.ledger.storage import storage_options
+from rmq_spark.ledger.storage import open_table
 from rmq_spark.transfer.parked_rows import PARTITION_BY, SCHEMA, TABLE
 
 
@@ -30,7 +29,7 @@ def parked_files(ledger_path: str, run_id: str | None = None) -> list[str]:
     """The table's current data files (of one run), as URIs."""
     path = table_path(ledger_path)
     try:
-        table = DeltaTable(path, storage_options=storage_options(path))
+        table = open_table(path)
     except TableNotFoundError as exc:
         raise LedgerError(f"ledger table {path} does not exist: nothing was parked") from exc
     return list(
