@@ -19,10 +19,10 @@ is never an error: a removal that died half way is repeated.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from typing import Any
 
 import obstore
@@ -33,6 +33,10 @@ from rmq_spark.ledger.store import StorePath, scheme_of
 # Files removed at once one by one (local files, and objects when bulk removal fails):
 # each is a round trip or three on an object store, and they are independent.
 REMOVALS_AT_ONCE = 32
+# An object removed one by one is tried this many times, RETRY_SECONDS more apart each
+# time: pyarrow's Azure file system does not retry a connection closed mid-answer.
+ATTEMPTS_ONE_BY_ONE = 3
+RETRY_SECONDS = 0.2
 # Keys per bulk request: S3's DeleteObjects takes 1,000, Azure's blob batch 256. Azure
 # fails a whole batch that names a missing blob, and that batch is then removed blob by
 # blob, so we hand obstore one request's worth at a time.
@@ -76,8 +80,18 @@ def _remove_in_bulk(objects: Sequence[StorePath]) -> list[StorePath]:
 
 def _remove_one_by_one(paths: Sequence[Any], at_once: int) -> None:
     def remove(path: Any) -> None:
-        with suppress(FileNotFoundError):
-            path.unlink()
+        for attempt in range(1, ATTEMPTS_ONE_BY_ONE + 1):
+            try:
+                path.unlink()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                # A store's connection closed mid-answer (Azure under load); removing
+                # again is safe, and one object's hiccup should not fail the removal.
+                if attempt == ATTEMPTS_ONE_BY_ONE or not isinstance(path, StorePath):
+                    raise
+                time.sleep(RETRY_SECONDS * attempt)
 
     if len(paths) == 1:
         remove(paths[0])
