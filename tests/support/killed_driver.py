@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from tests.support.faults import wait_until
@@ -30,6 +30,7 @@ class DriverProcess:
     def __init__(self, process: subprocess.Popen[bytes], output: Path) -> None:
         self.process = process
         self.output = output
+        self.killed = False
 
     def tail(self) -> str:
         text = self.output.read_text(encoding="utf-8", errors="replace")
@@ -57,9 +58,14 @@ class DriverProcess:
             self.kill()
 
     def kill(self) -> None:
-        if self.process.poll() is None:
+        """SIGKILL the whole group, even when the driver itself has ended: its JVM or
+        its Python workers may outlive it. Once: after that the group's id is free."""
+        if self.killed:
+            return
+        with suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(30)
+        self.killed = True
 
 
 @contextmanager
