@@ -239,6 +239,9 @@ class MoveOutcome:
     sessions: int
     # A selective move's messages published back to their source (not in `messages`).
     kept: int = 0
+    # Redeliveries an earlier session had moved, acked without a publish (not in
+    # `messages`; transfer/recognition.py).
+    recognised: int = 0
     # Fences a selective move acked at its source (its own, and stale ones of earlier
     # runs): removed from the source by the mover, never ledgered (transfer/selective.py).
     fences: int = 0

@@ -352,6 +352,12 @@ class MoverConfig(_Strict):
     retries it. A quorum source's delivery limit must be at least this + task attempts +
     1 (pre-flight refuses the run otherwise). `rmq-spark replay` reopens a lost
     connection up to this many times in a row for one row before it stops."""
+    recognise_redeliveries: bool = True
+    """A session that resumes a transfer (after a lost connection, a task retry or a
+    driver restart) acks without publishing the redeliveries the earlier session had
+    moved and recorded but not acked, where the ledger proves it (ledger rows with
+    decision `recognised`); false moves them again, as named duplicates. Turn it off
+    where other consumers take and requeue messages of a source during its move."""
     blocked_timeout_seconds: float = Field(default=300.0, gt=0)
     """How long a connection may stay blocked by a memory or disk alarm before it counts
     as lost."""

@@ -21,6 +21,7 @@ from rmq_spark.ledger.durable import read_stream
 from rmq_spark.ledger.fences import fence_file_name
 from rmq_spark.ledger.layout import (
     COMPACTED_PREFIX,
+    DATA_SCHEMA,
     KEY_COLUMNS,
     PREFIX_LENGTH,
     STREAM_SUFFIX,
@@ -89,6 +90,29 @@ class EarlierFiles:
                 highest = max(highest, _max_position(positions))
         return highest + 1
 
+    def transfer_rows(self, key: TransferKey, columns: Sequence[str]) -> pa.Table:
+        """`columns` of every row and intent earlier attempts left for this transfer
+        (data files, rows streams, intent logs, compacted files), in no order."""
+        tables = [
+            compacted_rows(self._compacted, key, columns),
+            *(
+                _read_columns(path, key, columns)
+                for prefix in transfer_prefixes(key)
+                for path in sorted(self._files.get(prefix[:PREFIX_LENGTH], ()))
+                if path.name.startswith(prefix)
+            ),
+        ]
+        return pa.concat_tables(table.select(list(columns)) for table in tables)
+
+
+def _read_columns(path: Any, key: TransferKey, columns: Sequence[str]) -> pa.Table:
+    """`key`'s rows of one data file or stream, with at least `columns`."""
+    if path.name.endswith(".parquet"):
+        if not path.name.startswith(key.legacy_file_prefix):
+            return store.read_parquet(path, columns=list(columns))
+        return rows_of(key, store.read_parquet(path, columns=[*columns, *KEY_COLUMNS]))
+    return rows_of(key, read_stream(path))
+
 
 def data_file_positions(path: Any, key: TransferKey) -> pa.Table:
     """The `position` column of `key`'s rows in one of its data files.
@@ -109,7 +133,12 @@ def compacted_files(partition: Any) -> list[Any]:
 
 
 def compacted_positions(files: Sequence[Any], key: TransferKey) -> pa.Table:
-    """The `position` column of `key`'s rows in these compacted files.
+    """The `position` column of `key`'s rows in these compacted files."""
+    return compacted_rows(files, key, ["position"])
+
+
+def compacted_rows(files: Sequence[Any], key: TransferKey, columns: Sequence[str]) -> pa.Table:
+    """`columns` of `key`'s rows in these compacted files.
 
     The filter on the key columns is pushed down: row groups whose statistics
     exclude the transfer are skipped.
@@ -121,10 +150,13 @@ def compacted_positions(files: Sequence[Any], key: TransferKey) -> pa.Table:
         match = pc.field(name) == column(pa.string(), [getattr(key, name)])[0]
         wanted = match if wanted is None else wanted & match
     tables = [
-        store.read_parquet(path, columns=["position"], filters=wanted) for path in sorted(files)
+        store.read_parquet(path, columns=list(columns), filters=wanted) for path in sorted(files)
     ]
     if not tables:  # built from buffers: pa.array (and Schema.empty_table) import pandas
-        return pa.Table.from_arrays([column(pa.int64(), [])], names=["position"])
+        fields = [DATA_SCHEMA.field(name) for name in columns]
+        return pa.Table.from_arrays(
+            [column(field.type, []) for field in fields], schema=pa.schema(fields)
+        )
     return pa.concat_tables(tables)
 
 

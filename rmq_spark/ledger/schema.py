@@ -105,7 +105,9 @@ MESSAGES: tuple[Column, ...] = (
         "moved (published to the destination) | kept (a selective move published it back "
         "to the tail of its source queue; its publish_seq numbers that link's confirms) | "
         "replayed (`rmq-spark replay` published a parked row; source and position are the "
-        "parked row's). Null in rows written before the column existed: moved.",
+        "parked row's) | recognised (a resumed session acked, without publishing, the "
+        "redelivery of a message an earlier session had moved; reason names that row). Null "
+        "in rows written before the column existed: moved.",
         nullable=True,
     ),
     _c(

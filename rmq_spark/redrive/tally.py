@@ -8,7 +8,7 @@ module says it for each destination.
 
 **The witness for a destination.** A moved message is published with `mandatory` and
 acked at the DLQ only after the broker confirmed it; a message routed nowhere comes
-back as a return and is never confirmed (`window.sent_properties`). Through the default
+back as a return and is never confirmed (`confirm_lanes.sent_properties`). Through the default
 exchange the routing key names exactly one queue, so a confirm is the broker's word
 that the origin queue took the message. The origin's exact depth, read before and
 after, is a second, independent witness, honest only where nothing else changes it:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from hashlib import sha256
 
 from rmq_spark.model import Delivery, DeliveryState
 
@@ -58,6 +59,29 @@ class ConfirmLanes:
         delivery = lane.pop(seq, None)
         return [] if delivery is None else [delivery]
 
+    def take_oversized(self, body_size: int) -> Delivery | None:
+        """The destination closed its channel over a message of `body_size` bytes (too
+        large for it): the earliest unconfirmed publish of that size, which never
+        arrived, leaves the destination's lane. None if none matches."""
+        lane = self.destination
+        delivery = earliest_published(lane, lambda d: d.body_size == body_size)
+        if delivery is not None:
+            lane.pop(delivery.seq)
+        return delivery
+
+    def returned(self, body_sha256: str, properties_sha256: str, *, kept: bool) -> Delivery | None:
+        """The publish a basic.return sent back (mandatory, routed nowhere; on the kept
+        link when `kept`). It stays in its lane: its confirm follows.
+
+        RabbitMQ sends the return before the confirm of the same message, and returns
+        come in publish order, so the returned message is the earliest unconfirmed
+        delivery with the same content. None if none matches.
+        """
+        return earliest_published(
+            self.lane(kept),
+            lambda d: d.body_sha256 == body_sha256 and sent_properties(d) == properties_sha256,
+        )
+
     def take_all(self) -> list[Delivery]:
         """Every unconfirmed publish of both links (the session ends); the lanes empty."""
         every = [*self.destination.values(), *self.kept.values()]
@@ -71,6 +95,15 @@ class ConfirmLanes:
     def __iter__(self) -> Iterator[Delivery]:
         yield from self.destination.values()
         yield from self.kept.values()
+
+
+def sent_properties(delivery: Delivery) -> str:
+    """The digest of the property bytes a delivery was published with: the received ones'
+    (the ledger's), or, when a decision rewrote them (a redrive's header policy), the
+    rewritten ones', so a return of a rewritten message is matched and never confirmed."""
+    if delivery.detail is None or delivery.detail.properties is None:
+        return delivery.properties_sha256
+    return sha256(delivery.detail.properties).hexdigest()
 
 
 def earliest_published(

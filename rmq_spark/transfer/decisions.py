@@ -29,9 +29,12 @@ from rmq_spark.model import Delivery
 if TYPE_CHECKING:  # imported when a batch is decided: a plain move never loads DuckDB
     from rmq_spark.selection import Message, Selection
 
-DecisionKind = Literal["moved", "kept"]
+DecisionKind = Literal["moved", "kept", "recognised"]
 MOVED: DecisionKind = "moved"
 KEPT: DecisionKind = "kept"
+# A plain move's redelivery an earlier session already moved, acked without a publish
+# (`recognition.py`); never a decider's.
+RECOGNISED: DecisionKind = "recognised"
 # Not the engine's: `rmq-spark replay` records a parked row it published so.
 REPLAYED = "replayed"
 

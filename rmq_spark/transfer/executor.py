@@ -11,14 +11,18 @@ already durable for the queue.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import pyarrow as pa
+
 from rmq_spark.broker.colocation import preferred_uri
 from rmq_spark.broker.connection import connection_parameters
 from rmq_spark.config import PARKED, ClusterConfig, Limits, MoverConfig
+from rmq_spark.errors import LedgerError
 from rmq_spark.ledger import store
 from rmq_spark.ledger.fences import record_fence
 from rmq_spark.ledger.resume import EarlierFiles
@@ -33,8 +37,11 @@ from rmq_spark.transfer.lanes import Lanes, run_movers
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.outcomes import outcome_row
 from rmq_spark.transfer.ports import Connector
+from rmq_spark.transfer.recognition import Recognition, earlier_rows, recognition_for
 from rmq_spark.transfer.return_guard import ReturnGuard, attempt_number
 from rmq_spark.transfer.selective import fence_id
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -201,7 +208,45 @@ def queue_mover(
         examine_limit=examine_limit(row, settings.window_messages),
         fence_recorded=earlier.fence_recorded(key),
         record_fence=partial(record_fence, settings.ledger_path, settings.run_id, key, fence),
+        recognise=(
+            partial(read_recognition, settings, key, earlier)
+            if settings.mover.recognise_redeliveries and key.destination_cluster != PARKED
+            else None
+        ),
     )
+
+
+# What recognition reads of the earlier rows and intents (`recognition.earlier_rows`).
+RECOGNITION_COLUMNS = (
+    "position",
+    "body_sha256",
+    "properties_sha256",
+    "confirmed_at",
+    "task_attempt",
+    "session",
+    "publish_attempts",
+    "decision",
+)
+
+
+def read_recognition(
+    settings: ExecutorSettings, key: TransferKey, earlier: EarlierFiles, relist: bool
+) -> Recognition | None:
+    """What a resumed session may recognise (`recognition.py`), from the transfer's rows
+    and intents in the ledger: those `earlier` lists, or (`relist`, after a session of
+    this task was lost) those there now. Unreadable, they prove nothing: every
+    redelivery is moved again, as a named duplicate."""
+    files = EarlierFiles(settings.ledger_path, settings.run_id) if relist else earlier
+    try:
+        table = files.transfer_rows(key, RECOGNITION_COLUMNS)
+    except (OSError, LedgerError, pa.ArrowInvalid, KeyError) as exc:
+        log.warning(
+            "%s: the earlier rows could not be read (%s): redeliveries are moved again",
+            key.label(),
+            exc,
+        )
+        return None
+    return recognition_for(earlier_rows(table.to_pydict()))
 
 
 def examine_limit(row: dict[str, object], window_messages: int) -> int | None:

@@ -37,6 +37,7 @@ from rmq_spark.transfer.lanes import INTENTS, LEDGER, run_movers
 from rmq_spark.transfer.outbound import backoff_seconds
 from rmq_spark.transfer.ports import Connector, EngineLoop, IntentSink, LedgerSink
 from rmq_spark.transfer.rate_limit import RateBrake
+from rmq_spark.transfer.recognition import Recognition
 from rmq_spark.transfer.return_guard import ReturnGuard
 from rmq_spark.transfer.selective import FenceState
 from rmq_spark.transfer.selective_session import SelectiveSession
@@ -102,6 +103,7 @@ class QueueMover:
         examine_limit: int | None = None,
         fence_recorded: bool = False,
         record_fence: Callable[[], None] | None = None,
+        recognise: Callable[[bool], Recognition | None] | None = None,
     ) -> None:
         self._key = key
         self._connector = connector
@@ -143,6 +145,10 @@ class QueueMover:
         )
         self._record_fence = record_fence or (lambda: None)
         self._kept_messages = 0
+        # A plain move's: what earlier sessions moved, read when a session resumes the
+        # transfer (True: list the ledger again, it changed since the task began).
+        self._recognise = recognise if decider is None else None
+        self._recognised_messages = 0
 
     @property
     def prefetch(self) -> int:
@@ -225,6 +231,11 @@ class QueueMover:
             error=self._error,
             on_end=self._after_session,
         )
+        if self._recognise is not None and self._next_position > 0:
+            recognition = self._recognise(self._sessions > 0)
+            if recognition is not None:
+                session.outbound.recognition = recognition
+                session.settlement.counts_recognised = True
         self._sessions += 1
         self._moved_before_session = self._moved_messages
         self._session = session
@@ -238,6 +249,7 @@ class QueueMover:
         self._error = end.error
         self._moved_messages += session.settlement.moved_messages
         self._kept_messages += session.settlement.kept_messages
+        self._recognised_messages += session.settlement.recognised_messages
         self._moved_bytes += session.settlement.moved_bytes
         self._moved_with_priority += session.settlement.moved_with_priority
         self._peak_held_bytes = max(self._peak_held_bytes, session.outbound.peak_held_bytes)
@@ -266,13 +278,15 @@ class QueueMover:
         seconds = self._monotonic() - self._started
         status = "failed" if self._error else "moved"
         log.info(
-            "%s: %s, %d messages, %d bytes in %.2fs (%d session(s))",
+            "%s: %s, %d messages, %d bytes in %.2fs (%d session(s), %d recognised as moved "
+            "by an earlier one)",
             self._key.label(),
             status,
             self._moved_messages,
             self._moved_bytes,
             seconds,
             self._sessions,
+            self._recognised_messages,
         )
         return MoveOutcome(
             key=self._key,
@@ -285,6 +299,7 @@ class QueueMover:
             seconds=seconds,
             sessions=self._sessions,
             kept=self._kept_messages,
+            recognised=self._recognised_messages,
             fences=(
                 0
                 if self._fence is None or not self._fence.reached

@@ -36,6 +36,7 @@ from rmq_spark.transfer.ports import (
     IntentSink,
 )
 from rmq_spark.transfer.rate_limit import RateBrake
+from rmq_spark.transfer.recognition import Recognition
 from rmq_spark.transfer.return_guard import ReturnGuard
 from rmq_spark.transfer.window import TransferWindow
 
@@ -66,6 +67,9 @@ class OutboundHost(Protocol):
 
     def write_failed(self, error: BaseException) -> None:
         """A durable write failed: the session ends, and the transfer with it."""
+
+    def settle(self) -> None:
+        """Confirmed deliveries wait for their rows: write them, ack what is durable."""
 
 
 class _Outgoing:
@@ -117,6 +121,7 @@ class Outbound:
         self._limits = limits
         self._window_bytes = window_bytes
         self._clock = clock
+        self._connector = connector
         self._message_id_of = connector.message_id_of
         self._delivery_count_of = connector.delivery_count_of
         self._carries_priority = connector.carries_priority
@@ -127,6 +132,8 @@ class Outbound:
         self.decide: Callable[[Sequence[tuple[int, bool, bytes, bytes]]], list[Decision]] | None
         self.decide = None
         self.publish_batch: Callable[[Sequence[Delivery]], None] = destination.publish
+        # A resumed plain move's: its first redeliveries an earlier session moved.
+        self.recognition: Recognition | None = None
         self._pending_bytes = 0
         self._pending_largest = 0
         self._flush_scheduled = False
@@ -228,8 +235,20 @@ class Outbound:
         self._consumer.drain.received()
         if self._host.closing or not self._destination.is_open:
             return
-        on_publish = self._window.on_publish
         consumed_at = self._clock()  # one reading per batch: they arrived together
+        if self.recognition is not None:  # what an earlier session moved: ack, never publish
+            recognised = self.recognition.take(pending, self._connector, consumed_at)
+            for delivery in recognised:
+                self._window.on_recognised(delivery)
+            if not self.recognition.active:
+                self.recognition = None  # the rest of the session publishes as usual
+            if recognised:
+                self._host.settle()
+                pending = pending[len(recognised) :]
+            if not pending:
+                self._consumer.follow_sizes()
+                return
+        on_publish = self._window.on_publish
         digest_properties = self._digest_properties
         message_id_of = self._message_id_of
         carries_priority = self._carries_priority

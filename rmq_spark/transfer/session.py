@@ -229,6 +229,9 @@ class Session:
         """A paused source may be read again (`Outbound.may_read`, holds.py)."""
         return self.outbound.may_read()
 
+    def settle(self) -> None:
+        self.settlement.settle()
+
     def write_failed(self, error: BaseException) -> None:
         fatal = Ending(Stage.FATAL, fatal=error)
         if self.closing:

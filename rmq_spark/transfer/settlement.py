@@ -16,6 +16,7 @@ from typing import Protocol
 
 from rmq_spark.model import Delivery
 from rmq_spark.transfer.consumer import Consumer
+from rmq_spark.transfer.decisions import RECOGNISED
 from rmq_spark.transfer.lanes import LEDGER
 from rmq_spark.transfer.ports import DurableJob, EngineLoop, LedgerSink, SourceLink
 from rmq_spark.transfer.window import TransferWindow
@@ -63,6 +64,8 @@ class Settlement:
         self.moved_with_priority = 0  # of moved_messages, those whose properties set priority
         self.kept_messages = 0  # a selective move's rows of messages kept in the source
         self.counts_kept = False  # set by a selective session: only then are rows split
+        self.recognised_messages = 0  # acked without a publish (recognition.py)
+        self.counts_recognised = False  # set when the session recognises: rows are split
 
     def settle(self) -> None:
         """Start writing ledger rows for confirmed deliveries; ack what is already durable."""
@@ -118,6 +121,10 @@ class Settlement:
             self._host.drain_step()
 
     def _count_moved(self, rows: list[Delivery]) -> None:
+        if self.counts_recognised:
+            recognised = [row for row in rows if row.decision == RECOGNISED]
+            self.recognised_messages += len(recognised)
+            rows = [row for row in rows if row.decision != RECOGNISED]
         if self.counts_kept:
             kept = [row for row in rows if row.decision == "kept"]
             self.kept_messages += len(kept)

@@ -12,6 +12,9 @@ A delivery moves through these states:
       └──connection lost before the confirm──► UNCERTAIN (written with no confirm time:
                                                           it may or may not have arrived)
 
+A redelivery an earlier session moved (`recognition.py`) starts at CONFIRMED: it is
+never published, and is acked once its row (decision `recognised`) is durable.
+
 Positions number what the ledger records, with no gaps: every position handed out
 ends as a row (confirmed or uncertain), or is given again. A session that ends
 withdraws the publishes still waiting for their intents (never sent): they are the
@@ -37,10 +40,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from hashlib import sha256
 
 from rmq_spark.model import Delivery, DeliveryState
-from rmq_spark.transfer.confirm_lanes import ConfirmLanes, earliest_published
+from rmq_spark.transfer.confirm_lanes import ConfirmLanes
 
 # Flush the ledger when this share of the window is confirmed but not yet durable
 # (or nothing else is unconfirmed, or the oldest waited MAX_FLUSH_DELAY_SECONDS):
@@ -61,15 +63,6 @@ class Ack:
 
     tag: int
     multiple: bool
-
-
-def sent_properties(delivery: Delivery) -> str:
-    """The digest of the property bytes a delivery was published with: the received ones'
-    (the ledger's), or, when a decision rewrote them (a redrive's header policy), the
-    rewritten ones', so a return of a rewritten message is matched and never confirmed."""
-    if delivery.detail is None or delivery.detail.properties is None:
-        return delivery.properties_sha256
-    return sha256(delivery.detail.properties).hexdigest()
 
 
 def prefetch_for(window_messages: int, window_bytes: int, average_message_bytes: float) -> int:
@@ -176,6 +169,17 @@ class TransferWindow:
         self.in_flight_bytes += body_size
         return delivery
 
+    def on_recognised(self, delivery: Delivery) -> None:
+        """A redelivery an earlier session moved (`recognition.recognised_delivery`): never
+        published, so it has no seq; it waits only for its row, then its ack."""
+        if self._by_tag and delivery.tag <= next(reversed(self._by_tag)):
+            raise ValueError(f"delivery tag {delivery.tag} is not above the last one seen")
+        delivery.position, delivery.session = self._next_position, self._session
+        self._next_position += 1
+        self._by_tag[delivery.tag] = delivery
+        self._unwritten.append(delivery)
+        self.in_flight_bytes += delivery.body_size
+
     def on_confirm(self, seq: int, *, multiple: bool, kept: bool = False) -> list[Delivery]:
         """A basic.ack from the destination (from the kept link when `kept`). Returns
         the deliveries it confirmed."""
@@ -257,29 +261,20 @@ class TransferWindow:
         return uncertain
 
     def refuse_oversized(self, body_size: int, reason: str) -> Delivery | None:
-        """The destination closed its channel over a message of `body_size` bytes (too
-        large for it): the earliest unconfirmed publish of that size never arrived, so
-        it is REFUSED, not uncertain. Returns it, or None if none matches."""
-        lane = self._unconfirmed.destination
-        delivery = earliest_published(lane, lambda d: d.body_size == body_size)
+        """The destination closed its channel over a message too large for it: that
+        publish (`ConfirmLanes.take_oversized`) never arrived, so it is REFUSED, not
+        uncertain. Returns it, or None if none matches."""
+        delivery = self._unconfirmed.take_oversized(body_size)
         if delivery is not None:
-            lane.pop(delivery.seq)
             self._refuse(delivery, reason)
         return delivery
 
     def on_return(
         self, body_sha256: str, properties_sha256: str, reason: str, *, kept: bool = False
     ) -> Delivery | None:
-        """A basic.return (mandatory publish routed nowhere; on the kept link when `kept`).
-
-        RabbitMQ sends the return before the confirm of the same message, and returns
-        come in publish order, so the returned message is the earliest unconfirmed
-        delivery with the same content. Returns None if none matches.
-        """
-        delivery = earliest_published(
-            self._unconfirmed.lane(kept),
-            lambda d: d.body_sha256 == body_sha256 and sent_properties(d) == properties_sha256,
-        )
+        """A basic.return of a publish (`ConfirmLanes.returned`): REFUSED, never acked.
+        Returns it, or None if none matches."""
+        delivery = self._unconfirmed.returned(body_sha256, properties_sha256, kept=kept)
         if delivery is not None:
             self._refuse(delivery, reason)
         return delivery

@@ -23,6 +23,7 @@ from rmq_spark.selection.fields import read_properties
 from rmq_spark.transfer.decisions import BatchDecider
 from rmq_spark.transfer.mover import QueueMover
 from rmq_spark.transfer.ports import DESTINATION, SOURCE, SessionEvents, Side
+from rmq_spark.transfer.recognition import Recognition
 from rmq_spark.transfer.window import Ack
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -430,6 +431,8 @@ def mover_rig(
     examine_limit: int | None = None,
     fence_recorded: bool = False,
     overlap: int = 1,
+    first_position: int = 0,
+    recognise: Callable[[bool], Recognition | None] | None = None,
 ) -> MoverRig:
     clock = FakeClock()
     timers = ManualTimers(clock)
@@ -452,6 +455,8 @@ def mover_rig(
         examine_limit=examine_limit,
         fence_recorded=fence_recorded,
         record_fence=lambda: ledger.fences.append("rmq-spark-fence:run-1:orders"),
+        first_position=first_position,
+        recognise=recognise,
     )
     if decider is not None:  # the fence is told by its message-id
         connector.message_id_of = lambda block: read_properties(block).values.get("message_id")
