@@ -44,6 +44,9 @@ def result_summary(result: RunResult, ledger_path: str) -> dict[str, Any]:
         "bytes": verification.bytes,
         "lost": verification.lost,
         "duplicates": verification.duplicates,
+        # Redeliveries after a lost session that an earlier session had moved: acked
+        # without a publish, so they made no duplicate (transfer/recognition.py).
+        "recognised": verification.recognised,
         "unexpected": verification.unexpected,
         "verified": verification.verified,
         # Sources that received messages meanwhile, with no consumer counters to prove

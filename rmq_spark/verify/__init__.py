@@ -309,6 +309,7 @@ def _verification(
         queues=verdicts,
         messages=sum(v.distinct_messages for v in verdicts),
         kept=sum(v.kept_messages for v in verdicts),
+        recognised=sum(v.recognised for v in verdicts),
         bytes=sum(v.bytes for v in verdicts),
         lost=sum(v.lost for v in verdicts),
         duplicates=sum(v.duplicates for v in verdicts),
@@ -325,7 +326,7 @@ def _verification(
     write_results(verification, summary_rows, results)
     log.info(
         "run %s verified=%s: %d queues, %d messages, %d bytes, lost %d, duplicates %d, "
-        "unexpected %d (%s engine, %.1fs: %s); results in %s",
+        "recognised %d, unexpected %d (%s engine, %.1fs: %s); results in %s",
         run_id,
         verification.verified,
         len(verdicts),
@@ -333,6 +334,7 @@ def _verification(
         verification.bytes,
         verification.lost,
         verification.duplicates,
+        verification.recognised,
         verification.unexpected,
         engine,
         time.monotonic() - started,

@@ -32,6 +32,9 @@ FENCES = "fences"
 # Ledger rows of messages a selective move kept (published back to their source); null
 # (rows written before the column existed) is "moved".
 KEPT = "kept"
+# Ledger rows of redeliveries a resumed session recognised as moved by an earlier one
+# (transfer/recognition.py): acked without a publish, so no copy of their own.
+RECOGNISED = "recognised"
 # What proves what left the source (`source_witness`): the consumer counters, the
 # depth drop (nothing was moved beyond it), or nothing (more was moved than the depth
 # fell, with no counters: messages arrived meanwhile, and whether another consumer took
@@ -65,6 +68,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "confirmed_rows",
     "uncertain_rows",
     "duplicates",
+    "recognised",
     "distinct_messages",
     "kept_messages",
     "bytes",

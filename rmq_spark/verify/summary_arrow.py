@@ -24,6 +24,7 @@ from rmq_spark.verify.columns import (
     NULL_BODY_SHA256,
     NULL_PROPERTIES_SHA256,
     PROBLEM_COUNTS,
+    RECOGNISED,
     SOURCE_REMOVED,
     STATUS_UNPLANNED,
     SUMMARY_COLUMNS,
@@ -62,6 +63,12 @@ def summarize_arrow(
     # A selective move's kept rows (published back to the source); null is "moved".
     kept = (
         _flags(pc.equal(messages[DECISION], KEPT))
+        if DECISION in messages.column_names
+        else np.zeros(messages.num_rows, dtype=bool)
+    )
+    # A resumed session's rows of redeliveries an earlier one moved (recognition.py).
+    recognised = (
+        _flags(pc.equal(messages[DECISION], RECOGNISED))
         if DECISION in messages.column_names
         else np.zeros(messages.num_rows, dtype=bool)
     )
@@ -117,6 +124,7 @@ def summarize_arrow(
             "_kept": as_count(kept),
             "_kept_confirmed": as_count(kept & confirmed),
             "_kept_distinct": as_count(kept & confirmed & ~duplicate),
+            "_recognised": as_count(recognised & duplicate),
             "_redelivered": as_count(redelivered),
             "_retried": as_count(_flags(pc.greater(messages["publish_attempts"], 1))),
             "_reordered": as_count(out_of_order),
@@ -141,6 +149,7 @@ def summarize_arrow(
             ("_kept", "sum"),
             ("_kept_confirmed", "sum"),
             ("_kept_distinct", "sum"),
+            ("_recognised", "sum"),
             ("_redelivered", "sum"),
             ("_retried", "sum"),
             ("_reordered", "sum"),
@@ -256,8 +265,12 @@ def _summary_row(
     # destination's figures count the moved rows only, and what left the source (acked)
     # is the moved, the kept and the fences.
     kept_messages = count("_kept_distinct_sum")
-    moved_rows = ledger_rows - count("_kept_sum")
-    moved_confirmed = confirmed_rows - count("_kept_confirmed_sum")
+    # A recognised row repeating an earlier one is a message moved once, by that row:
+    # it made no copy of its own (a recognised row without an earlier one counts as a
+    # copy the destination must hold).
+    recognised = count("_recognised_sum")
+    moved_rows = ledger_rows - count("_kept_sum") - recognised
+    moved_confirmed = confirmed_rows - count("_kept_confirmed_sum") - recognised
     moved_uncertain = moved_rows - moved_confirmed
     distinct_messages = confirmed_rows - confirmed_duplicates - kept_messages
     acked = distinct_messages + kept_messages + int(counters.get(FENCES) or 0)
@@ -304,7 +317,8 @@ def _summary_row(
         "ledger_rows": ledger_rows,
         "confirmed_rows": confirmed_rows,
         "uncertain_rows": uncertain_rows,
-        "duplicates": confirmed_duplicates + uncertain_arrived,
+        "duplicates": confirmed_duplicates - recognised + uncertain_arrived,
+        "recognised": recognised,
         "distinct_messages": distinct_messages,
         "kept_messages": kept_messages,
         "bytes": count("_bytes_sum"),

@@ -27,6 +27,7 @@ from rmq_spark.verify.columns import (
     NULL_BODY_SHA256,
     NULL_PROPERTIES_SHA256,
     PROBLEM_COUNTS,
+    RECOGNISED,
     SOURCE_REMOVED,
     STATUS_UNPLANNED,
     WITNESS_COUNTERS,
@@ -95,8 +96,12 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     kept_messages = F.coalesce(F.col("kept_confirmed"), zero) - F.coalesce(
         F.col("kept_duplicates"), zero
     )
-    moved_rows = ledger_rows - F.coalesce(F.col("kept_rows"), zero)
-    moved_confirmed = confirmed_rows - F.coalesce(F.col("kept_confirmed"), zero)
+    # A recognised row repeating an earlier one is a message moved once, by that row:
+    # it made no copy of its own (a recognised row without an earlier one counts as a
+    # copy the destination must hold).
+    recognised = F.coalesce(F.col("recognised_duplicates"), zero)
+    moved_rows = ledger_rows - F.coalesce(F.col("kept_rows"), zero) - recognised
+    moved_confirmed = confirmed_rows - F.coalesce(F.col("kept_confirmed"), zero) - recognised
     moved_uncertain = moved_rows - moved_confirmed
     distinct_messages = confirmed_rows - confirmed_duplicates - kept_messages
     acked = distinct_messages + kept_messages + F.coalesce(F.col(FENCES), zero)
@@ -107,7 +112,7 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
     uncertain_arrived = F.least(
         F.greatest(destination_rise - moved_confirmed, zero), moved_uncertain
     )
-    duplicates = confirmed_duplicates + F.coalesce(uncertain_arrived, zero)
+    duplicates = confirmed_duplicates - recognised + F.coalesce(uncertain_arrived, zero)
     redelivered_or_retried = (F.coalesce(F.col("redelivered_rows"), zero) > 0) | (
         F.coalesce(F.col("retried_rows"), zero) > 0
     )
@@ -135,6 +140,7 @@ def summarize(messages: DataFrame, counters: DataFrame) -> DataFrame:
         confirmed_rows.alias("confirmed_rows"),
         uncertain_rows.alias("uncertain_rows"),
         duplicates.alias("duplicates"),
+        recognised.alias("recognised"),
         distinct_messages.alias("distinct_messages"),
         kept_messages.alias("kept_messages"),
         (
@@ -175,6 +181,14 @@ def _confirmed() -> Any:
     return F.col("confirmed_at").isNotNull()
 
 
+def _recognised(messages: DataFrame) -> Any:
+    """A resumed session's row of a redelivery an earlier session had moved, acked
+    without a publish (transfer/recognition.py)."""
+    if DECISION not in messages.columns:
+        return F.lit(False)
+    return F.coalesce(F.col(DECISION) == F.lit(RECOGNISED), F.lit(False))
+
+
 def _kept(messages: DataFrame) -> Any:
     """A selective move's kept rows (published back to the source); null is "moved"."""
     if DECISION not in messages.columns:
@@ -187,7 +201,12 @@ def _count_where(condition: Any) -> Any:
 
 
 # What `_duplicate_counts` adds to each transfer's counts (null: it has none).
-_DUPLICATE_COUNTS = ("confirmed_duplicates", "kept_duplicates", "duplicate_bytes")
+_DUPLICATE_COUNTS = (
+    "confirmed_duplicates",
+    "kept_duplicates",
+    "recognised_duplicates",
+    "duplicate_bytes",
+)
 # Checksum groups of redelivered rows up to this many are broadcast to the semi join
 # (~200 bytes each); more (a run of many lost sessions) are joined by a shuffle.
 BROADCAST_REDELIVERED_MAX = 100_000
@@ -195,8 +214,9 @@ BROADCAST_REDELIVERED_MAX = 100_000
 
 def _duplicate_counts(messages: DataFrame, key: list[str]) -> DataFrame | None:
     """Per transfer with duplicates: how many confirmed rows repeat an earlier one, how
-    many of those are kept rows, and the bytes of the moved ones; None when no
-    confirmed row was redelivered, so none can be a duplicate.
+    many of those are kept rows and how many recognised ones (acked without a publish:
+    no copy of their own), and the bytes of the moved ones; None when no confirmed row
+    was redelivered, so none can be a duplicate.
 
     A crash between the durable ledger row and the source ack makes the broker redeliver
     the message and the mover publish it again: a later, redelivered row with the same
@@ -233,6 +253,7 @@ def _duplicate_counts(messages: DataFrame, key: list[str]) -> DataFrame | None:
         .agg(
             F.count(F.lit(1)).alias("confirmed_duplicates"),
             _count_where(F.col("_kept")).alias("kept_duplicates"),
+            _count_where(_recognised(messages)).alias("recognised_duplicates"),
             F.sum(F.when(~F.col("_kept"), F.col("body_size"))).alias("duplicate_bytes"),
         )
     )

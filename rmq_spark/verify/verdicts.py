@@ -61,6 +61,9 @@ class QueueVerdict:
     source_witness: str = WITNESS_DEPTH
     # A selective move's messages published back to their source (routes[].select).
     kept_messages: int = 0
+    # Redeliveries a resumed session acked without a publish: an earlier session had
+    # moved them (transfer/recognition.py); not in `duplicates`.
+    recognised: int = 0
 
     @property
     def label(self) -> str:
@@ -92,6 +95,7 @@ class Verification:
     engine: str = ENGINE_SPARK  # where the summary and GE ran: spark, or driver (pyarrow/pandas)
     live_arrivals: int = 0  # other publishers' messages in shared destinations
     kept: int = 0  # a selective move's messages published back to their source
+    recognised: int = 0  # redeliveries acked without a publish: moved by an earlier session
     # Queues whose source received messages during the run with no counters to prove
     # that no other consumer took some (`source_witness` "none"); they still pass.
     sources_unproven: int = 0
@@ -136,6 +140,7 @@ def queue_verdict(row: Mapping[str, Any]) -> QueueVerdict:
         live_arrivals=row["live_arrivals"] or 0,
         source_witness=row["source_witness"],
         kept_messages=row.get("kept_messages") or 0,
+        recognised=row.get("recognised") or 0,
     )
 
 

@@ -196,6 +196,22 @@ def failures_naming(verification: Verification, queue: str) -> list[str]:
 def passing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     messages = [
         *(message("clean", p, body_size=100 + p) for p in range(3)),
+        # A resumed session recognised the redelivery of position 1 (moved, recorded, its
+        # ack lost with the session): acked without a publish, no copy of its own.
+        message("recognised", 0, BODY_A, body_size=7),
+        message("recognised", 1, BODY_B, body_size=11),
+        message(
+            "recognised",
+            2,
+            BODY_B,
+            redelivered=True,
+            body_size=11,
+            publish_seq=0,
+            attempts=0,
+            session=1,
+            decision="recognised",
+        ),
+        message("recognised", 3, BODY_C, body_size=13, publish_seq=1, session=1),
         # The third row is the broker's redelivery of the first, published again.
         message("dup", 0, BODY_A, body_size=7),
         message("dup", 1, BODY_B, body_size=11),
@@ -238,6 +254,7 @@ def passing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         counter("contradicted", source=(5, 1), destination=(0, 4), removed=5),
         counter("clean", source=(3, 0), destination=(5, 8)),
         counter("dup", source=(2, 0), destination=(0, 3)),
+        counter("recognised", source=(3, 0), destination=(0, 3), removed=3),
         counter("empty", source=(0, 0), destination=(4, 4)),
         counter("uncertain-arrived", source=(2, 0), destination=(0, 3)),
         counter("uncertain-vanished", source=(2, 0), destination=(0, 2)),
@@ -280,6 +297,15 @@ def test_redelivered_republished_row_is_one_duplicate_and_passes(
     assert (dup.lost, dup.unexpected) == (0, 0)
     assert dup.bytes == 7 + 11
     assert dup.passed
+
+
+def test_a_recognised_redelivery_is_one_message_and_no_copy(passing_run: Verification) -> None:
+    recognised = verdict(passing_run, "recognised")
+    assert (recognised.ledger_rows, recognised.distinct_messages) == (4, 3)
+    assert (recognised.duplicates, recognised.recognised) == (0, 1)
+    assert (recognised.source_drop, recognised.destination_rise) == (3, 3)
+    assert (recognised.lost, recognised.unexpected, recognised.bytes) == (0, 0, 7 + 11 + 13)
+    assert recognised.passed
 
 
 def test_transfer_without_rows_appears_with_zeros_and_passes(passing_run: Verification) -> None:
@@ -338,9 +364,9 @@ def test_kept_rows_are_back_in_the_source_neither_lost_nor_at_the_destination(
 def test_passing_run_is_verified_with_totals(passing_run: Verification) -> None:
     assert passing_run.verified
     assert passing_run.failed_expectations == ()
-    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (26, 2, 0)
-    assert passing_run.kept == 4
-    assert passing_run.bytes == 303 + 18 + 2 * (10 + 10) + 30 + 3 * 4 * 10 + 2 * 10
+    assert (passing_run.messages, passing_run.duplicates, passing_run.lost) == (29, 2, 0)
+    assert (passing_run.kept, passing_run.recognised) == (4, 1)
+    assert passing_run.bytes == 303 + 18 + 31 + 2 * (10 + 10) + 30 + 3 * 4 * 10 + 2 * 10
     assert passing_run.unexpected == 0
 
 
@@ -348,7 +374,7 @@ def test_results_json_and_data_docs_are_written(passing_run: Verification) -> No
     document = json.loads(Path(passing_run.results_path).read_text(encoding="utf-8"))
     assert document["run_id"] == RUN_ID
     assert document["verified"] is True
-    assert (document["totals"]["messages"], document["totals"]["kept"]) == (26, 4)
+    assert (document["totals"]["messages"], document["totals"]["kept"]) == (29, 4)
     assert [q["source_queue"] for q in document["queues"]] == [
         "clean",
         "contradicted",
@@ -356,6 +382,7 @@ def test_results_json_and_data_docs_are_written(passing_run: Verification) -> No
         "empty",
         "live-counted",
         "live-unproven",
+        "recognised",
         "retried",
         "selective",
         "uncertain-arrived",
@@ -392,6 +419,19 @@ def failing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         message("reordered", 1, BODY_B, publish_seq=1),
         # One row, but two messages arrived: one nobody can explain.
         message("unexplained", 0, BODY_A),
+        # A row says a redelivery was moved earlier, and no earlier row holds it: its
+        # copy must be in the destination, and it is not.
+        message("recognised-alone", 0, BODY_A),
+        message(
+            "recognised-alone",
+            1,
+            BODY_B,
+            redelivered=True,
+            publish_seq=0,
+            attempts=0,
+            session=1,
+            decision="recognised",
+        ),
         # A live source: another consumer took 1 while 2 arrived; the depth fell by 3,
         # less than the 4 moved, and only the consumer counters (5 removed) see the take.
         *(message("stolen", p) for p in range(4)),
@@ -405,6 +445,7 @@ def failing_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         counter("nullsum", source=(1, 0), destination=(0, 1)),
         counter("reordered", source=(2, 0), destination=(0, 2)),
         counter("unexplained", source=(1, 0), destination=(0, 2)),
+        counter("recognised-alone", source=(2, 0), destination=(0, 1)),
     ]
     return messages, counters
 
@@ -475,6 +516,16 @@ def test_counters_the_depths_contradict_leave_the_source_unproven_not_lost(
     assert (contradicted.lost, contradicted.source_witness) == (0, "none")
 
 
+def test_a_recognised_row_without_its_earlier_copy_is_missing_at_the_destination(
+    failing_run: Verification,
+) -> None:
+    alone = verdict(failing_run, "recognised-alone")
+    assert not alone.passed
+    assert (alone.distinct_messages, alone.recognised, alone.duplicates) == (2, 0, 0)
+    (line,) = failures_naming(failing_run, "recognised-alone")
+    assert "missing_at_destination" in line
+
+
 def test_gap_in_positions_fails(failing_run: Verification) -> None:
     gap = verdict(failing_run, "gap")
     assert not gap.passed
@@ -514,7 +565,7 @@ def test_null_checksum_fails(failing_run: Verification) -> None:
     nullsum = verdict(failing_run, "nullsum")
     assert not nullsum.passed
     (line,) = failures_naming(failing_run, "nullsum")
-    assert line.startswith("messages: expect_column_values_to_not_be_null(body_sha256): 1 of 15")
+    assert line.startswith("messages: expect_column_values_to_not_be_null(body_sha256): 1 of 17")
 
 
 # --- no ledger rows at all ---------------------------------------------------------------
