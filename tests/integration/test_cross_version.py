@@ -18,13 +18,14 @@ import yaml
 from pyspark.sql import SparkSession
 
 from rmq_spark.config import load_config
-from rmq_spark.devtools.demo import demo_messages, wait_for_depth
+from rmq_spark.devtools.demo import demo_messages
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.pipeline import run_transfer
 from tests.support.brokers import (
     Brokers,
     drain_fingerprints,
     fresh_vhost,
+    seed_declared,
 )
 
 MESSAGES = 400
@@ -76,21 +77,6 @@ def body_digests(node: LocalNode, vhost: str, queue: str) -> Counter[str]:
     for (body, _properties), copies in found.items():
         digests[body] += copies
     return digests
-
-
-def seed_declared(
-    node: LocalNode, vhost: str, queue: str, count: int, arguments: dict[str, Any]
-) -> None:
-    """A queue declared with these arguments, holding `count` demo messages."""
-    connection = node.connect(vhost)
-    try:
-        channel = connection.channel()
-        channel.queue_declare(queue, durable=True, arguments=arguments)
-        for message in demo_messages(vhost, queue, count):
-            channel.basic_publish("", queue, message.body, message.properties)
-        wait_for_depth(channel, queue, count)
-    finally:
-        connection.close()
 
 
 def queue_info(node: LocalNode, vhost: str, queue: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pika
 import yaml
 
-from rmq_spark.devtools.demo import seed_queue, wait_for_depth
+from rmq_spark.devtools.demo import demo_messages, seed_queue, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.model import MoveOutcome
 from rmq_spark.report.console import RESULT_PREFIX
@@ -245,6 +245,21 @@ def seed(node: LocalNode, vhost: str, queue: str, count: int, **declare: Any) ->
         channel = connection.channel()
         channel.queue_declare(queue, durable=True, **declare)
         seed_queue(channel, vhost, queue, count)
+        wait_for_depth(channel, queue, count)
+    finally:
+        connection.close()
+
+
+def seed_declared(
+    node: LocalNode, vhost: str, queue: str, count: int, arguments: dict[str, Any]
+) -> None:
+    """A queue declared with these arguments, holding `count` demo messages."""
+    connection = node.connect(vhost)
+    try:
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True, arguments=arguments)
+        for message in demo_messages(vhost, queue, count):
+            channel.basic_publish("", queue, message.body, message.properties)
         wait_for_depth(channel, queue, count)
     finally:
         connection.close()

@@ -44,6 +44,8 @@ WINDOW = 500
 def assert_nothing_lost(result: Accounting, *, lost_sessions: int, window: int = WINDOW) -> None:
     assert result.lost == Counter(), f"{sum(result.lost.values())} message(s) lost"
     assert result.unexplained == Counter(), "destination copies without a ledger row"
+    # A recognised redelivery made no copy: the one it names is a confirmed row's.
+    assert result.recognised_rows - result.confirmed_rows == Counter(), "recognised, never moved"
     named = (result.confirmed_rows - result.expected) + result.uncertain_rows
     assert result.destination_extra - named == Counter(), "a duplicate is not named"
     assert sum(result.destination_extra.values()) <= window * lost_sessions
