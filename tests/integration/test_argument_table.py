@@ -23,13 +23,12 @@ from pyspark.sql import SparkSession
 
 from rmq_spark.broker.management import management_clients
 from rmq_spark.config import load_config
-from rmq_spark.devtools.demo import demo_messages, wait_for_depth
 from rmq_spark.devtools.local_brokers import LocalNode
 from rmq_spark.errors import DestinationIncompatibleError
 from rmq_spark.migrate import MigrationError, migrate
 from rmq_spark.pipeline import run_transfer
 from rmq_spark.planning.discovery import discover
-from tests.support.brokers import Brokers, cluster_block, depth, fresh_vhost
+from tests.support.brokers import Brokers, cluster_block, depth, fresh_vhost, seed_declared
 from tests.support.faults import wait_until
 
 pytestmark = pytest.mark.parametrize("brokers_of_version", ["4.0", "4.3"], indirect=True)
@@ -69,19 +68,6 @@ def queue_info(node: LocalNode, vhost: str, queue: str) -> dict[str, Any] | None
 
 def has_depth(node: LocalNode, vhost: str, queue: str) -> bool:
     return depth(node, vhost, queue) == MESSAGES
-
-
-def seed(node: LocalNode, vhost: str, queue: str, count: int, arguments: dict[str, Any]) -> None:
-    """A durable classic queue with these arguments and `count` demo messages in it."""
-    connection = node.connect(vhost)
-    try:
-        channel = connection.channel()
-        channel.queue_declare(queue, durable=True, arguments=arguments)
-        for message in demo_messages(vhost, queue, count):
-            channel.basic_publish("", queue, message.body, message.properties)
-        wait_for_depth(channel, queue, count)
-    finally:
-        connection.close()
 
 
 def write(path: Path, config: dict[str, Any]) -> Path:
@@ -133,7 +119,7 @@ def test_copy_and_migrate_give_the_same_quorum_arguments_and_refuse_the_same_que
     migrated = fresh_vhost(brokers, f"argtable-migrate-{version}")
     for vhost in (copied, migrated):
         for name, arguments in CLASSIC.items():
-            seed(brokers.main, vhost, name, MESSAGES, arguments)
+            seed_declared(brokers.main, vhost, name, MESSAGES, arguments)
     copy_path = copy_config(tmp_path / "copy.yaml", brokers, copied)
     migrate_path = migrate_config(tmp_path / "migrate.yaml", brokers, migrated)
 
@@ -157,7 +143,7 @@ def test_copy_and_migrate_give_the_same_quorum_arguments_and_refuse_the_same_que
     # reject-publish-dlx: declared by a 4.x quorum queue, which then drops heads instead
     # (test_quorum_queues_take_reject_publish_dlx_and_drop_heads): refused by both paths.
     for vhost in (copied, migrated):
-        seed(brokers.main, vhost, "dlx", 1, {"x-overflow": "reject-publish-dlx"})
+        seed_declared(brokers.main, vhost, "dlx", 1, {"x-overflow": "reject-publish-dlx"})
     with (
         management_clients(load_config(copy_path)) as clients,
         pytest.raises(DestinationIncompatibleError) as copy_refusal,

@@ -32,6 +32,7 @@ from tests.support.brokers import (
     fresh_vhost,
     queue_depth,
     queue_names,
+    seed_declared,
 )
 
 SOURCE_MESSAGES = 5
@@ -278,8 +279,8 @@ def test_bad_input_gives_one_error_and_moves_nothing(
 ) -> None:
     vhost = fresh_vhost(brokers, f"bad-{BAD_INPUTS.index(case):02d}")
     setup = Setup(brokers, vhost, _closed_port(), tmp_path)
-    _seed(brokers, vhost, "orders", SOURCE_MESSAGES)
-    _seed(brokers, vhost, "prio", SOURCE_MESSAGES, arguments={"x-max-priority": 5})
+    seed_declared(brokers.dr, vhost, "orders", SOURCE_MESSAGES, None)
+    seed_declared(brokers.dr, vhost, "prio", SOURCE_MESSAGES, {"x-max-priority": 5})
     _grant(brokers, vhost)
     if case.prepare:
         case.prepare(setup)
@@ -373,20 +374,6 @@ def _write_config(case: BadInput, setup: Setup) -> Path:
     path = setup.tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path
-
-
-def _seed(
-    brokers: Brokers, vhost: str, queue: str, count: int, arguments: dict[str, Any] | None = None
-) -> None:
-    connection = brokers.dr.connect(vhost)
-    try:
-        channel = connection.channel()
-        channel.queue_declare(queue, durable=True, arguments=arguments)
-        for message in demo_messages(vhost, queue, count):
-            channel.basic_publish("", queue, message.body, message.properties)
-        wait_for_depth(channel, queue, count)
-    finally:
-        connection.close()
 
 
 def _grant(brokers: Brokers, vhost: str) -> None:

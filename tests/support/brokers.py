@@ -251,9 +251,9 @@ def seed(node: LocalNode, vhost: str, queue: str, count: int, **declare: Any) ->
 
 
 def seed_declared(
-    node: LocalNode, vhost: str, queue: str, count: int, arguments: dict[str, Any]
+    node: LocalNode, vhost: str, queue: str, count: int, arguments: dict[str, Any] | None
 ) -> None:
-    """A queue declared with these arguments, holding `count` demo messages."""
+    """A durable queue declared with these arguments, holding `count` demo messages."""
     connection = node.connect(vhost)
     try:
         channel = connection.channel()

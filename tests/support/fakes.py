@@ -420,6 +420,17 @@ class MoverRig:
     def confirm(self, seq: int, *, multiple: bool = True, ack: bool = True) -> None:
         self.destination.events.on_confirm(seq, multiple=multiple, ack=ack)
 
+    def drain_to_the_end(self) -> None:
+        """The source is empty: the drain's depth, cancel and basic.get prove it, then
+        the last rows and the spent intent log (on its lane) are written."""
+        self.timers.advance(0.5)
+        self.source.events.on_depth(0, 1)
+        self.source.events.on_cancel_ok()
+        self.source.events.on_get_empty()
+        self.timers.advance(0.05)
+        self.lanes.finish("ledger")
+        self.lanes.finish("intents")
+
 
 def mover_rig(
     *,

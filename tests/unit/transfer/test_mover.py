@@ -61,13 +61,7 @@ def test_the_outcome_counts_the_moved_messages_whose_properties_set_priority() -
     rig.receive(b"c", first_tag=3)
     rig.confirm(3)
     rig.lanes.finish("ledger")
-    rig.timers.advance(0.5)
-    rig.source.events.on_depth(0, 1)
-    rig.source.events.on_cancel_ok()
-    rig.source.events.on_get_empty()
-    rig.timers.advance(0.05)
-    rig.lanes.finish("ledger")
-    rig.lanes.finish("intents")  # the spent intent log goes on its lane
+    rig.drain_to_the_end()
     (outcome,) = rig.results
     assert isinstance(outcome, MoveOutcome)
     assert (outcome.messages, outcome.priority_messages) == (3, 2)
@@ -86,13 +80,7 @@ def test_the_outcome_counts_every_session() -> None:
     rig.receive(b"cde")
     rig.confirm(1)
     rig.lanes.finish("ledger")
-    rig.timers.advance(0.5)
-    rig.source.events.on_depth(0, 1)
-    rig.source.events.on_cancel_ok()
-    rig.source.events.on_get_empty()
-    rig.timers.advance(0.05)
-    rig.lanes.finish("ledger")
-    rig.lanes.finish("intents")  # the spent intent log goes on its lane
+    rig.drain_to_the_end()
     (outcome,) = rig.results
     assert isinstance(outcome, MoveOutcome)
     assert (outcome.messages, outcome.bytes, outcome.sessions) == (2, 5, 2)

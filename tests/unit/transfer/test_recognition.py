@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from hashlib import sha256
 
 from rmq_spark.model import MoveOutcome
@@ -161,26 +162,25 @@ def test_a_resumed_mover_acks_recognised_redeliveries_without_publishing_them() 
         (5, 0, 0, "moved earlier at position 2"),
     ]
     assert all(r.confirmed_at == r.consumed_at for r in recognised)
-    rig.timers.advance(0.5)
-    rig.source.events.on_depth(0, 1)
-    rig.source.events.on_cancel_ok()
-    rig.source.events.on_get_empty()
-    rig.timers.advance(0.05)
-    rig.lanes.finish("ledger")
-    rig.lanes.finish("intents")
+    rig.drain_to_the_end()
     (outcome,) = rig.results
     assert isinstance(outcome, MoveOutcome)
     assert (outcome.messages, outcome.recognised, outcome.next_position) == (2, 2, 8)
 
 
-def test_a_fresh_transfer_reads_nothing_earlier() -> None:
-    relists: list[bool] = []
+def recording(relists: list[bool]) -> Callable[[bool], Recognition | None]:
+    """A mover's `recognise` that recognises nothing and records when it was asked."""
 
     def recognise(relist: bool) -> Recognition | None:
         relists.append(relist)
         return None
 
-    rig = mover_rig(recognise=recognise)
+    return recognise
+
+
+def test_a_fresh_transfer_reads_nothing_earlier() -> None:
+    relists: list[bool] = []
+    rig = mover_rig(recognise=recording(relists))
     rig.open_session()
     rig.receive(b"a")
     assert rig.destination.published == [b"a"]
@@ -189,12 +189,7 @@ def test_a_fresh_transfer_reads_nothing_earlier() -> None:
 
 def test_a_session_after_a_lost_one_lists_the_ledger_again() -> None:
     relists: list[bool] = []
-
-    def recognise(relist: bool) -> Recognition | None:
-        relists.append(relist)
-        return None
-
-    rig = mover_rig(recognise=recognise)
+    rig = mover_rig(recognise=recording(relists))
     rig.open_session()
     rig.receive(b"a")
     rig.confirm(1)
