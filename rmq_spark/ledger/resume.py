@@ -59,10 +59,13 @@ class EarlierFiles:
         self._files: dict[str, list[Path]] = {}
         # Compacted files (a commit's, on a resumed run) hold many transfers' rows.
         self._compacted: list[Path] = []
+        # Names of the intent logs left: a transfer whose attempts all finished has none.
+        self._intent_logs: list[str] = []
+        intents_dir = run_intents_dir(ledger_path, run_id)
         for directory, suffix in (
             (run_partition_dir(ledger_path, run_id), ".parquet"),
             (run_rows_dir(ledger_path, run_id), STREAM_SUFFIX),
-            (run_intents_dir(ledger_path, run_id), STREAM_SUFFIX),
+            (intents_dir, STREAM_SUFFIX),
         ):
             for entry in store.entries(directory):
                 if entry.name.startswith(COMPACTED_PREFIX):
@@ -70,6 +73,8 @@ class EarlierFiles:
                 elif entry.name.endswith(suffix):
                     prefix = entry.name[:PREFIX_LENGTH]
                     self._files.setdefault(prefix, []).append(entry)
+                    if directory is intents_dir:
+                        self._intent_logs.append(entry.name)
         # Selective moves' fences already in their sources (`ledger/fences.py`).
         self._fences = {entry.name for entry in store.entries(run_fences_dir(ledger_path, run_id))}
 
@@ -89,6 +94,12 @@ class EarlierFiles:
                     positions = rows_of(key, read_stream(path))
                 highest = max(highest, _max_position(positions))
         return highest + 1
+
+    def has_intents(self, key: TransferKey) -> bool:
+        """An attempt of this transfer left its intent log: one that finished removes it,
+        so without one no earlier session was lost holding publishes."""
+        prefixes = transfer_prefixes(key)
+        return any(name.startswith(prefixes) for name in self._intent_logs)
 
     def transfer_rows(self, key: TransferKey, columns: Sequence[str]) -> pa.Table:
         """`columns` of every row and intent earlier attempts left for this transfer

@@ -237,6 +237,8 @@ def read_recognition(
     this task was lost) those there now. Unreadable, they prove nothing: every
     redelivery is moved again, as a named duplicate."""
     files = EarlierFiles(settings.ledger_path, settings.run_id) if relist else earlier
+    if not files.has_intents(key):
+        return None  # every earlier attempt finished: nothing of it comes back
     try:
         table = files.transfer_rows(key, RECOGNITION_COLUMNS)
     except (OSError, LedgerError, pa.ArrowInvalid, KeyError) as exc:

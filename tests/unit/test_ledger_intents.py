@@ -207,3 +207,32 @@ def test_object_store_intent_batches_keep_the_order_they_were_handed_out_in(
     first()
     objects = sorted((tmp_path / "ledger-bucket").rglob("*.arrows"))
     assert [read_stream(path)["position"].to_pylist() for path in objects] == [[0], [1]]
+
+
+def test_a_transfers_earlier_rows_and_intents_are_read_for_recognition(tmp_path: Path) -> None:
+    other = TransferKey("dr", "/", "payments", "main", "/", "payments")
+    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
+    intents.append([delivery(p, confirmed=False) for p in range(4)])
+    MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0").write(
+        [delivery(p, confirmed=True) for p in range(2)]
+    )
+    finished = IntentLog(str(tmp_path), "r1", other, "0.0.0")
+    finished.append([delivery(0, confirmed=False)])
+    finished.close(finished=True)  # a mover that finished leaves no intent log
+    writer = MessageLedgerWriter(str(tmp_path), "r1", other, "0.0.0")
+    writer.write([delivery(0, confirmed=True)])
+    writer.close()
+
+    earlier = EarlierFiles(str(tmp_path), "r1")
+    assert earlier.has_intents(KEY)
+    assert not earlier.has_intents(other)
+    rows = earlier.transfer_rows(KEY, ["position", "confirmed_at"]).to_pylist()
+    assert sorted((r["position"], r["confirmed_at"] is not None) for r in rows) == [
+        (0, False),
+        (0, True),
+        (1, False),
+        (1, True),
+        (2, False),
+        (3, False),
+    ]
+    assert earlier.transfer_rows(other, ["position"]).to_pylist() == [{"position": 0}]
