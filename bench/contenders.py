@@ -390,8 +390,15 @@ def run_mover(
     window: int,
     ledger: Path | None,
     run_id: str,
+    start_window: int | None = None,
+    contender: str | None = None,
 ) -> Run:
-    """`move_queue` in a fresh interpreter; ``ledger=None`` discards the rows instead."""
+    """`move_queue` in a fresh interpreter; ``ledger=None`` discards the rows instead.
+
+    `window` is `window.messages`; with `start_window` the window starts there and grows
+    up to it as the rate it measures grows (window_growth.py), otherwise it is fixed.
+    `contender` names the run (default: "mover", or "mover_no_ledger" without a ledger).
+    """
     if ledger is not None:
         tables.ensure_tables(str(ledger))  # the driver's job, not the mover's: untimed
     request = {
@@ -403,6 +410,7 @@ def run_mover(
             DESTINATION: cluster_request(brokers.contender_dst()),
         },
         "window_messages": window,
+        "window_start_messages": start_window,
         "window_bytes": WINDOW_BYTES,
         "row": {
             "source_cluster": SOURCE,
@@ -436,14 +444,19 @@ def run_mover(
     # A "moved" outcome with fewer messages than seeded is a finding, not a crash:
     # the run is kept (rate over what moved) and the caller records what was left.
     return Run(
-        contender="mover" if ledger is not None else "mover_no_ledger",
+        contender=contender or ("mover" if ledger is not None else "mover_no_ledger"),
         messages=result["messages"],
         bytes=result["bytes"],
         seconds=result["seconds"],
         broker_cpu_seconds=_cpu_delta(cpu_before, cpu_after),
         client_cpu_seconds=round(result["client_cpu_seconds"], 2),
         peak_rss_kib=result["peak_rss_kib"],
-        details={"window": window, "sessions": result["sessions"]},
+        details={
+            "window": window,
+            "start_window": start_window,
+            "window_at_end": result["window_messages"],
+            "sessions": result["sessions"],
+        },
     )
 
 
@@ -456,7 +469,7 @@ def job_config(
     vhosts: Sequence[str],
     ledger: Path,
     destination_type: str,
-    window: int,
+    window: int | None,
     max_active: int,
     queues: Sequence[str] | None = None,
     queue_pattern: str | None = None,
@@ -494,7 +507,8 @@ def job_config(
                 },
             }
         ],
-        "window": {"messages": window, "bytes": WINDOW_BYTES},
+        # window None: the shipped window (it starts at 5000 and grows with the rate).
+        "window": {"bytes": WINDOW_BYTES} | ({"messages": window} if window else {}),
         "max_active": max_active,
         "ledger": {"path": str(ledger)},
     } | ({"mover": {"queues_per_task": queues_per_task}} if queues_per_task else {})

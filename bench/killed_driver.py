@@ -42,7 +42,6 @@ from bench.contenders import PASSWORD_ENV, SPARK_SUBMIT, BenchError, job_config,
 from bench.many_queues import KIB, Shape, seed, wait_until_listed
 from bench.workload import Brokers, Workload, code_state, local_brokers
 from bench.workload import machine as machine_facts
-from rmq_spark.config import WindowConfig
 from rmq_spark.ledger import tables
 from rmq_spark.report.console import RESULT_PREFIX
 
@@ -154,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             queue_pattern=PATTERN,
             ledger=ledger,
             destination_type="classic",
-            window=WindowConfig().messages,
+            window=None,  # as shipped
             max_active=4,
         )
         config["mover"] = {"recognise_redeliveries": not args.no_recognise}

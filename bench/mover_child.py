@@ -56,6 +56,7 @@ def settings_from(request: dict[str, Any]) -> ExecutorSettings:
             for name, cluster in request["clusters"].items()
         },
         window_messages=int(request["window_messages"]),
+        window_start_messages=request.get("window_start_messages"),
         window_bytes=int(request["window_bytes"]),
     )
 
@@ -91,6 +92,7 @@ def move_without_ledger(row: dict[str, Any], settings: ExecutorSettings) -> Move
         NoIntents(),
         window_messages=settings.window_messages,
         window_bytes=settings.window_bytes,
+        start_messages=settings.window_start_messages,
     ).run()
 
 
@@ -126,6 +128,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         "messages": outcome.messages,
         "bytes": outcome.bytes,
         "sessions": outcome.sessions,
+        "window_messages": outcome.window_messages,
     }
 
 

@@ -109,11 +109,15 @@ DR_VHOSTS = ("dr-a", "dr-b")
 PEER_VERSION = "4.3"
 # Every contender of the 4.x section, in the order each round runs them.
 PEER_CONTENDERS = (SHOVEL, LOCAL_SHOVEL, "mover", "job")
-DEFAULT_WINDOW = WindowConfig().messages
+# The window a transfer starts with as shipped (it grows with the rate it measures, up
+# to WindowConfig().messages, where that rate keeps growing: window_growth.py).
+DEFAULT_WINDOW = WindowConfig().first_messages
 # Scenarios 1, 2 and 5 compare at the issue's prefetch/window, the same for every
-# contender; the DR scenario runs the job as shipped (DEFAULT_WINDOW) and gives the
-# orchestrated shovels the same prefetch.
+# contender; the DR scenario runs the job as shipped (starting at DEFAULT_WINDOW) and
+# gives the orchestrated shovels DEFAULT_WINDOW as their prefetch.
 SINGLE_QUEUE_WINDOW = 1000
+# The mover with its window fixed where the far scenarios start it (no growth).
+MOVER_FIXED = "mover_fixed"
 # The untimed first job (`warm_up`).
 WARM_UP_MESSAGES = 1_000
 KIB = 1024
@@ -282,8 +286,13 @@ def single_queue_run(
     *,
     destination_type: str = "classic",
     window: int = SINGLE_QUEUE_WINDOW,
+    window_bound: int | None = None,
 ) -> Run:
-    """Seed a fresh queue, let one contender move it, delete it on both nodes."""
+    """Seed a fresh queue, let one contender move it, delete it on both nodes.
+
+    The mover's window is fixed at `window`, or, with `window_bound`, starts there and
+    grows with the rate it measures up to `window_bound` ("mover_fixed" keeps it fixed).
+    """
     brokers, vhost = bench.brokers, SINGLE_VHOST
     queue = f"{scenario}.{contender}.{round_}"
     run_id = f"{scenario}-{contender}-{round_}".replace(".", "-").replace("_", "-")
@@ -295,10 +304,19 @@ def single_queue_run(
             run = run_shovel(brokers, vhost, queue, workload, prefetch)
         elif contender == LOCAL_SHOVEL:
             run = run_local_shovel(brokers, vhost, queue, workload, credit=prefetch)
-        elif contender in ("mover", "mover_no_ledger"):
-            ledger = bench.ledger(run_id) if contender == "mover" else None
+        elif contender in ("mover", "mover_no_ledger", MOVER_FIXED):
+            ledger = bench.ledger(run_id) if contender != "mover_no_ledger" else None
+            adapts = window_bound is not None and contender == "mover"
             run = run_mover(
-                brokers, vhost, queue, workload, window=window, ledger=ledger, run_id=run_id
+                brokers,
+                vhost,
+                queue,
+                workload,
+                window=window_bound if adapts and window_bound else window,
+                start_window=window if adapts else None,
+                ledger=ledger,
+                run_id=run_id,
+                contender=contender,
             )
         else:
             config = job_config(
@@ -499,7 +517,7 @@ def dr(bench: Bench, scale: Scale, scenario: str = "dr") -> None:
             queue_pattern=r"dr\.q\d+",
             ledger=bench.ledger(run_id),
             destination_type="classic",
-            window=DEFAULT_WINDOW,
+            window=None,  # as shipped
             max_active=DR_JOB_MAX_ACTIVE,
             queues_per_task=DR_JOB_QUEUES_PER_TASK,
         )
@@ -549,17 +567,32 @@ def farther_single(bench: Bench, scale: Scale) -> None:
 
 
 def single_far_away(bench: Bench, scale: Scale, family: str, one_way_delay: float) -> None:
-    """One 1 KiB queue through a delay proxy, Shovel vs mover, at windows 1000 and 5000."""
+    """One 1 KiB queue through a delay proxy, Shovel vs mover, at windows 1000 and 5000.
+
+    The Shovel's prefetch is the window; the mover's window starts there and grows as
+    shipped (up to `window.messages`'s default) while the rate it measures grows with
+    it; `mover_fixed` keeps it at the Shovel's prefetch, what the mover did before.
+    """
     workload = Workload(scale.single_messages, KIB)
     with far_destination(bench, one_way_delay) as far:
         for window in (SINGLE_QUEUE_WINDOW, DEFAULT_WINDOW):
             scenario = far_single_scenario(window, family)
-            run = partial(single_queue_run, far, scenario, workload=workload, window=window)
+            run = partial(
+                single_queue_run,
+                far,
+                scenario,
+                workload=workload,
+                window=window,
+                window_bound=WindowConfig().messages,
+            )
             alternate(
                 far,
                 scenario,
                 scale.rounds,
-                [(name, scale.rounds, partial(run, name)) for name in (SHOVEL, "mover")],
+                [
+                    (name, scale.rounds, partial(run, name))
+                    for name in (SHOVEL, "mover", MOVER_FIXED)
+                ],
             )
 
 

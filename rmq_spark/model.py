@@ -248,6 +248,9 @@ class MoveOutcome:
     # Most body bytes held at once (received, not yet acked at the source): the byte
     # window's bound is window.bytes plus one message (byte_window.py).
     peak_held_bytes: int = 0
+    # The message window it ended with: window.messages, or what it grew to from
+    # window.start_messages as the rate it measured grew (window_growth.py).
+    window_messages: int = 0
     # The limits this transfer kept to (a config.Limits; None: unlimited), and how
     # long the rate brake and the destination depth bound held its publishes back.
     rate_limits: Any = None

@@ -380,6 +380,7 @@ def executor_settings(
         ),
         clusters=dict(config.clusters),
         window_messages=config.window.messages,
+        window_start_messages=config.window.first_messages,
         window_bytes=config.window.bytes,
         mover=config.mover,
         max_active=config.max_active,

@@ -206,11 +206,13 @@ def plan_document(
                 "destination_messages": transfer.destination_messages,
                 "destination_created": transfer.destination_created,
                 "partition": partition,
-                # What the mover's prefetch settles at for the queue's average size;
+                # What the mover's first prefetch is for the queue's average size;
                 # it follows the sizes it receives (byte_window.py), so unknown bytes
                 # only mean no forecast.
                 "prefetch": prefetch_for(
-                    config.window.messages, config.window.bytes, transfer.average_message_bytes
+                    config.window.first_messages,
+                    config.window.bytes,
+                    transfer.average_message_bytes,
                 )
                 if transfer.bytes_known
                 else None,

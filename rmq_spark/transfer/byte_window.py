@@ -14,7 +14,9 @@ byte window itself, from the sizes it actually receives, in two parts:
    `LARGEST_MESSAGE_BYTES`, so 1 for the default 64 MiB window) and, after each batch, is
    `window.bytes // estimate`, where the estimate is the largest message among
    the recent deliveries (this generation and the last, a generation being one
-   prefetch's worth). Within `window.messages`. The prefetch changes only when the
+   prefetch's worth). Within the message limit: `window.messages`, or, from
+   `window.start_messages`, what the measured rate says it has grown to
+   (`window_growth.WindowGrowth`). The prefetch changes only when the
    new one is `CHANGE_FACTOR` times larger or smaller than the current one: a
    change means consuming again (see `Consumer.follow_sizes`), so a steady queue
    changes once, and sizes that wander a little change nothing. Between changes the
@@ -31,6 +33,8 @@ byte window itself, from the sizes it actually receives, in two parts:
 """
 
 from __future__ import annotations
+
+from rmq_spark.transfer.window_growth import WindowGrowth
 
 # RabbitMQ's default max_message_size from 3.8 to 3.13 (4.0 lowered it to 16 MiB):
 # the largest message a source queue holds unless its broker says otherwise.
@@ -81,6 +85,7 @@ class ByteWindow:
         window_bytes: int,
         *,
         largest_message: int = LARGEST_MESSAGE_BYTES,
+        start_messages: int | None = None,
     ) -> None:
         if window_messages < 1:
             raise ValueError(f"window_messages must be >= 1, got {window_messages}")
@@ -88,6 +93,8 @@ class ByteWindow:
             raise ValueError(f"window_bytes must be >= 1, got {window_bytes}")
         self.window_messages = window_messages
         self.window_bytes = window_bytes
+        # The message limit: fixed at window_messages unless it starts lower and grows.
+        self.growth = WindowGrowth(start_messages or window_messages, window_messages)
         self._estimate = max(1, largest_message)
         self._generation_max = 0  # largest message seen in this generation
         self._previous_max = 0  # ...and in the one before
@@ -101,8 +108,9 @@ class ByteWindow:
         """The message size the prefetch is sized for."""
         return self._estimate
 
-    def observe(self, count: int, largest: int) -> None:
-        """A batch of `count` deliveries arrived, the largest `largest` bytes."""
+    def observe(self, count: int, largest: int, *, now: float | None = None) -> None:
+        """A batch of `count` deliveries arrived, the largest `largest` bytes; `now`
+        (monotonic seconds) lets the message limit measure the rate and grow."""
         if count <= 0:
             return
         self._generation_max = max(self._generation_max, largest)
@@ -111,6 +119,9 @@ class ByteWindow:
             self._previous_max, self._generation_max = self._generation_max, 0
             self._generation_left = max(1, self._for(max(self._previous_max, 1)))
         self._estimate = max(self._generation_max, self._previous_max, 1)
+        if now is not None and not self.growth.settled:
+            bytes_bound = self.window_bytes // self._estimate <= self.growth.limit
+            self.growth.observe(count, now=now, bytes_bound=bytes_bound)
 
     def wanted_prefetch(self) -> int | None:
         """The prefetch to send now, or None to leave the broker's as it is."""
@@ -129,4 +140,4 @@ class ByteWindow:
         self._asking = False
 
     def _for(self, size: int) -> int:
-        return max(1, min(self.window_messages, self.window_bytes // size))
+        return max(1, min(self.growth.limit, self.window_bytes // size))

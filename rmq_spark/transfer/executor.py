@@ -55,12 +55,14 @@ class ExecutorSettings:
     run_id: str
     ledger_path: str
     clusters: dict[str, ClusterConfig]
-    window_messages: int
+    window_messages: int  # the upper bound; the window starts at window_start_messages
     window_bytes: int
     mover: MoverConfig = field(default_factory=MoverConfig)
     # The job's cap on queues moving at once; a task moves up to
     # min(mover.queues_per_task, max_active) of its queues at once.
     max_active: int = 1
+    # The window a transfer starts with (`WindowConfig.first_messages`); None: fixed.
+    window_start_messages: int | None = None
     # cluster -> node name -> AMQP URI (rmq_spark.broker.colocation); empty: cluster URIs only.
     node_uris: dict[str, dict[str, str]] = field(default_factory=dict)
     # How many times Spark may run a task: each attempt may return what it holds to a
@@ -197,6 +199,7 @@ def queue_mover(
         IntentLog(settings.ledger_path, settings.run_id, key, attempt),
         window_messages=settings.window_messages,
         window_bytes=settings.window_bytes,
+        start_messages=settings.window_start_messages,
         # The first prefetch: the whole queue where the plan's sample says it fits.
         largest_message=first_estimate(row.get("messages"), row.get("message_bytes")),
         first_position=earlier.next_position(key),

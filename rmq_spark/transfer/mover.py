@@ -92,6 +92,7 @@ class QueueMover:
         window_messages: int,
         window_bytes: int,
         largest_message: int = LARGEST_MESSAGE_BYTES,
+        start_messages: int | None = None,
         first_position: int = 0,
         limits: MoverConfig | None = None,
         clock: Callable[[], datetime] = utc_now,
@@ -110,7 +111,13 @@ class QueueMover:
         self._ledger = ledger
         self._intents = intents
         # Learned sizes outlive a session: a reconnect starts at the learned prefetch.
-        self._flow = ByteWindow(window_messages, window_bytes, largest_message=largest_message)
+        # From start_messages the message limit grows with the rate (window_growth.py).
+        self._flow = ByteWindow(
+            window_messages,
+            window_bytes,
+            largest_message=largest_message,
+            start_messages=start_messages,
+        )
         self._window_bytes = window_bytes
         self._first_position = first_position
         self._next_position = first_position
@@ -201,8 +208,9 @@ class QueueMover:
             record_fence=self._record_fence,
         )
         log.info(
-            "moving %s (window %d messages, %d bytes)",
+            "moving %s (window %d messages, up to %d, %d bytes)",
             self._key.label(),
+            self._flow.growth.limit,
             self._flow.window_messages,
             self._window_bytes,
         )
@@ -279,7 +287,7 @@ class QueueMover:
         status = "failed" if self._error else "moved"
         log.info(
             "%s: %s, %d messages, %d bytes in %.2fs (%d session(s), %d recognised as moved "
-            "by an earlier one)",
+            "by an earlier one, window %d messages)",
             self._key.label(),
             status,
             self._moved_messages,
@@ -287,6 +295,7 @@ class QueueMover:
             seconds,
             self._sessions,
             self._recognised_messages,
+            self._flow.growth.limit,
         )
         return MoveOutcome(
             key=self._key,
@@ -306,6 +315,7 @@ class QueueMover:
                 else 1 + self._fence.stale_dropped
             ),
             peak_held_bytes=self._peak_held_bytes,
+            window_messages=self._flow.growth.limit,
             priority_messages=self._moved_with_priority,
             rate_limits=self._rate_limits,
             rate_held_seconds=(

@@ -121,6 +121,7 @@ class Outbound:
         self._limits = limits
         self._window_bytes = window_bytes
         self._clock = clock
+        self._monotonic = monotonic  # the window's growth measures the rate by it
         self._connector = connector
         self._message_id_of = connector.message_id_of
         self._delivery_count_of = connector.delivery_count_of
@@ -226,7 +227,7 @@ class Outbound:
             return  # `release` calls again when nothing holds
         if self._gate is None:
             pending, self._pending = self._pending, []
-            self._flow.observe(len(pending), self._pending_largest)
+            self._flow.observe(len(pending), self._pending_largest, now=self._monotonic())
             self._pending_bytes = self._pending_largest = 0
         else:
             pending = self._admitted()
@@ -288,7 +289,8 @@ class Outbound:
         allowed = self._gate.admit([len(body) for _tag, _red, body, _props in waiting])
         taken, self._pending = waiting[:allowed], waiting[allowed:]
         if taken:
-            self._flow.observe(len(taken), max(len(body) for _t, _r, body, _p in taken))
+            largest = max(len(body) for _t, _r, body, _p in taken)
+            self._flow.observe(len(taken), largest, now=self._monotonic())
         self._pending_bytes = sum(len(body) for _t, _r, body, _p in self._pending)
         self._pending_largest = max((len(body) for _t, _r, body, _p in self._pending), default=0)
         return taken

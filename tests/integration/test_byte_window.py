@@ -11,7 +11,6 @@ source's was read, so it is what was in flight at that moment.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -27,51 +26,12 @@ from tests.support.brokers import (
     Transactions,
     declare,
     fresh_vhost,
-    queue_depth,
     write_config,
 )
+from tests.support.in_flight import InFlightSampler
 
 KiB = 1024
 MiB = 1024 * KiB
-
-
-class InFlightSampler:
-    """A thread sampling the bytes in flight between two queues until stopped."""
-
-    def __init__(
-        self, source: LocalNode, destination: LocalNode, vhost: str, queue: str, sizes: list[int]
-    ) -> None:
-        self._connections = (source.connect(vhost), destination.connect(vhost))
-        self._queue = queue
-        self._sizes = sizes
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="in-flight-sampler")
-        self.peak_bytes = 0
-        self.peak_messages = 0
-        self.samples = 0
-
-    def __enter__(self) -> InFlightSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-        for connection in self._connections:
-            connection.close()
-
-    def _run(self) -> None:
-        source, destination = self._connections
-        total = len(self._sizes)
-        while not self._stop.is_set():
-            arrived = queue_depth(destination, self._queue)
-            left = total - queue_depth(source, self._queue)
-            if queue_depth(destination, self._queue) != arrived:
-                continue
-            in_flight = self._sizes[arrived:left]
-            self.samples += 1
-            self.peak_messages = max(self.peak_messages, len(in_flight))
-            self.peak_bytes = max(self.peak_bytes, sum(in_flight))
 
 
 def publish(node: LocalNode, vhost: str, queue: str, sizes: Sequence[int]) -> None:

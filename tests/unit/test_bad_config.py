@@ -179,6 +179,11 @@ BAD_CONFIGS = [
         ("window.messages", "greater than or equal to 1"),
     ),
     BadConfig(
+        "window.start_messages above window.messages",
+        _append("window: {messages: 1000, start_messages: 2000}\n"),
+        ("window", "window.start_messages (2000) is larger than window.messages (1000)"),
+    ),
+    BadConfig(
         "ledger.path missing",
         _replace("ledger: {path: /tmp/rmq-spark-bad-config-ledger}\n", ""),
         ("ledger: required key is missing",),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_spark.config import load_config, mask_uri, parse_config, validate_run_id
+from rmq_spark.config import WindowConfig, load_config, mask_uri, parse_config, validate_run_id
 from rmq_spark.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,8 @@ def test_valid_config_loads_with_defaults_and_resolved_password() -> None:
     assert dr.management == "http://dr-host:15672"
     assert dr.password.get_secret_value() == "s3cret-value"
     assert config.clusters["main"].password.get_secret_value() == "guest"
-    assert config.window.messages == 5000
+    assert config.window.messages == 20000  # the bound the window may grow to
+    assert config.window.first_messages == 5000  # where it starts
     assert config.max_active == 4
     assert config.routes[0].queue_destination.queue == "{queue}-moved"
 
@@ -156,3 +157,18 @@ def test_exact_source_queues_and_destination_type_load() -> None:
     defaults = parse_config(VALID, ENV).routes[0]
     assert defaults.source.queues is None
     assert defaults.queue_destination.queue_type is None  # the source's type
+
+
+@pytest.mark.parametrize(
+    ("window", "first"),
+    [
+        ({}, 5000),  # the default start under the default bound
+        ({"messages": 1000}, 1000),  # a bound below the default start: a fixed window
+        ({"messages": 30000, "start_messages": 1000}, 1000),
+        ({"messages": 8000, "start_messages": 8000}, 8000),
+    ],
+)
+def test_the_window_starts_at_start_messages_within_messages(
+    window: dict[str, int], first: int
+) -> None:
+    assert WindowConfig.model_validate(window).first_messages == first
