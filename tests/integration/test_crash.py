@@ -2,8 +2,11 @@
 the OOM killer does, not `stop_app`), started again on its data, while the movers of
 many queues have a full window in flight and have read ahead.
 
-As a user would run it (`spark-submit.sh`, default mover settings, 1 KiB persistent
-messages each with a unique message_id), on every RabbitMQ version: the job ends
+As a user would run it (`spark-submit.sh`, default mover settings but a window of
+1,000, 1 KiB persistent messages each with a unique message_id), on every RabbitMQ
+version. The window: at the default 5,000 a queue of 3,000 moves in two batches (the
+first sized by the plan's byte sample), and a run on 4.3 once found no queue with rows
+on both sides of the crash; at 1,000 each queue moves in four. Then: the job ends
 verified (exit 0, lost 0), a re-run of the run id verifies it again, an independent
 reader finds every id in the destination exactly once and the sources empty, and the
 ledger numbers every queue's positions without a gap, also across the crash. Taking
@@ -47,6 +50,8 @@ BODY_BYTES = 1024
 # The crash comes once the destination holds this share of the messages (the issue had
 # ~15 %; a smaller share here, since a 3.10 node moves these 60,000 in a few seconds).
 CRASH_AT = TOTAL * 5 // 100
+# Each queue moves in several windows, so the crash lands mid-window (see above).
+WINDOW = 1_000
 
 
 def queue_name(index: int) -> str:
@@ -158,7 +163,11 @@ def test_destination_vm_killed_mid_move_ends_verified(
         timeout=60,
     )
     config = write_config(
-        tmp_path / "job.yaml", brokers, vhosts=[vhost], ledger=tmp_path / "ledger"
+        tmp_path / "job.yaml",
+        brokers,
+        vhosts=[vhost],
+        ledger=tmp_path / "ledger",
+        window={"messages": WINDOW},
     )
     run_id = "crash"
     jobs: dict[str, Any] = {}
