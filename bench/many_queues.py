@@ -273,7 +273,7 @@ def job_scenario(
         queue_pattern=JOB_PATTERN,
         ledger=ledger,
         destination_type="classic",
-        window=None,  # as shipped
+        window=options.get("window"),  # None: as shipped (the window grows)
         max_active=options.get("max_active", 4),
         queues_per_task=options.get("queues_per_task"),
     )
@@ -460,6 +460,11 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Shape]:
     parser.add_argument("--plan-queues", type=int, help="queues to plan (0: none)")
     parser.add_argument("--max-active", type=int, default=4, help="the job's max_active")
     parser.add_argument("--queues-per-task", type=int, help="the job's mover.queues_per_task")
+    parser.add_argument(
+        "--window",
+        type=int,
+        help="a fixed window of this many messages (default: as shipped, it grows)",
+    )
     parser.add_argument("--profile-driver", action="store_true", help="cProfile the job's driver")
     parser.add_argument("--keep-work-dir", action="store_true", help="keep ledgers and job logs")
     parser.add_argument(
@@ -514,6 +519,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {"max_active": args.max_active}
     if args.queues_per_task:
         options["queues_per_task"] = args.queues_per_task
+    if args.window:
+        options["window"] = args.window
     errors: list[str] = []
     try:
         with (
