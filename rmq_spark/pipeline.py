@@ -179,22 +179,23 @@ def run_transfer(
             node_uris(config, clients),
             rate_limits=route_rate_limits(config, len(to_move)),
         )
-    # The sources' counters lag the movers' acks by a statistics interval or more:
-    # they are read again while the ledger commits. The depths the movers left are
-    # counted meanwhile too (a passive declare per queue and side: 10,000 queues took
-    # ~5 s after a commit of ~15 s), on a thread of their own.
-    with (
-        removals.settling(config, removed_before, outcomes) as removals_after,
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmq-spark-depths-after") as pool,
-    ):
+    # The depths the movers left are counted while the ledger commits (a passive
+    # declare per queue and side: 10,000 queues took ~5 s after a commit of ~15 s), on
+    # a thread of their own. The sources' counters lag the movers' acks by a
+    # statistics interval or more: they are read again meanwhile, until they catch up
+    # or those depths settle the transfer without them (`removals.proven_by_depth`).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmq-spark-depths-after") as pool:
         depths_after = pool.submit(measure_depths, config, transfers)
-        record_brakes(config, run_id, outcomes)
-        # Spark's own Delta writer where the session has it (Databricks), else delta-rs.
-        committer = committer_for(spark)
-        log.info("run %s: ledger commits with %s", run_id, committer.name)
-        tables.commit_run(ledger_path, run_id, committer)
-        after = depths_after.result()
-        removed = removals_after.result()
+        with removals.settling(
+            config, removed_before, outcomes, transfers, depths_after
+        ) as removals_after:
+            record_brakes(config, run_id, outcomes)
+            # Spark's own Delta writer where the session has it (Databricks), else delta-rs.
+            committer = committer_for(spark)
+            log.info("run %s: ledger commits with %s", run_id, committer.name)
+            tables.commit_run(ledger_path, run_id, committer)
+            after = depths_after.result()
+            removed = removals_after.result()
     partition_of = {t.key: p for t, p in zip(to_move, assignment, strict=True)}
     shared = {
         route.name for route in config.routes if not route.parks and route.queue_destination.shared

@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Collection
+from concurrent.futures import Future
+
+import pytest
 
 from rmq_spark.broker.removals import (
     Readings,
+    depth_proven,
+    proven_by_depth,
     read_removed,
     removed_during,
     removed_of,
     settle,
 )
-from rmq_spark.model import TransferKey
+from rmq_spark.model import MoveOutcome, QueueTransfer, TransferKey
+from tests.support.builders import transfer
 
 A = TransferKey("dr", "/", "a", "main", "/", "a")
 B = TransferKey("dr", "/", "b", "main", "/", "b")
+
+
+def moved(queue: QueueTransfer, messages: int, **changes: object) -> MoveOutcome:
+    """A plain outcome: one session that moved positions 0..messages-1."""
+    outcome = MoveOutcome(
+        queue.key,
+        "moved",
+        None,
+        messages,
+        messages * 1024,
+        first_position=0,
+        next_position=messages,
+        seconds=1.0,
+        sessions=1,
+    )
+    return dataclasses.replace(outcome, **changes)  # type: ignore[arg-type]
 
 
 def test_removals_are_acks_and_deliveries_without_acks() -> None:
@@ -123,3 +146,115 @@ def test_an_uncancelled_settle_waits_on_its_event_between_readings() -> None:
         cancelled=cancelled,
     )
     assert removed == {A: 100}
+
+
+def test_settle_stops_waiting_for_a_transfer_its_depths_settle() -> None:
+    """A's counters lag for good; once its depths are in and settle it, it is unknown
+    at once (as at the deadline, without waiting for it); B still waits and catches up."""
+    answers = iter([{A: 30, B: 1}, {A: 30, B: 3}, {B: 5}])
+    asked: list[set[TransferKey]] = []
+    now = [0.0]
+    depths_in = iter([frozenset(), frozenset({A})])
+
+    def read(keys: Collection[TransferKey]) -> Readings:
+        asked.append(set(keys))
+        reading = next(answers)
+        return {key: reading[key] for key in keys}
+
+    removed = settle(
+        read,
+        {A: 0, B: 0},
+        {A: 100, B: 5},
+        monotonic=lambda: now[0],
+        sleep=lambda seconds: now.__setitem__(0, now[0] + seconds),
+        deadline_seconds=30.0,
+        proven=lambda: next(depths_in, frozenset({A})),
+    )
+    assert removed == {A: None, B: 5}
+    assert asked == [{A, B}, {A, B}, {B}]
+    assert now[0] < 30.0  # ended when B caught up, not at the deadline
+
+
+def test_counters_that_caught_up_are_kept_even_where_the_depths_settle() -> None:
+    removed = settle(
+        lambda keys: dict.fromkeys(keys, 100),
+        {A: 0},
+        {A: 100},
+        deadline_seconds=30.0,
+        proven=lambda: frozenset({A}),
+    )
+    assert removed == {A: 100}
+
+
+def test_a_plain_move_whose_depth_fell_by_what_it_moved_is_settled_by_depth() -> None:
+    queue = transfer("a", 100)
+    assert proven_by_depth(queue, moved(queue, 100), source_after=0)
+    # Messages arrived meanwhile (a live source), or left otherwise: the counters decide.
+    assert not proven_by_depth(queue, moved(queue, 100), source_after=3)
+    assert not proven_by_depth(transfer("a", 103), moved(queue, 100), source_after=0)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"status": "failed"},
+        {"sessions": 2},  # a lost session: copies, recognised redeliveries
+        {"first_position": 40, "next_position": 140},  # an earlier attempt's rows too
+        {"next_position": 101},  # a delivered position not moved
+        {"kept": 1},
+        {"recognised": 1},
+        {"fences": 1},
+    ],
+)
+def test_an_outcome_that_is_not_all_of_the_ledger_waits_for_the_counters(
+    changes: dict[str, object],
+) -> None:
+    queue = transfer("a", 100)
+    assert not proven_by_depth(queue, moved(queue, 100, **changes), source_after=0)
+
+
+def test_depth_proven_names_transfers_once_the_depths_are_in() -> None:
+    plain, live, unmoved = transfer("a", 10), transfer("b", 10), transfer("c", 10)
+    depths: Future[dict[QueueTransfer, tuple[int, int]]] = Future()
+    proven = depth_proven([plain, live, unmoved], [moved(plain, 10), moved(live, 10)], depths)
+    assert proven() == frozenset()  # still counting
+    depths.set_result({plain: (0, 10), live: (2, 10), unmoved: (10, 0)})
+    assert proven() == frozenset({plain.key})
+
+
+def test_depth_proven_names_none_when_the_count_failed() -> None:
+    queue = transfer("a", 10)
+    depths: Future[dict[QueueTransfer, tuple[int, int]]] = Future()
+    depths.set_exception(OSError("connection refused"))
+    assert depth_proven([queue], [moved(queue, 10)], depths)() == frozenset()
+
+
+def test_the_depths_coming_in_cut_the_wait_between_readings_short(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a poll interval of a minute, a settle woken by the depths (counted on
+    another thread, in after the first reading) ends long before the next poll."""
+    monkeypatch.setattr("rmq_spark.broker.removals.POLL_SECONDS", 60.0)
+    queue = transfer("a", 100)
+    depths: Future[dict[QueueTransfer, tuple[int, int]]] = Future()
+    woken = threading.Event()
+    depths.add_done_callback(lambda _depths: woken.set())
+    counted = threading.Timer(0.2, lambda: depths.set_result({queue: (0, 100)}))
+
+    def read(keys: Collection[TransferKey]) -> Readings:
+        if not counted.is_alive() and not depths.done():
+            counted.start()  # the depths come in while settle waits after this reading
+        return dict.fromkeys(keys, 30)  # lagging for good
+
+    started = time.monotonic()
+    removed = settle(
+        read,
+        {queue.key: 0},
+        {queue.key: 100},
+        deadline_seconds=120.0,
+        cancelled=threading.Event(),
+        proven=depth_proven([queue], [moved(queue, 100)], depths),
+        woken=woken,
+    )
+    assert removed == {queue.key: None}
+    assert time.monotonic() - started < 30.0  # not the minute's poll
