@@ -35,6 +35,8 @@ from rmq_spark.run_id import resolve_run_id
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from rmq_spark.pipeline import PreparedRun
+
 log = logging.getLogger("rmq_spark")
 
 EXIT_VERIFIED, EXIT_UNVERIFIED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
@@ -195,30 +197,45 @@ def run_transfer_command(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     log.info("run %s (run id from %s)", run_id, source)
 
-    from rmq_spark.pipeline import prepare_run, run_transfer
-    from rmq_spark.report.console import print_queue_table, result_line, result_summary
-    from rmq_spark.report.html import write_reports
-    from rmq_spark.verify import preload_great_expectations
-
-    # Spark takes seconds to start. The pre-flight (ledger, discovery, plan: mostly
-    # waiting for the brokers) and verification's imports need no Spark, so they run
-    # on threads meanwhile.
+    # Spark takes seconds to start, most of them in its JVM, while this thread waits on
+    # it. The pipeline's imports, the pre-flight (ledger, discovery, plan: mostly
+    # waiting for the brokers) and then verification's imports need no Spark: they run
+    # on another thread meanwhile (`prepare_and_preload`), so the driver's own Python
+    # work overlaps the JVM's instead of coming before it.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmq-spark-preflight") as pool:
-        preflight = pool.submit(prepare_run, config, run_id)
-        preload_great_expectations()
+        preflight = pool.submit(prepare_and_preload, config, run_id)
         with command_session(f"rmq-spark transfer {run_id}", args.master, args.remote) as spark:
+            from rmq_spark.pipeline import run_transfer
+
             try:
                 # Still running: the executors are probed meanwhile (pipeline.probe_beside).
                 result = run_transfer(spark, config, run_id=run_id, prepared=preflight)
             except RmqSparkError as exc:
                 print_error(exc, config)
                 return EXIT_ERROR
+            # The reports' imports (matplotlib: ~0.4 s) while Spark stops.
+            pool.submit(importlib.import_module, "rmq_spark.report.html")
+    from rmq_spark.report.console import print_queue_table, result_line, result_summary
+    from rmq_spark.report.html import write_reports
+
     print_queue_table(result)
     summary = result_summary(result, config.ledger.path)
     for report in write_reports(config.ledger.path, [run_id]):
         summary["report"] = str(report)
     print(result_line(summary), flush=True)
     return EXIT_VERIFIED if result.verification.verified else EXIT_UNVERIFIED
+
+
+def prepare_and_preload(config: JobConfig, run_id: str) -> PreparedRun:
+    """`pipeline.prepare_run` (importing the pipeline first), then Great Expectations'
+    import started: the pre-flight's imports and its errors come before verification's
+    seconds of imports (~2 CPU-s), which the move leaves time for."""
+    from rmq_spark.pipeline import prepare_run
+    from rmq_spark.verify import preload_great_expectations
+
+    prepared = prepare_run(config, run_id)
+    preload_great_expectations()
+    return prepared
 
 
 # -- plan (dry run) ------------------------------------------------------------------
