@@ -688,6 +688,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, help="run every scenario at most this many rounds")
     parser.add_argument(
+        "--single-messages",
+        type=int,
+        help="messages in the single-queue scenarios (default 100,000, times --fraction); "
+        "issue 31 measures the whole job against the Shovel on 200,000",
+    )
+    parser.add_argument(
         "--layouts",
         type=_names(CPU_LAYOUTS),
         default=list(CPU_LAYOUTS),
@@ -716,6 +722,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         scale = scaled(
             QUICK if args.quick else Scale(), fraction=args.fraction, max_rounds=args.rounds
         )
+        if args.single_messages is not None:
+            if args.single_messages < 1:
+                raise ValueError(
+                    f"--single-messages must be at least 1, got {args.single_messages}"
+                )
+            scale = replace(scale, single_messages=args.single_messages)
         for layout in args.layouts:
             placement(layout)  # a layout this box cannot give fails here, not mid-run
     except ValueError as exc:
@@ -739,6 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (["--rabbitmq", *args.rabbitmq] if args.rabbitmq else [])
         + ([f"--fraction {args.fraction}"] if args.fraction != 1.0 else [])
         + ([f"--rounds {args.rounds}"] if args.rounds else [])
+        + ([f"--single-messages {args.single_messages}"] if args.single_messages else [])
         + ([f"--layouts {','.join(args.layouts)}"] if args.layouts != list(CPU_LAYOUTS) else [])
         + ([f"--scenarios {','.join(args.scenarios)}"] if args.scenarios else [])
     )
