@@ -213,17 +213,24 @@ def run_transfer_command(args: argparse.Namespace) -> int:
             except RmqSparkError as exc:
                 print_error(exc, config)
                 return EXIT_ERROR
-            # The reports' imports (matplotlib: ~0.4 s) while Spark stops.
-            pool.submit(importlib.import_module, "rmq_spark.report.html")
+            # The run's report (its imports, matplotlib's ~0.4 s, and its figures: the
+            # driver's Python) is built while Spark stops (the JVM's work).
+            reports = pool.submit(build_run_reports, config.ledger.path, run_id)
     from rmq_spark.report.console import print_queue_table, result_line, result_summary
-    from rmq_spark.report.html import write_reports
+    from rmq_spark.report.html import print_report_paths
 
     print_queue_table(result)
     summary = result_summary(result, config.ledger.path)
-    for report in write_reports(config.ledger.path, [run_id]):
+    for report in print_report_paths(reports.result()):
         summary["report"] = str(report)
     print(result_line(summary), flush=True)
     return EXIT_VERIFIED if result.verification.verified else EXIT_UNVERIFIED
+
+
+def build_run_reports(ledger_path: str, run_id: str) -> list[Path]:
+    from rmq_spark.report.html import build_reports
+
+    return build_reports(ledger_path, [run_id])
 
 
 def prepare_and_preload(config: JobConfig, run_id: str) -> PreparedRun:

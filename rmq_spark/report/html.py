@@ -502,15 +502,25 @@ __all__ = [
 
 def write_reports(ledger_path: str, run_ids: Sequence[str]) -> list[Path]:
     """Each run's HTML report beside the ledger (`rmq-spark report`'s page), its path
-    printed. The run is recorded whether or not its report can be written, so a
-    report that cannot be is logged, and the exit code stays the run's."""
+    printed (`build_reports`, then `print_report_paths`)."""
+    return print_report_paths(build_reports(ledger_path, run_ids))
+
+
+def build_reports(ledger_path: str, run_ids: Sequence[str]) -> list[Path]:
+    """Each run's HTML report beside the ledger, nothing printed: a caller may build
+    them on a thread while Spark stops. The run is recorded whether or not its report
+    can be written, so a report that cannot be is logged, and the exit code stays the
+    run's."""
     written = []
     for run_id in run_ids:
         try:
-            path = build_report(ledger_path, run_id)
+            written.append(build_report(ledger_path, run_id))
         except RmqSparkError as exc:
             log.error("the report of run %s could not be written: %s", run_id, exc)
-            continue
-        print(f"report: {path}", flush=True)
-        written.append(path)
     return written
+
+
+def print_report_paths(paths: Sequence[Path]) -> list[Path]:
+    for path in paths:
+        print(f"report: {path}", flush=True)
+    return list(paths)
