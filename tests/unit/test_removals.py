@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Collection
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
@@ -74,25 +75,42 @@ def test_read_lists_each_vhost_once() -> None:
     assert client.asked == [("/", "name,message_stats")]
 
 
-def test_settle_reads_again_until_the_counters_catch_up_with_the_movers() -> None:
-    answers = iter([{A: 40, B: 7}, {A: 100}, {A: 100}])
-    asked: list[set[TransferKey]] = []
-    now = [0.0]
+class ScriptedCounters:
+    """The counters' readings in turn, what each reading asked for, and a clock that
+    moves only when settle sleeps."""
 
-    def read(keys: Collection[TransferKey]) -> Readings:
-        asked.append(set(keys))
-        reading = next(answers)
+    def __init__(self, *answers: dict[TransferKey, int]) -> None:
+        self._answers = iter(answers)
+        self.asked: list[set[TransferKey]] = []
+        self.now = 0.0
+
+    def read(self, keys: Collection[TransferKey]) -> Readings:
+        self.asked.append(set(keys))
+        reading = next(self._answers)
         return {key: reading[key] for key in keys}
 
-    removed = settle(
-        read,
-        {A: 0, B: 2},
-        {A: 100, B: 5},
-        monotonic=lambda: now[0],
-        sleep=lambda seconds: now.__setitem__(0, now[0] + seconds),
-    )
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def settle(
+        self,
+        before: dict[TransferKey, int | None],
+        moved: dict[TransferKey, int],
+        **options: Any,
+    ) -> Readings:
+        return settle(
+            self.read, before, moved, monotonic=self.monotonic, sleep=self.sleep, **options
+        )
+
+
+def test_settle_reads_again_until_the_counters_catch_up_with_the_movers() -> None:
+    counters = ScriptedCounters({A: 40, B: 7}, {A: 100}, {A: 100})
+    removed = counters.settle({A: 0, B: 2}, {A: 100, B: 5})
     assert removed == {A: 100, B: 5}
-    assert asked == [{A, B}, {A}]  # B had caught up at once
+    assert counters.asked == [{A, B}, {A}]  # B had caught up at once
 
 
 def test_counters_that_never_catch_up_prove_nothing() -> None:
@@ -151,28 +169,17 @@ def test_an_uncancelled_settle_waits_on_its_event_between_readings() -> None:
 def test_settle_stops_waiting_for_a_transfer_its_depths_settle() -> None:
     """A's counters lag for good; once its depths are in and settle it, it is unknown
     at once (as at the deadline, without waiting for it); B still waits and catches up."""
-    answers = iter([{A: 30, B: 1}, {A: 30, B: 3}, {B: 5}])
-    asked: list[set[TransferKey]] = []
-    now = [0.0]
+    counters = ScriptedCounters({A: 30, B: 1}, {A: 30, B: 3}, {B: 5})
     depths_in = iter([frozenset(), frozenset({A})])
-
-    def read(keys: Collection[TransferKey]) -> Readings:
-        asked.append(set(keys))
-        reading = next(answers)
-        return {key: reading[key] for key in keys}
-
-    removed = settle(
-        read,
+    removed = counters.settle(
         {A: 0, B: 0},
         {A: 100, B: 5},
-        monotonic=lambda: now[0],
-        sleep=lambda seconds: now.__setitem__(0, now[0] + seconds),
         deadline_seconds=30.0,
         proven=lambda: next(depths_in, frozenset({A})),
     )
     assert removed == {A: None, B: 5}
-    assert asked == [{A, B}, {A, B}, {B}]
-    assert now[0] < 30.0  # ended when B caught up, not at the deadline
+    assert counters.asked == [{A, B}, {A, B}, {B}]
+    assert counters.now < 30.0  # ended when B caught up, not at the deadline
 
 
 def test_counters_that_caught_up_are_kept_even_where_the_depths_settle() -> None:
