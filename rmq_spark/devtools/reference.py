@@ -43,8 +43,10 @@ def _cell(text: str) -> str:
 
 
 def _anchor(path: str) -> str:
-    """The id MkDocs (and GitHub) give the heading `## `path``: punctuation dropped."""
-    return re.sub(r"[^\w-]", "", path).lower()
+    """The id MkDocs gives the heading `## `path``: Python-Markdown's `toc.slugify`
+    (punctuation dropped, lower case, each run of spaces and hyphens one hyphen)."""
+    kept = re.sub(r"[^\w\s-]", "", path).strip().lower()
+    return re.sub(r"[-\s]+", "-", kept)
 
 
 def _ref_name(node: dict[str, Any]) -> str | None:

@@ -130,3 +130,19 @@ def test_the_readme_fits_on_a_screen_and_links_only_to_files_that_exist() -> Non
     missing = [target for target in targets if not (REPO / target).exists()]
     assert targets
     assert missing == []
+
+
+def test_the_config_reference_links_only_to_its_own_headings() -> None:
+    """Every in-page link of the config reference names a heading's id as MkDocs makes
+    it (Python-Markdown's slugify), so no link of the site goes nowhere."""
+    from markdown.extensions.toc import slugify
+
+    page = (REPO / "docs" / "reference" / "config.md").read_text(encoding="utf-8")
+    headings = {
+        slugify(line.lstrip("#").strip().replace("`", ""), "-")
+        for line in page.splitlines()
+        if line.startswith("#")
+    }
+    links = set(re.findall(r"\]\(#([^)]+)\)", page))
+    assert links, "the reference links to none of its sections"
+    assert links <= headings, sorted(links - headings)
