@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -80,6 +81,8 @@ class _Preflight:
         self._clients = clients
         self._problems: list[RmqSparkError] = []
         self.facts = BrokerFacts()
+        # (cluster, vhost) -> a listing made ahead (`_list_ahead`), not yet taken.
+        self._listed: dict[tuple[str, str], list[dict[str, Any]] | RmqSparkError] = {}
         # Steps 4b and 5: what the run creates, once every check has passed.
         self.creation = DestinationCreation(
             config,
@@ -151,14 +154,30 @@ class _Preflight:
 
     def _queue_rows(self, cluster: str, vhost: str) -> dict[str, dict[str, Any]] | None:
         """One listing per vhost, however many queues of it move or arrive there."""
-        if (cluster, vhost) not in self.facts.queues:
+        site = (cluster, vhost)
+        if site not in self.facts.queues:
             try:
-                rows = self._clients[cluster].queues(vhost)
-                self.facts.queues[(cluster, vhost)] = {q["name"]: q for q in rows}
+                rows = self._listed.pop(site, None)
+                if rows is None:
+                    rows = self._clients[cluster].queues(vhost)
+                elif isinstance(rows, RmqSparkError):
+                    raise rows
+                self.facts.queues[site] = {q["name"]: q for q in rows}
             except RmqSparkError as exc:
                 self.problem(exc)
-                self.facts.queues[(cluster, vhost)] = None
-        return self.facts.queues[(cluster, vhost)]
+                self.facts.queues[site] = None
+        return self.facts.queues[site]
+
+    def _list_ahead(self, sites: Iterable[tuple[str, str]]) -> None:
+        """List the sites' queues now, for `_queue_rows` to take later (in its order,
+        reporting a failed listing then, if it asks for that site at all)."""
+        for site in dict.fromkeys(sites):
+            if site in self.facts.queues or site in self._listed:
+                continue
+            try:
+                self._listed[site] = self._clients[site[0]].queues(site[1])
+            except RmqSparkError as exc:
+                self._listed[site] = exc
 
     # -- 2. sources -----------------------------------------------------------------
 
@@ -172,7 +191,19 @@ class _Preflight:
             by_vhost[(c.transfer.source_cluster, c.transfer.source_vhost)].append(
                 c.transfer.source_queue
             )
-        probe_vhosts(self._config, by_vhost, role="source", facts=self.facts, problem=self.problem)
+        # The destinations' listings (step 4) meanwhile, on a thread of their own: with
+        # thousands of queues each side takes seconds, usually of another cluster.
+        destinations = [
+            (c.transfer.destination_cluster, c.transfer.destination_vhost)
+            for c in candidates
+            if c.transfer.destination_cluster in self._clients  # not a park's table
+        ]
+        with ThreadPoolExecutor(1, thread_name_prefix="rmq-spark-listing") as pool:
+            listed = pool.submit(self._list_ahead, destinations)
+            probe_vhosts(
+                self._config, by_vhost, role="source", facts=self.facts, problem=self.problem
+            )
+            listed.result()
         result = []
         for c in candidates:
             t = c.transfer
