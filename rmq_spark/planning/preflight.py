@@ -25,6 +25,7 @@ from rmq_spark.errors import (
 from rmq_spark.model import QueueTransfer
 from rmq_spark.planning import rules
 from rmq_spark.planning.creation import DestinationCreation, route_named
+from rmq_spark.planning.listings import QueueListings
 from rmq_spark.planning.probes import probe_vhosts
 from rmq_spark.planning.topology import TopologyCopy
 
@@ -81,8 +82,8 @@ class _Preflight:
         self._clients = clients
         self._problems: list[RmqSparkError] = []
         self.facts = BrokerFacts()
-        # (cluster, vhost) -> a listing made ahead (`_list_ahead`), not yet taken.
-        self._listed: dict[tuple[str, str], list[dict[str, Any]] | RmqSparkError] = {}
+        # One listing per vhost: pre-flight's steps 2 and 4 read them.
+        self._listings = QueueListings(clients, self.facts, self.problem)
         # Steps 4b and 5: what the run creates, once every check has passed.
         self.creation = DestinationCreation(
             config,
@@ -152,33 +153,6 @@ class _Preflight:
                 self.facts.vhosts[cluster] = None
         return self.facts.vhosts[cluster]
 
-    def _queue_rows(self, cluster: str, vhost: str) -> dict[str, dict[str, Any]] | None:
-        """One listing per vhost, however many queues of it move or arrive there."""
-        site = (cluster, vhost)
-        if site not in self.facts.queues:
-            try:
-                rows = self._listed.pop(site, None)
-                if rows is None:
-                    rows = self._clients[cluster].queues(vhost)
-                elif isinstance(rows, RmqSparkError):
-                    raise rows
-                self.facts.queues[site] = {q["name"]: q for q in rows}
-            except RmqSparkError as exc:
-                self.problem(exc)
-                self.facts.queues[site] = None
-        return self.facts.queues[site]
-
-    def _list_ahead(self, sites: Iterable[tuple[str, str]]) -> None:
-        """List the sites' queues now, for `_queue_rows` to take later (in its order,
-        reporting a failed listing then, if it asks for that site at all)."""
-        for site in dict.fromkeys(sites):
-            if site in self.facts.queues or site in self._listed:
-                continue
-            try:
-                self._listed[site] = self._clients[site[0]].queues(site[1])
-            except RmqSparkError as exc:
-                self._listed[site] = exc
-
     # -- 2. sources -----------------------------------------------------------------
 
     def source_candidates(self) -> list[_Candidate]:
@@ -199,7 +173,7 @@ class _Preflight:
             if c.transfer.destination_cluster in self._clients  # not a park's table
         ]
         with ThreadPoolExecutor(1, thread_name_prefix="rmq-spark-listing") as pool:
-            listed = pool.submit(self._list_ahead, destinations)
+            listed = pool.submit(self._listings.list_ahead, destinations)
             probe_vhosts(
                 self._config, by_vhost, role="source", facts=self.facts, problem=self.problem
             )
@@ -232,7 +206,7 @@ class _Preflight:
                     self.problem(rules.missing_source_vhost(route, vhost, client.username))
         result: list[_Candidate] = []
         for vhost in vhosts:
-            rows = self._queue_rows(selector.cluster, vhost)
+            rows = self._listings.rows(selector.cluster, vhost)
             if rows is None:
                 continue
             queues = list(rows.values())
@@ -299,7 +273,7 @@ class _Preflight:
             if t.destination_vhost not in visible:
                 missing_vhosts[site].append(t.route)
                 continue
-            existing = self._queue_rows(*site)
+            existing = self._listings.rows(*site)
             if existing is not None:
                 destinations.append(_Destination(c, existing.get(t.destination_queue)))
         for (cluster, vhost), routes in missing_vhosts.items():
