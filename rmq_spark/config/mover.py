@@ -26,8 +26,8 @@ class WindowConfig(Strict):
     messages: int = Field(default=20000, ge=1, le=65535)
     """The most unacked deliveries in flight per queue transfer (the consumer prefetch's
     upper bound). The window starts at `start_messages` and doubles while the rate it
-    measures over three windows' worth of deliveries gains a tenth (a destination far
-    away), up to this; set it to `start_messages` for a fixed window."""
+    measures over three windows' worth of deliveries (and at least half a second) gains a
+    tenth (a destination far away), up to this; set it to `start_messages` for a fixed window."""
     start_messages: int | None = Field(default=None, ge=1, le=65535)
     """The window a transfer starts with (the default: 5000, or `messages` if smaller).
     A queue shorter than about four times this never changes it."""

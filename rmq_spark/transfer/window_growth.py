@@ -10,8 +10,8 @@ in advance, so the window measures it:
 
 - It starts at `window.start_messages` and, while the transfer runs, counts the
   deliveries it takes. After a change the first window's worth is not counted (the
-  consumer was just changed: the pipe refills), then `TURNS` windows' worth give the
-  rate at this window.
+  consumer was just changed: the pipe refills), then `TURNS` windows' worth, and at
+  least `MIN_SECONDS`, give the rate at this window.
 - The first rate, or one at least `GAIN` above the best so far, means the window was
   the limit: it grows by `FACTOR`, up to `window.messages`. A rate that did not gain
   settles it where it is: the brokers (or the bytes) are the limit now, and a larger
@@ -28,6 +28,11 @@ from __future__ import annotations
 
 # Windows' worth of deliveries that measure one window's rate.
 TURNS = 3
+# ... and at least this long. Three turns of a small window far away take a tenth of
+# a second, where one scheduling stall of a busy box (tens of ms) could hide even a
+# doubled rate and settle the window early; half a second cannot hide it. A window of
+# thousands near the brokers takes longer than this anyway.
+MIN_SECONDS = 0.5
 # A rate this much above the best so far says the window was the limit.
 GAIN = 0.10
 # How much a window grows at a time.
@@ -77,7 +82,7 @@ class WindowGrowth:
                 self._counted, self._since = 0, now
             return False
         self._counted += count
-        if self._counted < TURNS * self.limit or now <= self._since:
+        if self._counted < TURNS * self.limit or now - self._since < MIN_SECONDS:
             return False
         rate = self._counted / (now - self._since)
         if self._best_rate is not None and rate < self._best_rate * (1 + GAIN):

@@ -8,7 +8,7 @@ import pytest
 
 from rmq_spark.transfer import window_growth
 from rmq_spark.transfer.byte_window import ByteWindow
-from rmq_spark.transfer.window_growth import FACTOR, GAIN, TURNS, WindowGrowth
+from rmq_spark.transfer.window_growth import FACTOR, GAIN, MIN_SECONDS, TURNS, WindowGrowth
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -60,6 +60,17 @@ def test_nothing_is_counted_before_the_refill_nor_before_three_windows() -> None
     assert not growth.observe(1, now=5.0, bytes_bound=False)  # the refill ends here
     assert not growth.observe(TURNS * 100 - 1, now=6.0, bytes_bound=False)
     assert growth.observe(1, now=6.0, bytes_bound=False)  # 300 in 1 s: the first rate
+    assert growth.limit == 200
+
+
+def test_a_rate_is_measured_over_half_a_second_at_least() -> None:
+    # A window of 100, 20 ms away: three turns take 0.12 s, and a 0.1 s stall in them
+    # would halve the rate measured. The measurement goes on until MIN_SECONDS.
+    growth = WindowGrowth(100, 1000)
+    assert not growth.observe(100, now=0.0, bytes_bound=False)  # the refill
+    assert not growth.observe(TURNS * 100, now=0.12, bytes_bound=False)
+    assert not growth.observe(900, now=MIN_SECONDS - 0.01, bytes_bound=False)
+    assert growth.observe(100, now=MIN_SECONDS, bytes_bound=False)
     assert growth.limit == 200
 
 
