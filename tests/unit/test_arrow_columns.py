@@ -97,3 +97,13 @@ def test_a_column_of_nulls_only_is_what_pa_array_makes(kind: pa.DataType) -> Non
     built = arrow_columns.column(kind, [None, None, None])
     built.validate(full=True)
     assert built.equals(pa.array([None, None, None], kind))
+
+
+@pytest.mark.parametrize(
+    ("value", "count"),
+    [("dr", 5), ("q-ünïcode ✓", 3), ("", 4), ("x" * 300, 1000), ("v", 0), ("a/b:c", 1)],
+)
+def test_a_repeated_text_column_is_what_pa_array_makes(value: str, count: int) -> None:
+    built = arrow_columns.repeated_text(value, count)
+    built.validate(full=True)
+    assert built.equals(pa.array([value] * count, pa.string()))

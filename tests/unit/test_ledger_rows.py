@@ -111,6 +111,14 @@ def test_rows_tables_of_two_transfers_keep_their_own_keys() -> None:
     assert rows_table(KEY, "a", []).num_rows == 0
 
 
+def test_a_transfers_key_columns_grow_with_its_batches() -> None:
+    # The key columns are slices of a cached array, rebuilt longer when a batch outgrows it.
+    for count in (3, 700, 5, 1500):
+        table = rows_table(KEY, "a", [delivery(p) for p in range(count)])
+        assert table.column("source_queue").to_pylist() == ["orders"] * count
+        assert table.column("task_attempt").to_pylist() == ["a"] * count
+
+
 def test_rows_are_streamed_until_close_makes_one_data_file(tmp_path: Path) -> None:
     tables.ensure_tables(str(tmp_path))
     ledger = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
