@@ -154,21 +154,20 @@ def compacted_rows(files: Sequence[Any], key: TransferKey, columns: Sequence[str
     The filter on the key columns is pushed down: row groups whose statistics
     exclude the transfer are skipped.
     """
+    if not files:  # built from buffers: pa.array (and Schema.empty_table) import pandas
+        fields = [DATA_SCHEMA.field(name) for name in columns]
+        return pa.Table.from_arrays(
+            [column(field.type, []) for field in fields], schema=pa.schema(fields)
+        )
     wanted = None
     for name in KEY_COLUMNS:
         # The value as an Arrow scalar built from buffers: a Python string here would
         # go through pa.scalar, which imports pandas (arrow_columns.py).
         match = pc.field(name) == column(pa.string(), [getattr(key, name)])[0]
         wanted = match if wanted is None else wanted & match
-    tables = [
+    return pa.concat_tables(
         store.read_parquet(path, columns=list(columns), filters=wanted) for path in sorted(files)
-    ]
-    if not tables:  # built from buffers: pa.array (and Schema.empty_table) import pandas
-        fields = [DATA_SCHEMA.field(name) for name in columns]
-        return pa.Table.from_arrays(
-            [column(field.type, []) for field in fields], schema=pa.schema(fields)
-        )
-    return pa.concat_tables(tables)
+    )
 
 
 def rows_of(key: TransferKey, table: pa.Table) -> pa.Table:

@@ -118,8 +118,20 @@ def move_queues(
     connections = ConnectionPool()
     # Earlier attempts' files, listed once for the task (not once per queue).
     earlier = EarlierFiles(settings.ledger_path, settings.run_id)
+    endpoints = Endpoints(settings)
     return run_movers(
-        [partial(queue_mover, row, settings, attempt, connections, earlier) for row in rows],
+        [
+            partial(
+                queue_mover,
+                row,
+                settings,
+                attempt,
+                connections=connections,
+                earlier=earlier,
+                endpoints=endpoints,
+            )
+            for row in rows
+        ],
         ioloop=event_loop(),
         concurrent=at_once,
         connections=connections,
@@ -136,12 +148,15 @@ def queue_mover(
     row: dict[str, object],
     settings: ExecutorSettings,
     attempt: str,
+    *,
     connections: ConnectionPool | None = None,
     earlier: EarlierFiles | None = None,
+    endpoints: Endpoints | None = None,
 ) -> QueueMover:
     """The mover for one plan row, with its ledger writer and intent log; its links
     open channels on `connections` (the task's), or on connections of its own, and it
-    numbers on after the files `earlier` lists (listed now when not given)."""
+    numbers on after the files `earlier` lists (listed now when not given). `endpoints`:
+    the task's connection parameters (made now when not given)."""
     key = TransferKey(
         source_cluster=str(row["source_cluster"]),
         source_vhost=str(row["source_vhost"]),
@@ -150,8 +165,8 @@ def queue_mover(
         destination_vhost=str(row["destination_vhost"]),
         destination_queue=str(row["destination_queue"]),
     )
-    source = _endpoint(
-        settings,
+    endpoints = endpoints or Endpoints(settings)
+    source = endpoints.of(
         key.source_cluster,
         key.source_vhost,
         key.source_queue,
@@ -173,8 +188,7 @@ def queue_mover(
         )
         connector = ParkedConnector(source, writer, connections)
     else:
-        destination = _endpoint(
-            settings,
+        destination = endpoints.of(
             key.destination_cluster,
             key.destination_vhost,
             key.destination_queue,
@@ -278,20 +292,37 @@ def route_decider(settings: ExecutorSettings, route: str) -> BatchDecider | None
     return SelectDecider(Selection.compile(expression, where=f"route {route}"))
 
 
-def _endpoint(
-    settings: ExecutorSettings, cluster: str, vhost: str, queue: str, *, node: str, role: str
-) -> Endpoint:
-    """Where to connect: the node hosting the queue first, when its address is known."""
-    params = connection_parameters(
-        cluster,
-        settings.clusters[cluster],
-        vhost,
-        # Named for what it carries: the task's queues of one vhost (pool.py).
-        purpose=f"{settings.run_id} {role} vhost {vhost}",
-        blocked_timeout=settings.mover.blocked_timeout_seconds,
-        prefer=preferred_uri(settings.node_uris, cluster, node),
-    )
-    return Endpoint(cluster, vhost, queue, tuple(params))
+class Endpoints:
+    """Where a task's links connect: the node hosting the queue first, when its address
+    is known.
+
+    pika's connection parameters cost ~0.4 CPU-ms a set (two a transfer) and are the
+    same for every queue of a vhost, side and preferred node, so the task makes each
+    set once.
+    """
+
+    def __init__(self, settings: ExecutorSettings) -> None:
+        self._settings = settings
+        self._made: dict[tuple[str, str, str, str | None], tuple[Any, ...]] = {}
+
+    def of(self, cluster: str, vhost: str, queue: str, *, node: str, role: str) -> Endpoint:
+        settings = self._settings
+        prefer = preferred_uri(settings.node_uris, cluster, node)
+        key = (cluster, vhost, role, prefer)
+        params = self._made.get(key)
+        if params is None:
+            params = self._made[key] = tuple(
+                connection_parameters(
+                    cluster,
+                    settings.clusters[cluster],
+                    vhost,
+                    # Named for what it carries: the task's queues of one vhost (pool.py).
+                    purpose=f"{settings.run_id} {role} vhost {vhost}",
+                    blocked_timeout=settings.mover.blocked_timeout_seconds,
+                    prefer=prefer,
+                )
+            )
+        return Endpoint(cluster, vhost, queue, params)
 
 
 def task_attempt() -> str:
