@@ -1,8 +1,10 @@
 """Driver side: a run's many small data files become a few large ones at commit time.
 
-Executors write a data file per transfer (and per ROLL_ROWS rows): a run of 1,000
-small queues left 1,000 files of 20 rows in one Delta commit, which every reader of
-the table then opens. `tables.commit_run` hands the small files of a commit batch to
+Executors leave a file per transfer (and per ROLL_ROWS rows): a small transfer's rows
+stream as it is (a finished stream, `layout.is_finished_stream`), a larger one's Parquet
+data file. A run of 1,000 small queues would commit 1,000 files of 20 rows, which every
+reader of the table then opens (and the log can name Parquet files only).
+`tables.commit_run` hands the small files and finished streams of a commit batch to
 `compact`, which copies their rows into files of up to COMPACT_ROWS rows named
 ``compacted-<batch version>-<n>-<uuid>.parquet``; the commit adds those instead.
 
@@ -28,23 +30,26 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rmq_spark.ledger import durable, removal, store
-from rmq_spark.ledger.layout import COMPACTED_PREFIX, DATA_SCHEMA, TEMP_PREFIX
+from rmq_spark.ledger.layout import (
+    COMPACTED_PREFIX,
+    DATA_SCHEMA,
+    SMALL_FILE_BYTES,
+    TEMP_PREFIX,
+    is_finished_stream,
+)
 
 # Rows per compacted file: ~30-60 MB of ledger rows, large enough that a run of
 # thousands of small queues commits a handful of files, small enough to build in memory.
 COMPACT_ROWS = 262_144
-# Executor files at least this large are committed as they are: copying them buys
-# nothing. A rolled stream's file (ROLL_ROWS rows) is 1.6 MiB even of the most
-# compressible rows (the unit tests' builder), ~8 MiB of real checksums; a file under
-# 1 MiB holds at most ~16,000 real rows. Sizes come with the directory listing, where
-# row counts would cost a footer read per file (two requests on an object store).
-SMALL_FILE_BYTES = 1 << 20
+# Executor files at least this large (layout.SMALL_FILE_BYTES) are committed as they are:
+# copying them buys nothing.
 # Files read or removed at once: I/O, not CPU (pyarrow's file systems are thread-safe),
 # and enough to keep a far object store's pipe full.
 REQUESTS_AT_ONCE = 32
@@ -67,8 +72,11 @@ def file_sizes(partition: Any, names: Iterable[str]) -> dict[str, int]:
 
 
 def small_files(sizes: Mapping[str, int]) -> list[str]:
-    """The data files worth compacting: under SMALL_FILE_BYTES (`file_sizes`)."""
-    return [name for name, size in sizes.items() if size < SMALL_FILE_BYTES]
+    """The data files worth compacting: under SMALL_FILE_BYTES (`file_sizes`), and every
+    finished stream (Arrow IPC: the log can only name Parquet files)."""
+    return [
+        name for name, size in sizes.items() if size < SMALL_FILE_BYTES or is_finished_stream(name)
+    ]
 
 
 def compact(
@@ -126,24 +134,42 @@ def _read_scans(partition: Any, files: Sequence[tuple[str, int]]) -> Iterator[pa
     `bench.many_queues --queues 10000 --messages 5` run).
 
     Local files: a multi-threaded dataset scan per group, each file with its size as
-    listed. Objects: each file read whole, in one GET, REQUESTS_AT_ONCE at a time
-    (`_read_whole`); a dataset scan reads a footer, then the rows, two round trips a
-    file, and reading 400 small files through 20 ms round trips to the bench's store took
-    10.3 s at pyarrow's 4 files ahead, 5.7 s at 16.
+    listed; a finished stream (Arrow IPC, `layout.is_finished_stream`) is read whole,
+    with no footer or pages to decode. Objects: each file read whole, in one GET,
+    REQUESTS_AT_ONCE at a time (`_read_whole`); a dataset scan reads a footer, then the
+    rows, two round trips a file, and reading 400 small files through 20 ms round trips
+    to the bench's store took 10.3 s at pyarrow's 4 files ahead, 5.7 s at 16.
     """
     if not isinstance(partition, store.StorePath):
         for scan in scans(files):
-            sized = [(partition / name, size) for name, size in scan]
-            yield (
-                store.sized_dataset(sized, DATA_SCHEMA)
-                .to_table(fragment_readahead=REQUESTS_AT_ONCE)
-                .combine_chunks()
-            )
+            yield pa.concat_tables(_read_local(partition, scan)).combine_chunks()
         return
     with ThreadPoolExecutor(REQUESTS_AT_ONCE) as pool:
         for scan in scans(files):
-            tables = pool.map(_read_whole, [partition / name for name, _ in scan])
-            yield pa.concat_tables(tables).combine_chunks()
+            read = pool.map(_read_whole, [partition / name for name, _ in scan])
+            yield pa.concat_tables(read).combine_chunks()
+
+
+def _read_local(partition: Path, scan: Sequence[tuple[str, int]]) -> list[pa.Table]:
+    """A scan's local files in order: each run of Parquet files one dataset scan, each
+    finished stream read whole."""
+    tables: list[pa.Table] = []
+    parquet: list[tuple[Path, int]] = []
+    for name, size in scan:
+        if not is_finished_stream(name):
+            parquet.append((partition / name, size))
+            continue
+        if parquet:
+            tables.append(_scan(parquet))
+            parquet = []
+        tables.append(durable.read_stream(partition / name))
+    if parquet:
+        tables.append(_scan(parquet))
+    return tables
+
+
+def _scan(files: Sequence[tuple[Path, int]]) -> pa.Table:
+    return store.sized_dataset(files, DATA_SCHEMA).to_table(fragment_readahead=REQUESTS_AT_ONCE)
 
 
 def _read_whole(path: store.StorePath) -> pa.Table:

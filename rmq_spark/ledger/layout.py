@@ -24,19 +24,35 @@ TEMP_PREFIX = ".staging-"
 STREAM_SUFFIX = ".arrows"
 # A transfer's rows stream becomes a Parquet data file every this many rows.
 ROLL_ROWS = 65_536
+# Data files under this size are compacted at commit time (`compaction`); a transfer's
+# stream under it, once the transfer ends, is moved into the run partition as it is (a
+# finished stream, `writer.MessageLedgerWriter.close`), since the commit would copy
+# its rows anyway. A rolled stream's file (ROLL_ROWS rows) is 1.6 MiB even of the most
+# compressible rows (the unit tests' builder), ~8 MiB of real checksums; a file under
+# 1 MiB holds at most ~16,000 real rows. Sizes come with the directory listing, where
+# row counts would cost a footer read per file (two requests on an object store).
+SMALL_FILE_BYTES = 1 << 20
 # Files the commit step compacts many transfers' small data files into (`compaction`):
 # named for no transfer, so a transfer's rows there are found by its key columns.
 COMPACTED_PREFIX = "compacted-"
 
 
-# Names of the data files executors (and the commit step) write: the transfer's
-# file prefix first. Spark's Delta writer names its files part-00000-<uuid>...
-_DATA_FILE_NAME = re.compile(r"part-[0-9a-f]{16}-.+\.parquet")
+# Names of the data files executors (and the commit step) write, and of the finished
+# streams executors leave beside them: the transfer's file prefix first. Spark's Delta
+# writer names its files part-00000-<uuid>...
+_DATA_FILE_NAME = re.compile(r"part-[0-9a-f]{16}-.+\.(parquet|arrows)")
 
 
 def is_data_file(name: str) -> bool:
-    """Whether a file in a run partition is one of rmq-spark's own data files."""
+    """Whether a file in a run partition is one of rmq-spark's own data files, or a
+    finished stream (`is_finished_stream`), which only a commit's compaction reads."""
     return _DATA_FILE_NAME.fullmatch(name) is not None
+
+
+def is_finished_stream(name: str) -> bool:
+    """A transfer's rows stream its executor moved into the run partition when the
+    transfer ended: rows the commit compacts, never a file the Delta log may name."""
+    return name.endswith(STREAM_SUFFIX)
 
 
 def run_partition_dir(ledger_path: str, run_id: str) -> Any:

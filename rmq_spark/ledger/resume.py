@@ -63,7 +63,8 @@ class EarlierFiles:
         self._intent_logs: list[str] = []
         intents_dir = run_intents_dir(ledger_path, run_id)
         for directory, suffix in (
-            (run_partition_dir(ledger_path, run_id), ".parquet"),
+            # Data files, and the streams of transfers that ended (`writer.close`).
+            (run_partition_dir(ledger_path, run_id), (".parquet", STREAM_SUFFIX)),
             (run_rows_dir(ledger_path, run_id), STREAM_SUFFIX),
             (intents_dir, STREAM_SUFFIX),
         ):

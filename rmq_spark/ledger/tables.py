@@ -164,7 +164,8 @@ def commit_run(ledger_path: str, run_id: str, committer: DeltaCommitter = DELTA_
         version = max([done, *(batch.version for batch in batches)]) + 1
         small = compaction.small_files(sizes)
         batch = CommitBatch(version, pending)
-        if len(small) > 1:
+        # One small Parquet file is committed as it is; a finished stream never is.
+        if len(small) > 1 or any(map(layout.is_finished_stream, small)):
             compacted = compaction.compact(partition, small, version, sizes=sizes)
             batch = CommitBatch(version, pending, compacted, tuple(small))
         write_commit_batch(ledger_path, run_id, batch)
@@ -286,9 +287,11 @@ def _commit(
 def rows_from_streams(ledger_path: str, run_id: str, *, chosen: Set[str] = frozenset()) -> int:
     """Turn the rows streams of transfers whose task died into data files.
 
-    A transfer that ended converted its own; what is left was durable (and maybe
-    acked) when its task died. A stream whose data file a commit batch already chose
-    is only removed: that file may be gone, compacted, and must not come back.
+    A transfer that ended converted its own or moved it into the run partition
+    (`writer.MessageLedgerWriter.close`); what is left was durable (and maybe acked)
+    when its task died. A stream whose data file, or whose finished self, a commit
+    batch already chose is only removed: that file may be gone, compacted, and must not
+    come back (a move into the partition that a crash undid is such a stream).
     Idempotent. Returns the rows written.
     """
     streams_dir = run_rows_dir(ledger_path, run_id)
@@ -298,7 +301,8 @@ def rows_from_streams(ledger_path: str, run_id: str, *, chosen: Set[str] = froze
     partition.mkdir(parents=True, exist_ok=True)
     written = 0
     for stream in sorted(streams_dir.glob(f"part-*{layout.STREAM_SUFFIX}")):
-        if f"{stream.name.removesuffix(layout.STREAM_SUFFIX)}.parquet" in chosen:
+        data_file = f"{stream.name.removesuffix(layout.STREAM_SUFFIX)}.parquet"
+        if data_file in chosen or stream.name in chosen:
             stream.unlink()
         else:
             written += durable.stream_to_data_file(stream, partition)
@@ -333,6 +337,8 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
             for data_file in partition.glob(f"{prefix}*.parquet"):
                 positions = resume.data_file_positions(data_file, key)
                 present.update(positions["position"].to_pylist())
+            for stream in partition.glob(f"{prefix}*{layout.STREAM_SUFFIX}"):
+                present.update(resume.rows_of(key, read_stream(stream))["position"].to_pylist())
         missing = pc.invert(
             pc.is_in(logged["position"], value_set=pa.array(sorted(present), pa.int64()))
         )

@@ -4,10 +4,12 @@ Executors have no SparkSession, so rows go out through pyarrow. Each flush
 appends the rows to the transfer's Arrow IPC stream and fsyncs it: once `write`
 returns, the rows survive a crash of the process and of the machine. Streams
 become Parquet data files in the messages table's run partition (written under a
-temporary name, fsynced, renamed into place) every ROLL_ROWS rows and when the
-transfer ends. Data files are not yet in the Delta log; `tables.commit_run` turns
-streams left by dead tasks into data files and adds every data file of a run in
-one commit (per run, not per window), so a crashed task attempt's rows count too.
+temporary name, fsynced, renamed into place) every ROLL_ROWS rows and when a large
+transfer ends; a small transfer's stream moves into the partition as it is (a
+finished stream). Neither is in the Delta log yet; `tables.commit_run` turns
+streams left by dead tasks into data files, compacts the small files and finished
+streams, and adds every data file of a run in one commit (per run, not per window),
+so a crashed task attempt's rows count too.
 
 Before a batch of deliveries is published, its rows (without a confirm time) are
 appended to an intent log and fsynced. If the process dies before the confirmed
@@ -234,9 +236,10 @@ class MessageLedgerWriter:
     Rows are appended to an Arrow IPC stream (one per transfer and task attempt,
     under ``rows/``) and fsynced: a flush costs one append and one fsync, where a
     Parquet file per flush cost a file, a rename and a directory fsync, on the
-    path every source ack waits on. Every ROLL_ROWS rows, and when the transfer
-    ends (`close`), the stream becomes one Parquet data file in the run partition.
-    A stream left by a task that died is converted by `tables.commit_run`.
+    path every source ack waits on. Every ROLL_ROWS rows the stream becomes one
+    Parquet data file in the run partition; when the transfer ends (`close`) it moves
+    there as it is if small (the commit compacts it), else becomes one too. A stream
+    left by a task that died is converted by `tables.commit_run`.
 
     On an object store each `write` is one Parquet data file of its own (one PUT, the
     durability point; there is no append), which the driver's commit compacts; such
@@ -296,10 +299,22 @@ class MessageLedgerWriter:
             self.rows_written += len(deliveries)
 
     def close(self) -> None:
-        """The transfer ended: what is streamed becomes a Parquet data file."""
+        """The transfer ended: what is streamed moves into the run partition as it is
+        (a finished stream) when it is small, else becomes a Parquet data file.
+
+        The commit compacts every small file into a few large ones, so converting a
+        small stream to Parquet here (a file created, written, fsynced, renamed, its
+        directory fsynced, the stream read back and removed: ~3 ms a transfer on the
+        durability lane) only made Parquet the commit then read back. The rename need not
+        be durable: the stream's rows are, and a crash leaves it in one directory or the
+        other; in `rows/` the commit converts it as a dead task's stream.
+        """
         try:
-            if self._stream is not None:
-                self._roll()
+            if self._stream is not None and self._file is not None:
+                if self._file.tell() < layout.SMALL_FILE_BYTES:
+                    self._finish_stream()
+                else:
+                    self._roll()
         except OSError as exc:
             raise LedgerError(
                 f"ledger {self._dir}: cannot write rows for {self._key.label()} ({exc})"
@@ -311,6 +326,16 @@ class MessageLedgerWriter:
         stream = pa.ipc.new_stream(file, DATA_SCHEMA)
         fsync_dir(self._rows_dir)
         return file, stream
+
+    def _finish_stream(self) -> None:
+        assert self._stream is not None
+        assert self._file is not None
+        self._stream.close()
+        self._file.close()
+        stream = Path(self._file.name)
+        os.replace(stream, self._dir / stream.name)
+        self._file = self._stream = None
+        self._stream_rows = 0
 
     def _roll(self) -> None:
         assert self._stream is not None

@@ -10,12 +10,15 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rmq_spark.config import JobConfig, Limits, MoverConfig
 from rmq_spark.ledger import tables
-from rmq_spark.ledger.layout import run_partition_dir
+from rmq_spark.ledger.durable import read_stream
+from rmq_spark.ledger.layout import STREAM_SUFFIX, run_partition_dir
 from rmq_spark.model import MoveOutcome
 from rmq_spark.transfer.executor import ExecutorSettings, move_queues
 from tests.support.brokers import Brokers, declare, depth, drain_fingerprints, fresh_vhost, seed
@@ -75,6 +78,16 @@ class MoveInBackground(threading.Thread):
             self.outcomes = move_queues(self._rows, self._settings, "local")
         except BaseException as exc:
             self.error = exc
+
+
+def uncommitted_rows(ledger_path: str, run_id: str) -> list[dict[str, Any]]:
+    """The run's rows as its executors left them: Parquet data files, and the finished
+    streams of transfers that ended small (`writer.MessageLedgerWriter.close`)."""
+    partition = run_partition_dir(ledger_path, run_id)
+    read = [pq.read_table(path) for path in sorted(partition.glob("*.parquet"))]
+    read += [read_stream(path) for path in sorted(partition.glob(f"*{STREAM_SUFFIX}"))]
+    rows: list[dict[str, Any]] = pa.concat_tables(read).to_pylist()
+    return rows
 
 
 def test_queues_of_one_vhost_share_one_connection_per_side(
@@ -142,7 +155,7 @@ def test_a_shared_connection_closed_mid_run_ends_every_session_on_it_without_los
     assert move.error is None, repr(move.error)
     assert [o.status for o in move.outcomes] == ["moved"] * len(queues)
     assert all(o.sessions >= 2 for o in move.outcomes)  # every queue on it was lost, and resumed
-    rows = pq.read_table(run_partition_dir(config.ledger.path, "lost")).to_pylist()
+    rows = uncommitted_rows(config.ledger.path, "lost")
     for queue in queues:
         found = drain_fingerprints(lambda: brokers.main.connect(vhost), queue)
         left = drain_fingerprints(lambda: brokers.dr.connect(vhost), queue)

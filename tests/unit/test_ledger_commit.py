@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rmq_spark.errors import LedgerError
-from rmq_spark.ledger import committers, tables
+from rmq_spark.ledger import committers, layout, tables
 from rmq_spark.ledger.committers import (
     DELTA_RS,
     CommitKey,
@@ -29,7 +29,8 @@ OTHER = TransferKey("dr", "b", "billing", "main", "b", "billing")
 
 
 def moved(ledger: Path, key: TransferKey, positions: range, attempt: str = "0.0.0") -> None:
-    """A transfer's rows, written as an executor writes them (one data file)."""
+    """A transfer's rows, written as an executor writes them (a small one: one finished
+    stream, `MessageLedgerWriter.close`)."""
     writer = MessageLedgerWriter(str(ledger), "r1", key, attempt)
     writer.write([delivery(p) for p in positions])
     writer.close()
@@ -88,7 +89,7 @@ def test_the_committer_is_handed_one_compacted_file_of_the_executors_small_files
     # What a Spark write that failed half-way leaves: a file of Spark's, in no commit.
     spark_file = partition / "part-00000-6f1c0a52-0d9e-4a8e-9a55-3f6b8f8f1b1e.c000.snappy.parquet"
     spark_file.write_bytes(b"not ours")
-    executor_files = sorted(p.name for p in partition.glob("*.parquet") if is_data_file(p.name))
+    executor_files = sorted(p.name for p in partition.iterdir() if is_data_file(p.name))
     recording = Recording()
 
     assert tables.commit_run(str(tmp_path), "r1", recording) == 5
@@ -110,7 +111,10 @@ def test_the_committer_is_handed_one_compacted_file_of_the_executors_small_files
     ]
 
 
-def test_a_single_data_file_is_committed_as_it_is(tmp_path: Path) -> None:
+def test_a_single_data_file_is_committed_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(layout, "SMALL_FILE_BYTES", 64)  # the writer leaves Parquet
     tables.ensure_tables(str(tmp_path))
     moved(tmp_path, KEY, range(3))
     recording = Recording()
@@ -159,8 +163,9 @@ def test_a_driver_that_died_after_committing_commits_nothing_twice(tmp_path: Pat
 
 
 def test_files_committed_by_reference_before_batches_existed_stay_committed(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(layout, "SMALL_FILE_BYTES", 64)  # Parquet, as those builds wrote
     tables.ensure_tables(str(tmp_path))
     moved(tmp_path, KEY, range(3))
     assert tables.commit_run(str(tmp_path), "r1") == 3
@@ -188,6 +193,7 @@ def test_a_damaged_commit_batch_is_refused_naming_it(tmp_path: Path) -> None:
     [
         ("part-0123456789abcdef-3.1.0-5f0c1e2d3c4b5a69788796a5b4c3d2e1.parquet", True),
         ("part-0123456789abcdef-intents-5f0c1e2d3c4b5a69788796a5b4c3d2e1.parquet", True),
+        ("part-0123456789abcdef-3.1.0-5f0c1e2d3c4b5a69788796a5b4c3d2e1.arrows", True),
         ("part-00000-6f1c0a52-0d9e-4a8e-9a55-3f6b8f8f1b1e.c000.snappy.parquet", False),
         ("part-00001-tid-4242-6f1c0a52-0d9e-4a8e-9a55-3f6b8f8f1b1e-7-1.c000.snappy.parquet", False),
         (".staging-part-0123456789abcdef-3.1.0-5f0c.parquet", False),

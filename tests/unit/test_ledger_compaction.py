@@ -13,8 +13,14 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from rmq_spark.ledger import compaction, tables
-from rmq_spark.ledger.layout import is_data_file, run_partition_dir, run_rows_dir
+from rmq_spark.ledger import compaction, durable, tables
+from rmq_spark.ledger.layout import (
+    SMALL_FILE_BYTES,
+    STREAM_SUFFIX,
+    is_data_file,
+    run_partition_dir,
+    run_rows_dir,
+)
 from rmq_spark.ledger.resume import compacted_files, compacted_positions, next_position
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import TransferKey
@@ -30,10 +36,23 @@ class DriverKilledError(RuntimeError):
 
 
 def moved_all(ledger: Path, keys: list[TransferKey] = KEYS, first: int = 0) -> None:
-    for key in keys:
+    """Each transfer's rows as its executor leaves them: a finished stream (a small
+    transfer's), or every other one a Parquet file, as a dead task's stream becomes one."""
+    partition = run_partition_dir(str(ledger), "r1")
+    for index, key in enumerate(keys):
         writer = MessageLedgerWriter(str(ledger), "r1", key, "0.0.0")
         writer.write([delivery(p) for p in range(first, first + ROWS_EACH)])
         writer.close()
+        if index % 2:
+            (finished,) = partition.glob(f"{key.file_prefix}*{STREAM_SUFFIX}")
+            durable.stream_to_data_file(finished, partition)
+
+
+def file_rows(path: Path) -> list[dict[str, Any]]:
+    """An executor file's rows: Parquet, or a finished stream."""
+    table = durable.read_stream(path) if path.name.endswith(STREAM_SUFFIX) else pq.read_table(path)
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
 
 
 def committed(ledger: Path) -> list[tuple[str, int]]:
@@ -107,7 +126,7 @@ def test_compaction_cuts_the_rows_into_files_of_the_limit_in_order(ledger: Path)
     assert counts == [10, 10, 10, 10, 8]  # 48 rows of 4-row files, cut at 10
     assert all(name.startswith("compacted-0000000007-") for name in written)
     copied = [row for name in written for row in pq.read_table(partition / name).to_pylist()]
-    sources = [row for name in names for row in pq.read_table(partition / name).to_pylist()]
+    sources = [row for name in names for row in file_rows(partition / name)]
     assert copied == sources
 
 
@@ -124,7 +143,7 @@ def test_a_group_read_a_few_files_per_scan_keeps_every_row_in_order(
     read_in_order = [
         (str(row["source_queue"]), int(str(row["position"])))
         for name in names
-        for row in pq.read_table(partition / name).to_pylist()
+        for row in file_rows(partition / name)
     ]
     assert [(str(r["source_queue"]), int(str(r["position"]))) for r in rows] == read_in_order
     assert len(rows) == len(KEYS) * ROWS_EACH
@@ -153,7 +172,7 @@ def test_file_sizes_come_from_the_listing_in_the_names_order(ledger: Path) -> No
     assert list(sizes) == names
     assert sizes == {name: (partition / name).stat().st_size for name in names}
     assert compaction.small_files(sizes) == names  # 4 rows each: all worth compacting
-    assert compaction.small_files({"rolled.parquet": compaction.SMALL_FILE_BYTES}) == []
+    assert compaction.small_files({"rolled.parquet": SMALL_FILE_BYTES}) == []
     assert compaction.file_sizes(partition, []) == {}
 
 
@@ -252,7 +271,7 @@ def test_a_left_stream_of_a_compacted_file_does_not_come_back(ledger: Path) -> N
     streams = list(run_rows_dir(str(ledger), "r1").iterdir())
     assert len(streams) == 1
     kept = streams[0].read_bytes()
-    writer.close()  # the stream becomes a data file and is removed
+    writer.close()  # the stream moves into the partition, finished
     assert tables.commit_run(str(ledger), "r1") == len(KEYS) * ROWS_EACH + 3
     streams[0].write_bytes(kept)  # as if the removal had never happened
 

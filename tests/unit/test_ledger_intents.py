@@ -47,6 +47,27 @@ def test_intents_without_rows_become_uncertain_rows_once(tmp_path: Path) -> None
     assert rows[3]["body_sha256"] == "body-3"
 
 
+def test_intents_beside_a_finished_stream_add_no_uncertain_row(tmp_path: Path) -> None:
+    # The transfer ended (its small stream moved into the partition, finished) and its
+    # task died before removing the intent log: every intent has its row.
+    tables.ensure_tables(str(tmp_path))
+    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
+    intents.append([delivery(p, confirmed=False) for p in range(3)])
+    intents.close(finished=False)
+    writer = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
+    writer.write([delivery(p, confirmed=True) for p in range(3)])
+    writer.close()
+
+    assert tables.commit_run(str(tmp_path), "r1") == 3
+
+    rows = committed_rows(tmp_path, "r1")
+    assert [(r["position"], r["confirmed_at"] is None) for r in rows] == [
+        (0, False),
+        (1, False),
+        (2, False),
+    ]
+
+
 def test_retried_task_numbers_after_logged_intents(tmp_path: Path) -> None:
     intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
     intents.append([delivery(p, confirmed=False) for p in range(7)])

@@ -60,6 +60,11 @@ def streams(ledger: Path) -> list[Path]:
     return sorted(directory.glob("*.arrows")) if directory.is_dir() else []
 
 
+def finished_streams(ledger: Path) -> list[Path]:
+    """Streams of transfers that ended small, moved into the run partition by `close`."""
+    return sorted(run_partition_dir(str(ledger), "r1").glob("*.arrows"))
+
+
 def committed_positions(ledger: Path) -> list[int]:
     rows = tables.read_arrow(str(ledger), "messages", run_id="r1").to_pylist()
     return sorted(int(str(row["position"])) for row in rows)
@@ -119,7 +124,9 @@ def test_a_transfers_key_columns_grow_with_its_batches() -> None:
         assert table.column("task_attempt").to_pylist() == ["a"] * count
 
 
-def test_rows_are_streamed_until_close_makes_one_data_file(tmp_path: Path) -> None:
+def test_a_small_transfers_stream_moves_into_the_partition_and_the_commit_compacts_it(
+    tmp_path: Path,
+) -> None:
     tables.ensure_tables(str(tmp_path))
     ledger = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
     ledger.write([delivery(p) for p in range(3)])
@@ -130,6 +137,29 @@ def test_rows_are_streamed_until_close_makes_one_data_file(tmp_path: Path) -> No
     ledger.close()
 
     assert streams(tmp_path) == []
+    assert data_files(tmp_path) == []  # no Parquet written on the executor
+    (finished,) = finished_streams(tmp_path)
+    assert finished.name.startswith(KEY.file_prefix)
+    assert next_position(str(tmp_path), "r1", KEY) == 5  # a retry numbers on after it
+    # Alone in the run, it is still compacted: the log names only Parquet files.
+    assert tables.commit_run(str(tmp_path), "r1") == 5
+    assert committed_positions(tmp_path) == [0, 1, 2, 3, 4]
+    assert finished_streams(tmp_path) == []
+    assert [f.name.startswith("compacted-") for f in data_files(tmp_path)] == [True]
+
+
+def test_a_large_transfers_stream_becomes_one_data_file_at_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(layout, "SMALL_FILE_BYTES", 64)  # any stream is "large"
+    tables.ensure_tables(str(tmp_path))
+    ledger = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
+    ledger.write([delivery(p) for p in range(5)])
+
+    ledger.close()
+
+    assert streams(tmp_path) == []
+    assert finished_streams(tmp_path) == []
     (data_file,) = data_files(tmp_path)
     assert data_file.name.startswith(KEY.file_prefix)
     assert tables.commit_run(str(tmp_path), "r1") == 5
@@ -146,7 +176,8 @@ def test_a_long_transfer_rolls_its_stream_into_data_files(
         ledger.write([delivery(start), delivery(start + 1)])
     assert len(data_files(tmp_path)) == 2  # after rows 4 and 8
     ledger.close()
-    assert len(data_files(tmp_path)) == 3
+    assert len(data_files(tmp_path)) == 2
+    assert len(finished_streams(tmp_path)) == 1  # rows 8 and 9
     assert streams(tmp_path) == []
     assert tables.commit_run(str(tmp_path), "r1") == 10
     assert committed_positions(tmp_path) == list(range(10))
@@ -167,8 +198,9 @@ def test_a_dead_tasks_stream_is_committed_once(tmp_path: Path) -> None:
 
 
 def test_a_crash_between_data_file_and_stream_removal_adds_nothing_twice(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(layout, "SMALL_FILE_BYTES", 64)  # converted at close
     tables.ensure_tables(str(tmp_path))
     ledger = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
     ledger.write([delivery(0), delivery(1)])
