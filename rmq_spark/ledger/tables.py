@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
@@ -291,8 +292,11 @@ def rows_from_streams(ledger_path: str, run_id: str, *, chosen: Set[str] = froze
     (`writer.MessageLedgerWriter.close`); what is left was durable (and maybe acked)
     when its task died. A stream whose data file, or whose finished self, a commit
     batch already chose is only removed: that file may be gone, compacted, and must not
-    come back (a move into the partition that a crash undid is such a stream).
-    Idempotent. Returns the rows written.
+    come back (a move into the partition that a crash undid is such a stream). A
+    stream found both here and, finished, in the partition was being moved when a crash
+    came on a file system that renames by copying (a FUSE mount: Databricks' volumes,
+    blobfuse, s3fs): one copy is kept, the longer, since a torn copy is a prefix of the
+    whole. Idempotent. Returns the rows written.
     """
     streams_dir = run_rows_dir(ledger_path, run_id)
     if not streams_dir.is_dir():
@@ -302,8 +306,14 @@ def rows_from_streams(ledger_path: str, run_id: str, *, chosen: Set[str] = froze
     written = 0
     for stream in sorted(streams_dir.glob(f"part-*{layout.STREAM_SUFFIX}")):
         data_file = f"{stream.name.removesuffix(layout.STREAM_SUFFIX)}.parquet"
+        finished = partition / stream.name
         if data_file in chosen or stream.name in chosen:
             stream.unlink()
+        elif finished.exists():
+            if finished.stat().st_size < stream.stat().st_size:
+                os.replace(stream, finished)
+            else:
+                stream.unlink()
         else:
             written += durable.stream_to_data_file(stream, partition)
     return written

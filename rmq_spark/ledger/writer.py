@@ -307,7 +307,8 @@ class MessageLedgerWriter:
         directory fsynced, the stream read back and removed: ~3 ms a transfer on the
         durability lane) only made Parquet the commit then read back. The rename need not
         be durable: the stream's rows are, and a crash leaves it in one directory or the
-        other; in `rows/` the commit converts it as a dead task's stream.
+        other (in `rows/` the commit converts it as a dead task's stream), or, where a
+        FUSE mount renames by copying, in both (the commit keeps the longer copy).
         """
         try:
             if self._stream is not None and self._file is not None:

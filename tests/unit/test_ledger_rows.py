@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from rmq_spark.ledger import layout, tables
+from rmq_spark.ledger.durable import read_stream
 from rmq_spark.ledger.layout import DATA_SCHEMA, run_partition_dir, run_rows_dir
 from rmq_spark.ledger.resume import next_position
 from rmq_spark.ledger.writer import MessageLedgerWriter, rows_table
@@ -212,6 +213,31 @@ def test_a_crash_between_data_file_and_stream_removal_adds_nothing_twice(
     assert tables.commit_run(str(tmp_path), "r1") == 2
     assert committed_positions(tmp_path) == [0, 1]
     assert streams(tmp_path) == []
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_finished_streams_move_left_half_done_adds_its_rows_once(
+    tmp_path: Path, torn: bool
+) -> None:
+    # A file system that renames by copying (FUSE) left both copies when a crash came:
+    # whole in rows/, and in the partition whole or torn (a prefix of it).
+    tables.ensure_tables(str(tmp_path))
+    ledger = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
+    ledger.write([delivery(p) for p in range(3)])
+    ledger.write([delivery(p) for p in range(3, 6)])
+    (stream,) = streams(tmp_path)
+    ledger.close()
+    (finished,) = finished_streams(tmp_path)
+    whole = finished.read_bytes()
+    stream.write_bytes(whole)
+    if torn:
+        finished.write_bytes(whole[: len(whole) * 2 // 3])
+        assert read_stream(finished).num_rows < 6
+
+    assert tables.commit_run(str(tmp_path), "r1") == 6
+    assert committed_positions(tmp_path) == list(range(6))
+    assert streams(tmp_path) == []
+    assert finished_streams(tmp_path) == []
 
 
 def test_building_rows_does_not_import_pandas() -> None:
