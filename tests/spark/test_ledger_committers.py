@@ -28,7 +28,8 @@ from rmq_spark.ledger.committers import (
     messages_write,
     rows_frame,
 )
-from rmq_spark.ledger.layout import run_partition_dir
+from rmq_spark.ledger.durable import stream_to_data_file
+from rmq_spark.ledger.layout import STREAM_SUFFIX, run_partition_dir
 from rmq_spark.ledger.writer import IntentLog, MessageLedgerWriter
 from rmq_spark.model import Delivery, TransferKey
 from rmq_spark.spark_session import spark_has_delta
@@ -132,7 +133,12 @@ def test_the_rows_handed_to_sparks_writer_are_those_delta_rs_commits(
 def test_the_writer_call_saves_the_run_partition(spark: SparkSession, tmp_path: Path) -> None:
     executor_ledger(tmp_path)
     tables.rows_from_streams(str(tmp_path), "r1")
-    files = sorted(run_partition_dir(str(tmp_path), "r1").glob("part-*.parquet"))
+    partition = run_partition_dir(str(tmp_path), "r1")
+    # Spark reads Parquet: the finished transfer's stream as the commit's compaction
+    # would hand it over, a data file.
+    for finished in partition.glob(f"part-*{STREAM_SUFFIX}"):
+        stream_to_data_file(finished, partition)
+    files = sorted(partition.glob("part-*.parquet"))
     frame = message_rows_frame(spark, "r1", files)
     # The same DataFrameWriter call as the Delta commit, in a format this Spark has.
     write = dataclasses.replace(messages_write(CommitKey(commit_app_id("r1"), 0)), format="parquet")
