@@ -89,11 +89,7 @@ class EarlierFiles:
             for path in sorted(self._files.get(prefix[:PREFIX_LENGTH], ())):
                 if not path.name.startswith(prefix):
                     continue
-                if path.name.endswith(".parquet"):
-                    positions = data_file_positions(path, key)
-                else:
-                    positions = rows_of(key, read_stream(path))
-                highest = max(highest, _max_position(positions))
+                highest = max(highest, _max_position(file_positions(path, key)))
         return highest + 1
 
     def has_intents(self, key: TransferKey) -> bool:
@@ -124,6 +120,14 @@ def _read_columns(path: Any, key: TransferKey, columns: Sequence[str]) -> pa.Tab
             return store.read_parquet(path, columns=list(columns))
         return rows_of(key, store.read_parquet(path, columns=[*columns, *KEY_COLUMNS]))
     return rows_of(key, read_stream(path))
+
+
+def file_positions(path: Any, key: TransferKey) -> pa.Table:
+    """The `position` column of `key`'s rows in one of its files: a data file, or a rows
+    stream (in `rows/`, or finished in the run partition)."""
+    if path.name.endswith(".parquet"):
+        return data_file_positions(path, key)
+    return rows_of(key, read_stream(path)).select(["position"])
 
 
 def data_file_positions(path: Any, key: TransferKey) -> pa.Table:

@@ -344,11 +344,11 @@ def rows_from_intents(ledger_path: str, run_id: str) -> int:
         logged = pa.concat_tables(intents)
         present = set(resume.compacted_positions(compacted, key)["position"].to_pylist())
         for prefix in layout.transfer_prefixes(key):
-            for data_file in partition.glob(f"{prefix}*.parquet"):
-                positions = resume.data_file_positions(data_file, key)
-                present.update(positions["position"].to_pylist())
-            for stream in partition.glob(f"{prefix}*{layout.STREAM_SUFFIX}"):
-                present.update(resume.rows_of(key, read_stream(stream))["position"].to_pylist())
+            # Its data files and, if it ended small, its finished stream.
+            for file in partition.glob(f"{prefix}*"):
+                if layout.is_data_file(file.name):
+                    positions = resume.file_positions(file, key)
+                    present.update(positions["position"].to_pylist())
         missing = pc.invert(
             pc.is_in(logged["position"], value_set=pa.array(sorted(present), pa.int64()))
         )

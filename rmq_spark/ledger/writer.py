@@ -329,21 +329,20 @@ class MessageLedgerWriter:
         return file, stream
 
     def _finish_stream(self) -> None:
-        assert self._stream is not None
-        assert self._file is not None
-        self._stream.close()
-        self._file.close()
-        stream = Path(self._file.name)
-        os.replace(stream, self._dir / stream.name)
-        self._file = self._stream = None
-        self._stream_rows = 0
+        """The stream moves into the run partition as it is (`close` says why)."""
+        self._end_stream(lambda stream: os.replace(stream, self._dir / stream.name))
 
     def _roll(self) -> None:
+        """The stream becomes a Parquet data file in the run partition."""
+        # One directory fsync per transfer fewer: the data file is durable first.
+        self._end_stream(lambda stream: stream_to_data_file(stream, self._dir, sync_removal=False))
+
+    def _end_stream(self, end: Callable[[Path], object]) -> None:
+        """Close the stream, hand its file to `end`, and start afresh at the next write."""
         assert self._stream is not None
         assert self._file is not None
         self._stream.close()
         self._file.close()
-        # One directory fsync per transfer fewer: the data file is durable first.
-        stream_to_data_file(Path(self._file.name), self._dir, sync_removal=False)
+        end(Path(self._file.name))
         self._file = self._stream = None
         self._stream_rows = 0

@@ -24,11 +24,16 @@ def committed_rows(ledger: Path, run_id: str) -> list[dict[str, object]]:
     return sorted(rows, key=lambda row: int(str(row["position"])))
 
 
-def test_intents_without_rows_become_uncertain_rows_once(tmp_path: Path) -> None:
-    tables.ensure_tables(str(tmp_path))
-    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
-    intents.append([delivery(p, confirmed=False) for p in range(4)])
+def logged_intents(ledger: Path, positions: range) -> None:
+    """The ledger's tables, and KEY's intents for `positions` left by a task that died."""
+    tables.ensure_tables(str(ledger))
+    intents = IntentLog(str(ledger), "r1", KEY, "0.0.0")
+    intents.append([delivery(p, confirmed=False) for p in positions])
     intents.close(finished=False)
+
+
+def test_intents_without_rows_become_uncertain_rows_once(tmp_path: Path) -> None:
+    logged_intents(tmp_path, range(4))
     # Positions 0 and 1 were confirmed and written; the task died before 2 and 3.
     MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0").write(
         [delivery(p, confirmed=True) for p in range(2)]
@@ -50,10 +55,7 @@ def test_intents_without_rows_become_uncertain_rows_once(tmp_path: Path) -> None
 def test_intents_beside_a_finished_stream_add_no_uncertain_row(tmp_path: Path) -> None:
     # The transfer ended (its small stream moved into the partition, finished) and its
     # task died before removing the intent log: every intent has its row.
-    tables.ensure_tables(str(tmp_path))
-    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
-    intents.append([delivery(p, confirmed=False) for p in range(3)])
-    intents.close(finished=False)
+    logged_intents(tmp_path, range(3))
     writer = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
     writer.write([delivery(p, confirmed=True) for p in range(3)])
     writer.close()
@@ -129,10 +131,7 @@ def test_old_prefix_files_of_a_colliding_transfer_are_not_counted(tmp_path: Path
 
 
 def test_old_prefix_intents_become_uncertain_rows_once_beside_their_rows(tmp_path: Path) -> None:
-    tables.ensure_tables(str(tmp_path))
-    intents = IntentLog(str(tmp_path), "r1", KEY, "0.0.0")
-    intents.append([delivery(p, confirmed=False) for p in range(4)])
-    intents.close(finished=False)
+    logged_intents(tmp_path, range(4))
     rows = MessageLedgerWriter(str(tmp_path), "r1", KEY, "0.0.0")
     rows.write([delivery(p, confirmed=True) for p in range(2)])
     rows.close()
