@@ -256,8 +256,9 @@ def source_removals(
     if not before:
         return {}
     moved = {outcome.key: outcome.messages for outcome in outcomes}
+    started = time.monotonic()
     with management_clients(config) as clients:
-        return settle(
+        removed = settle(
             lambda keys: read_removed(clients, keys),
             before,
             moved,
@@ -265,6 +266,12 @@ def source_removals(
             proven=proven,
             woken=woken,
         )
+    log.info(
+        "read the consumer counters of %d sources in %.1f s",
+        len(removed),
+        time.monotonic() - started,
+    )
+    return removed
 
 
 @contextmanager

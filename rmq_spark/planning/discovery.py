@@ -26,6 +26,7 @@ cluster, vhost and queue. Only when there is none are missing destinations creat
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -165,6 +166,7 @@ def measure_depths(
     # A passive declare per queue is a round trip: vhosts are counted side by side, each
     # on its own connection (made, used and closed by one thread).
     sites = list(by_vhost.items())
+    started = time.monotonic()
     with ThreadPoolExecutor(
         max_workers=max(1, min(MAX_PARALLEL_VHOSTS, len(sites))),
         thread_name_prefix="rmq-spark-depths",
@@ -177,6 +179,12 @@ def measure_depths(
         )
         for ((cluster, vhost), _names), counted in zip(sites, counts, strict=True):
             depths.update({(cluster, vhost, name): depth for name, depth in counted.items()})
+    log.info(
+        "counted the depths of %d queues in %d vhosts in %.1f s",
+        len(depths),
+        len(sites),
+        time.monotonic() - started,
+    )
     return {
         t: (
             depths[(t.source_cluster, t.source_vhost, t.source_queue)],
