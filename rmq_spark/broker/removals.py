@@ -77,6 +77,11 @@ REMOVAL_COUNTERS = ("ack", "deliver_no_ack", "get_no_ack")
 # waits, so a generous bound costs nothing on a run whose counters are on time.
 SETTLE_SECONDS = 30.0
 POLL_SECONDS = 0.5
+# Readings take at most this share of the wait (`pause_after`): each is a listing of
+# every vhost with a lagging source, which costs the broker about the time it takes
+# (10,000 queues: ~2.6 CPU-s), while the depths after the move are being counted on the
+# same node.
+READ_SHARE = 0.2
 
 Readings = dict[TransferKey, int | None]
 
@@ -137,6 +142,8 @@ def settle(
     Reads again, for up to `deadline_seconds`, the transfers whose counters have not
     yet reached what the movers moved (`moved`): they lag by a statistics interval.
     One still below it then is unknown (None): lagging or reset, it proves nothing.
+    Between readings it waits `pause_after` the last one (POLL_SECONDS, or longer
+    after a slow listing), never past the deadline.
     With `deadline_seconds` 0 each is read once. `cancelled` set ends the waiting at
     once, as the deadline would (`settling`: the run failed meanwhile). `proven` names
     the transfers whose depths already settle their verdict (`proven_by_depth`; empty
@@ -149,8 +156,11 @@ def settle(
     removed: Readings = {}
     by_depth: set[TransferKey] = set()
     while True:
+        reading_started = monotonic()
         for key, after in read(waiting).items():
             removed[key] = removed_during(before.get(key), after)
+        now = monotonic()
+        pause = min(pause_after(now - reading_started), max(end - now, 0.0))
         waiting = {
             key
             for key in waiting
@@ -164,12 +174,12 @@ def settle(
         if not waiting or monotonic() >= end:
             break
         if woken is not None:
-            woken.wait(POLL_SECONDS)
+            woken.wait(pause)
             woken.clear()
         elif cancelled is None:
-            sleep(POLL_SECONDS)
+            sleep(pause)
         else:
-            cancelled.wait(POLL_SECONDS)
+            cancelled.wait(pause)
         if cancelled is not None and cancelled.is_set():
             break
     for key in waiting:
@@ -192,6 +202,13 @@ def settle(
             len(by_depth),
         )
     return removed
+
+
+def pause_after(reading_seconds: float) -> float:
+    """Seconds to wait after a reading that took `reading_seconds`: POLL_SECONDS, or
+    long enough that readings take at most READ_SHARE of the time (a listing of
+    thousands of queues); `settle`'s deadline and its `woken` still cut it short."""
+    return max(POLL_SECONDS, reading_seconds * (1 / READ_SHARE - 1))
 
 
 def proven_by_depth(transfer: QueueTransfer, outcome: MoveOutcome, source_after: int) -> bool:

@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 from rmq_spark.broker.removals import (
+    POLL_SECONDS,
+    READ_SHARE,
     Readings,
     depth_proven,
+    pause_after,
     proven_by_depth,
     read_removed,
     removed_during,
@@ -265,3 +268,34 @@ def test_the_depths_coming_in_cut_the_wait_between_readings_short(
     )
     assert removed == {queue.key: None}
     assert time.monotonic() - started < 30.0  # not the minute's poll
+
+
+def test_a_slow_reading_is_followed_by_a_longer_pause_never_past_the_deadline() -> None:
+    """A reading that took 2.6 s (a listing of 10,000 queues) is followed by a pause
+    four times as long, so readings take a fifth of the wait; a quick one by the poll
+    interval; the last pause ends at the deadline."""
+    clock = [0.0]
+    pauses: list[float] = []
+    took = iter([2.6, 0.01, 2.6, 2.6])
+
+    def read(keys: Collection[TransferKey]) -> Readings:
+        clock[0] += next(took)
+        return dict.fromkeys(keys, 30)  # lagging for good
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        clock[0] += seconds
+
+    removed = settle(
+        read, {A: 0}, {A: 100}, monotonic=lambda: clock[0], sleep=sleep, deadline_seconds=20.0
+    )
+    assert removed == {A: None}
+    last = 20.0 - (2.6 + 4 * 2.6 + 0.01 + POLL_SECONDS + 2.6)
+    assert pauses == pytest.approx([4 * 2.6, POLL_SECONDS, last])
+    assert clock[0] == pytest.approx(20.0 + 2.6)  # one reading at the deadline, then done
+
+
+def test_pause_after_keeps_the_poll_interval_for_quick_readings() -> None:
+    assert pause_after(0.0) == POLL_SECONDS
+    assert pause_after(0.1) == POLL_SECONDS
+    assert pause_after(1.0) == pytest.approx(1.0 * (1 / READ_SHARE - 1))
