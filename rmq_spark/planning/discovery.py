@@ -89,12 +89,14 @@ def discover(
     transfers = _with_probed_depths(preflight.facts.opened, transfers)
     if not dry_run:
         # Except where this run just created a destination or may have bound it like
-        # its source (live publishers may route into it since): measured again, after.
+        # its source (live publishers may route into it since): that destination is
+        # measured again, after. Its source's depth is the probe's, as every other's.
         changed = [t for t in transfers if t.destination_created or _copies_topology(config, t)]
         if changed:
-            again = _with_exact_depths(config, changed, missing_destinations_ok=False)
-            measured = dict(zip(changed, again, strict=True))
-            transfers = [measured.get(t, t) for t in transfers]
+            again = measure_destination_depths(config, changed)
+            transfers = [
+                replace(t, destination_messages=again[t]) if t in again else t for t in transfers
+            ]
     log.info("discovered %d queue transfers (%d selected)", len(candidates), len(transfers))
     return transfers
 
@@ -143,28 +145,47 @@ def _with_probed_depths(
     ]
 
 
-def _with_exact_depths(
-    config: JobConfig, transfers: list[QueueTransfer], *, missing_destinations_ok: bool
-) -> list[QueueTransfer]:
-    depths = measure_depths(config, transfers, missing_destinations_ok=missing_destinations_ok)
-    return [replace(t, messages=depths[t][0], destination_messages=depths[t][1]) for t in transfers]
-
-
 def measure_depths(
-    config: JobConfig, transfers: list[QueueTransfer], *, missing_destinations_ok: bool = False
+    config: JobConfig, transfers: list[QueueTransfer]
 ) -> dict[QueueTransfer, tuple[int, int]]:
-    """Exact (source, destination) ready counts per transfer, one connection per vhost.
-
-    A destination that a dry run would create does not exist yet: it counts as 0.
-    """
+    """Exact (source, destination) ready counts per transfer, one connection per vhost."""
     by_vhost: dict[tuple[str, str], set[str]] = defaultdict(set)
     for t in transfers:
         by_vhost[(t.source_cluster, t.source_vhost)].add(t.source_queue)
-        if not (missing_destinations_ok and t.destination_created):
-            by_vhost[(t.destination_cluster, t.destination_vhost)].add(t.destination_queue)
-    depths: dict[tuple[str, str, str], int] = defaultdict(int)
-    # A passive declare per queue is a round trip: vhosts are counted side by side, each
-    # on its own connection (made, used and closed by one thread).
+        by_vhost[(t.destination_cluster, t.destination_vhost)].add(t.destination_queue)
+    depths = _count(config, by_vhost)
+    return {
+        t: (
+            depths[(t.source_cluster, t.source_vhost, t.source_queue)],
+            depths[(t.destination_cluster, t.destination_vhost, t.destination_queue)],
+        )
+        for t in transfers
+    }
+
+
+def measure_destination_depths(
+    config: JobConfig, transfers: list[QueueTransfer]
+) -> dict[QueueTransfer, int]:
+    """Exact ready counts of each transfer's destination, one connection per vhost."""
+    by_vhost: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for t in transfers:
+        by_vhost[(t.destination_cluster, t.destination_vhost)].add(t.destination_queue)
+    depths = _count(config, by_vhost)
+    return {
+        t: depths[(t.destination_cluster, t.destination_vhost, t.destination_queue)]
+        for t in transfers
+    }
+
+
+def _count(
+    config: JobConfig, by_vhost: Mapping[tuple[str, str], set[str]]
+) -> dict[tuple[str, str, str], int]:
+    """(cluster, vhost, queue) -> exact ready count, by passive declares.
+
+    A passive declare per queue is a round trip: vhosts are counted side by side, each
+    on its own connection (made, used and closed by one thread).
+    """
+    depths: dict[tuple[str, str, str], int] = {}
     sites = list(by_vhost.items())
     started = time.monotonic()
     with ThreadPoolExecutor(
@@ -185,10 +206,4 @@ def measure_depths(
         len(sites),
         time.monotonic() - started,
     )
-    return {
-        t: (
-            depths[(t.source_cluster, t.source_vhost, t.source_queue)],
-            depths[(t.destination_cluster, t.destination_vhost, t.destination_queue)],
-        )
-        for t in transfers
-    }
+    return depths

@@ -37,3 +37,31 @@ def test_each_vhost_is_counted_at_once_on_its_own_connection(
     assert {t.source_vhost + t.source_queue: depths[t] for t in transfers} == {
         f"{vhost}q{i}": (100 + i + ord(vhost), i + ord(vhost)) for vhost in "abc" for i in range(2)
     }
+
+
+def test_destination_depths_count_only_the_destinations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After creating destinations, discovery counts them again, not their sources (the
+    pre-flight's probe counted those a moment ago)."""
+    asked: list[tuple[str, str, list[str]]] = []
+
+    def queue_depths(
+        cluster: str, _config: ClusterConfig, vhost: str, queues: Iterable[str]
+    ) -> dict[str, int]:
+        asked.append((cluster, vhost, list(queues)))
+        return {name: 10 + int(name[1:]) for name in queues}
+
+    monkeypatch.setattr(discovery, "queue_depths", queue_depths)
+    transfers = [transfer(f"q{i}", 1, vhost=vhost) for vhost in "ab" for i in range(2)]
+
+    depths = discovery.measure_destination_depths(
+        parse_config(TWO_CLUSTER_CONFIG, {"P": "p"}), transfers
+    )
+
+    destination = transfers[0].destination_cluster
+    assert sorted(asked) == [(destination, "a", ["q0", "q1"]), (destination, "b", ["q0", "q1"])]
+    assert {t.source_vhost + t.destination_queue: depths[t] for t in transfers} == {
+        "aq0": 10,
+        "aq1": 11,
+        "bq0": 10,
+        "bq1": 11,
+    }
