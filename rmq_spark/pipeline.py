@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -355,7 +355,10 @@ def record_plan(
     tables.append_rows(
         config.ledger.path,
         "plans",
-        [{**asdict(t), "run_id": run_id, "config_digest": digest, "planned_at": now} for t in new],
+        [
+            {**_plan_fields(t), "run_id": run_id, "config_digest": digest, "planned_at": now}
+            for t in new
+        ],
     )
     if earlier:
         log.info(
@@ -365,6 +368,13 @@ def record_plan(
             len(new),
         )
     return [*earlier.values(), *new]
+
+
+def _plan_fields(transfer: QueueTransfer) -> dict[str, Any]:
+    """The transfer's fields as a plans row holds them. Every field is a str, int, bool
+    or None, so `dataclasses.asdict`'s deep copy (~0.13 ms a transfer: 1.3 s of a
+    10,000-queue pre-flight) would copy nothing more."""
+    return {name: getattr(transfer, name) for name in _TRANSFER_FIELDS}
 
 
 def executor_settings(

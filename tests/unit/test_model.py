@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 
 from rmq_spark.ledger.layout import is_data_file
 from rmq_spark.model import MoveOutcome, TransferKey
-from rmq_spark.pipeline import counters_rows
+from rmq_spark.pipeline import _plan_fields, counters_rows
 from tests.support.builders import transfer
 
 # vhost "a/b" + queue "c" and vhost "a" + queue "b/c": both read "dr/a/b/c".
@@ -76,3 +76,15 @@ def test_counters_pair_each_transfer_with_its_own_outcome_and_partition() -> Non
     }
     assert by_source[("a", "b/c")]["error"] == "dr:a:b/c -> main:a:b/c: refused"
     assert by_source[("a", "b/c")]["source_depth_after"] == 5
+
+
+def test_a_plans_row_holds_the_transfers_fields_as_asdict_would() -> None:
+    """record_plan writes each transfer's fields without asdict's deep copy: that is the
+    same only while every field is a scalar (a new list or dict field fails here)."""
+    planned = replace(
+        A_B_C, destination_created=True, destination_type="quorum", source_delivery_limit=20
+    )
+    assert _plan_fields(planned) == asdict(planned)
+    assert all(
+        isinstance(value, str | int | bool | None) for value in _plan_fields(planned).values()
+    )
