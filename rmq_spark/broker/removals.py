@@ -155,6 +155,15 @@ def settle(
     waiting = set(before)
     removed: Readings = {}
     by_depth: set[TransferKey] = set()
+
+    def settle_by_depth() -> None:
+        """The waiting transfers the depths settle: unknown now, not read again."""
+        settled = waiting & set(proven())
+        for key in settled:
+            removed[key] = None  # short of what moved: proves nothing; the depths do
+        by_depth.update(settled)
+        waiting.difference_update(settled)
+
     while True:
         reading_started = monotonic()
         for key, after in read(waiting).items():
@@ -166,11 +175,7 @@ def settle(
             for key in waiting
             if removed.get(key) is not None and removed[key] < moved.get(key, 0)  # type: ignore[operator]
         }
-        settled = waiting & set(proven())
-        for key in settled:
-            removed[key] = None  # short of what moved: proves nothing; the depths do
-        by_depth |= settled
-        waiting -= settled
+        settle_by_depth()
         if not waiting or monotonic() >= end:
             break
         if woken is not None:
@@ -181,6 +186,11 @@ def settle(
         else:
             cancelled.wait(pause)
         if cancelled is not None and cancelled.is_set():
+            break
+        # Woken by the depths: what they settle needs no further reading (a listing
+        # of thousands of queues is seconds on the driver's critical path).
+        settle_by_depth()
+        if not waiting:
             break
     for key in waiting:
         if deadline_seconds <= 0 or (cancelled is not None and cancelled.is_set()):
