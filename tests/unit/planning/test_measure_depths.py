@@ -65,30 +65,3 @@ def test_destination_depths_count_only_the_destinations(monkeypatch: pytest.Monk
         "bq0": 10,
         "bq1": 11,
     }
-
-
-def test_a_large_vhost_is_counted_in_chunks_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """1,200 queues of one vhost: three chunks of at most COUNT_CHUNK, each on its own
-    connection at the same time, every queue counted once."""
-    started = threading.Barrier(3, timeout=10)
-    chunks: list[list[str]] = []
-
-    def queue_depths(
-        _cluster: str, _config: ClusterConfig, _vhost: str, queues: Iterable[str]
-    ) -> dict[str, int]:
-        names = list(queues)
-        chunks.append(names)
-        started.wait()
-        return {name: int(name[1:]) for name in names}
-
-    monkeypatch.setattr(discovery, "queue_depths", queue_depths)
-    transfers = [transfer(f"q{i:04d}", 1) for i in range(1200)]
-
-    depths = discovery.measure_destination_depths(
-        parse_config(TWO_CLUSTER_CONFIG, {"P": "p"}), transfers
-    )
-
-    assert sorted(len(chunk) for chunk in chunks) == [200, 500, 500]
-    assert max(len(chunk) for chunk in chunks) <= discovery.COUNT_CHUNK
-    assert sorted(name for chunk in chunks for name in chunk) == [f"q{i:04d}" for i in range(1200)]
-    assert [depths[t] for t in transfers] == list(range(1200))
