@@ -31,6 +31,8 @@ from rmq_spark.devtools.local_brokers import (
     start_nodes,
     stop_nodes,
 )
+from rmq_spark.devtools.local_brokers.node import _EPMD_MARKER_ENV, _MARKER_ENV
+from rmq_spark.devtools.local_brokers.processes import _marked_processes
 from rmq_spark.devtools.rabbitmq_roots import VERSIONS
 
 _BIN_DIR = Path(
@@ -278,23 +280,17 @@ def test_a_4x_cluster_shares_one_epmd_serves_quorum_queues_and_stops_clean(
 
 
 def _node_listeners(nodes: Sequence[LocalNode], ports: list[int]) -> dict[int, str]:
-    """Each of ``ports`` that a process of ``nodes`` (by the harness's markers) still
+    """Each of ``ports`` that a process of ``nodes`` (by the harness's own markers) still
     listens on, with a description of those processes."""
-    markers = {f"RMQ_SPARK_LOCAL_NODE={n.node_name}".encode() for n in nodes} | {
-        f"RMQ_SPARK_LOCAL_EPMD={n.epmd_port}".encode() for n in nodes if n.epmd_port
-    }
+    markers = [f"{_MARKER_ENV}={n.node_name}" for n in nodes] + [
+        f"{_EPMD_MARKER_ENV}={n.epmd_port}" for n in nodes if n.epmd_port
+    ]
+    theirs = {pid for marker in markers for pid, _comm in _marked_processes(marker)}
     held: dict[int, str] = {}
     for port in ports:
-        theirs = []
-        for pid in _listener_pids(port):
-            try:
-                environ = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-            except OSError:
-                continue  # gone since: it holds nothing any more
-            if environ & markers:
-                theirs.append(pid)
-        if theirs:
-            held[port] = _describe(theirs)
+        listening = [pid for pid in _listener_pids(port) if pid in theirs]
+        if listening:
+            held[port] = _describe(listening)
     return held
 
 
